@@ -1,0 +1,82 @@
+"""Every collective apbv uses, and nothing else.
+
+Functions take the process group explicitly (None means the default group when one is
+initialised). Without an initialised process group the world is one rank and every collective
+completes at once. Waits are bounded: each one passes the timeout given at
+:func:`apbv.distributed.init_distributed` (the group's own timeout bounds it too), so a rank
+whose peer died raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# Older torch only has the name that 2.14 deprecates.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+_timeout = timedelta(minutes=10)
+
+
+def set_timeout(seconds: float) -> None:
+    """The bound on every collective wait in this process (set by init_distributed)."""
+    global _timeout
+    _timeout = timedelta(seconds=seconds)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_and_size(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    """(rank, world size) within ``group``; (0, 1) without a process group."""
+    if not is_distributed():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+@dataclass
+class PendingGather:
+    """An all-gather in flight; :meth:`wait` returns the (H, *shape) result."""
+
+    result: torch.Tensor
+    work: dist.Work | None
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait(timeout=_timeout)
+            self.work = None
+        return self.result
+
+
+def start_all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> PendingGather:
+    """Start gathering ``x`` (same shape on every rank) from all ranks; result[i] is rank i's."""
+    _, world = rank_and_size(group)
+    if world == 1:
+        return PendingGather(x.unsqueeze(0), None)
+    x = x.contiguous().view(1, *x.shape)  # gathered along dim 0 (gloo takes only this form)
+    result = x.new_empty((world, *x.shape[1:]))
+    work = _all_gather_single(result, x, group=group, async_op=True)
+    return PendingGather(result, work)
+
+
+def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Blocking form of :func:`start_all_gather`."""
+    return start_all_gather(x, group).wait()
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    if is_distributed():
+        dist.barrier(group=group)
+
+
+def all_reduce_max(value: float, group: dist.ProcessGroup | None = None) -> float:
+    """The maximum of a scalar over ranks (for timings: the slowest rank decides)."""
+    if not is_distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())

@@ -1,0 +1,214 @@
+"""Process-group setup and teardown, and local multi-rank launching on CPU (gloo).
+
+``init_distributed`` is the only caller of ``init_process_group``. Under torchrun it reads RANK,
+WORLD_SIZE and LOCAL_RANK; without them the run is a single rank with no process group and every
+collective in :mod:`apbv.comm` completes at once.
+
+``spawn_local`` starts W gloo ranks on this machine (torch.multiprocessing-style spawn, a free
+port, bounded waits) and returns each rank's result, or raises :class:`RankFailure` carrying
+every rank's error, so one failing rank never leaves the caller hanging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue as queue_module
+import socket
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from apbv import comm
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+    """"nccl", "gloo", or None for a single rank without a process group."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) -> DistInfo:
+    """Join the job's process group (once per process) and pick this rank's device.
+
+    Args:
+        backend: "nccl" or "gloo"; default nccl when CUDA is available, gloo otherwise.
+        timeout_s: bound on every collective wait, in seconds.
+    """
+    if backend not in (None, "nccl", "gloo"):
+        raise ValueError(f"unknown backend {backend!r}; allowed: nccl, gloo")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    comm.set_timeout(timeout_s)
+    if world_size == 1:
+        return DistInfo(0, 1, 0, device, None)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    return DistInfo(rank, world_size, local_rank, device, backend)
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks of a :func:`spawn_local` run failed.
+
+    ``errors`` maps rank -> (exception type name, message); ``tracebacks`` rank -> text.
+    """
+
+    def __init__(self, errors: dict[int, tuple[str, str]], tracebacks: dict[int, str]):
+        self.errors = errors
+        self.tracebacks = tracebacks
+        first = next(iter(errors))  # the first to report
+        summary = "\n".join(f"  rank {r}: {t}: {m}" for r, (t, m) in sorted(errors.items()))
+        super().__init__(
+            f"{len(errors)} rank(s) failed:\n{summary}\n"
+            f"first failure (rank {first}):\n{tracebacks[first]}"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    threads: int,
+    collective_timeout_s: float,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(threads)
+    try:
+        info = init_distributed(backend="gloo", timeout_s=collective_timeout_s)
+        report = ("ok", rank, fn(info, *args), "")
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        report = ("error", rank, (type(exc).__name__, str(exc)), traceback.format_exc())
+    finally:
+        destroy_distributed()
+    results.put(pickle.dumps(report))
+
+
+def spawn_local(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    timeout_s: float = 600.0,
+    collective_timeout_s: float = 60.0,
+    threads_per_rank: int = 1,
+) -> list[Any]:
+    """Run ``fn(info: DistInfo, *args)`` on ``world_size`` local gloo ranks.
+
+    ``fn`` must be importable by name (a module-level function) and its result picklable.
+    Returns the per-rank results in rank order. If any rank raises, waits up to
+    ``collective_timeout_s`` more for the others to report (their collectives fail or time
+    out), kills what is left, and raises :class:`RankFailure` with every rank's error.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(r, world_size, port, fn, tuple(args), results, threads_per_rank,
+                  collective_timeout_s),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    errors: dict[int, tuple[str, str]] = {}
+    tracebacks: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    died_at: dict[int, float] = {}
+    try:
+        while len(outputs) + len(errors) < world_size:
+            now = time.monotonic()
+            if now > deadline:
+                break
+            try:
+                status, rank, value, tb = pickle.loads(results.get(timeout=0.2))
+            except queue_module.Empty:
+                for r, p in enumerate(procs):
+                    if r in outputs or r in errors or p.exitcode is None:
+                        continue
+                    # Exited without a report: give the queue a moment, then call it dead.
+                    if now - died_at.setdefault(r, now) > 2.0:
+                        errors[r] = ("ProcessDied", f"exit code {p.exitcode}, no report")
+                        tracebacks[r] = errors[r][1]
+                continue
+            if status == "ok":
+                outputs[rank] = value
+            else:
+                errors[rank] = value
+                tracebacks[rank] = tb
+                deadline = min(deadline, time.monotonic() + collective_timeout_s + 5.0)
+    finally:
+        for p in procs:
+            p.join(timeout=5.0 if not errors else 1.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+    for r in range(world_size):
+        if r not in outputs and r not in errors:
+            errors[r] = ("Timeout", f"no report within the time limit ({timeout_s:.0f} s)")
+            tracebacks[r] = errors[r][1]
+    if errors:
+        raise RankFailure(errors, tracebacks)
+    return [outputs[r] for r in range(world_size)]
