@@ -110,7 +110,7 @@ def attention(
         scale = d**-0.5
 
     visible_from = tq - tk if causal else 0  # rows before this see no key
-    if tk == 0 or visible_from >= tq:
+    if tq == 0 or tk == 0 or visible_from >= tq:
         return _no_keys(q)
     if visible_from > 0:
         out, lse = _no_keys(q)

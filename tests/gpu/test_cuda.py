@@ -1,0 +1,58 @@
+"""GPU checks (skipped without CUDA): the CUDA kernel paths and the op in bf16 on one device.
+
+Tolerances follow tests/unit/test_kernels.py: at most twice the error of a naive same-dtype
+implementation against fp64 truth, plus a small floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apbv import apbv_attention
+from apbv.attention import kernels
+from apbv.layout import shard
+from tests.cases import Case, check
+from tests.unit.test_kernels import FLOOR, _finite_err, naive_same_dtype, truth
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+BACKENDS = ["sdpa", pytest.param("flash", marks=pytest.mark.skipif(
+    not kernels.flash_available(), reason="flash-attn is not installed"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("tq", "tk", "causal"), [(128, 128, True), (64, 300, True),
+                                                  (300, 64, True), (77, 129, False)])
+@pytest.mark.parametrize(("hq", "hkv"), [(8, 8), (16, 2)])
+def test_cuda_kernels_match_truth(backend, dtype, tq, tk, causal, hq, hkv):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, tq, hq, 128, generator=g).to("cuda", dtype)
+    k = torch.randn(1, tk, hkv, 128, generator=g).to("cuda", dtype)
+    v = torch.randn(1, tk, hkv, 128, generator=g).to("cuda", dtype)
+    scale = 128**-0.5
+    out, lse = kernels.attention(q, k, v, causal=causal, scale=scale, backend=backend)
+    cpu = [t.cpu() for t in (q, k, v)]
+    ref_out, ref_lse = truth(*cpu, causal, scale)
+    base_out, base_lse = naive_same_dtype(*cpu, causal, scale)
+    out_tol = 2 * _finite_err(base_out, ref_out) + FLOOR
+    lse_tol = 2 * _finite_err(base_lse, ref_lse) + FLOOR
+    out_err = _finite_err(out.cpu(), ref_out)
+    lse_err = _finite_err(lse.cpu(), ref_lse)
+    assert out_err <= out_tol, f"{backend} {dtype}: out err {out_err:.2e} > {out_tol:.2e}"
+    assert lse_err <= lse_tol, f"{backend} {dtype}: lse err {lse_err:.2e} > {lse_tol:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["spava", "exact"])
+def test_op_bf16_on_cuda_matches_oracle(mode):
+    case = Case(600, 12, anchor_len=16, passing_len=24, heads=8, kv_heads=2, head_dim=64,
+                mode=mode, dtype="bfloat16", seed=5)
+    plan = case.plan(1)
+    q, k, v = (shard(t, plan, 0).cuda() for t in case.inputs())
+    out = apbv_attention(q, k, v, plan, mode=mode)
+    problem = check(case, plan, out.cpu())
+    assert problem is None, problem
