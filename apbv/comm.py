@@ -38,6 +38,13 @@ def rank_and_size(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _scalar_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where small control tensors live: NCCL only moves CUDA tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @dataclass
 class PendingGather:
     """An all-gather in flight; :meth:`wait` returns the (H, *shape) result."""
@@ -68,6 +75,37 @@ def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch
     return start_all_gather(x, group).wait()
 
 
+def all_to_all_rows(
+    x: torch.Tensor,
+    send_counts: list[int],
+    recv_counts: list[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Send rows of ``x`` (n, ...) to every rank: the first send_counts[0] rows to rank 0, the
+    next send_counts[1] to rank 1, ...; returns the received rows, concatenated in source-rank
+    order (sum(recv_counts), ...)."""
+    rank, world = rank_and_size(group)
+    assert len(send_counts) == len(recv_counts) == world, (send_counts, recv_counts, world)
+    assert sum(send_counts) == x.shape[0], (send_counts, x.shape)
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    if world == 1:
+        out.copy_(x)
+        return out
+    work = dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group,
+                                  async_op=True)
+    work.wait(timeout=_timeout)
+    return out
+
+
+def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = None) -> int:
+    """``value`` from rank ``src`` on every rank (e.g. the sampled token id)."""
+    if not is_distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_scalar_device(group))
+    dist.broadcast(t, src=src, group=group)
+    return int(t.item())
+
+
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     if is_distributed():
         dist.barrier(group=group)
@@ -77,6 +115,6 @@ def all_reduce_max(value: float, group: dist.ProcessGroup | None = None) -> floa
     """The maximum of a scalar over ranks (for timings: the slowest rank decides)."""
     if not is_distributed():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_scalar_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())

@@ -50,3 +50,19 @@ def merge_partials(
     for out_b, lse_b in zip(outs[1:], lses[1:]):
         out, lse = merge_into(out, lse, out_b, lse_b)
     return out, lse
+
+
+def pack_partial(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """(1, T, H, D) out and (1, H, T) lse -> one (T, H, D + 1) fp32 buffer to send to peers."""
+    return torch.cat([out[0].float(), lse[0].T.unsqueeze(-1)], dim=-1)
+
+
+def merge_packed(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge the (S, T, H, D + 1) stack of :func:`pack_partial` buffers, in order.
+
+    Returns out (1, T, H, D) fp32 and lse (1, H, T) fp32.
+    """
+    return merge_partials(
+        [g[..., :-1].unsqueeze(0) for g in gathered],
+        [g[..., -1].T.unsqueeze(0) for g in gathered],
+    )

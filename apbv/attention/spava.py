@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from apbv import comm
 from apbv.attention import kernels
-from apbv.attention.merge import merge_partials
+from apbv.attention.merge import merge_packed, merge_partials, pack_partial
 from apbv.attention.select import mean_query, pack_selection
 from apbv.plan import Plan
 
@@ -104,7 +104,7 @@ def apbv_attention(
         attend(q_query, k[:, a0:a1], v[:, a0:a1], False),
         attend(q_query, k[:, s1:key_end], v[:, s1:key_end], rank == 0),
     ]
-    gather_query = start(_pack_partial(*merge_partials(*zip(*partials))))
+    gather_query = start(pack_partial(*merge_partials(*zip(*partials))))
 
     out = torch.empty_like(q)
     # 3. Anchor rows: causal over the anchor only (identical on every rank).
@@ -127,13 +127,7 @@ def apbv_attention(
     out[:, s2:e2] = _block_attention(q, k, v, (s2, e2), anchor_end, passing, attend)
 
     # 6. The exact query rows: merge the H partials.
-    gathered = gather_query.wait()  # (H, Q, Hq, D + 1)
-    d = q.shape[-1]
-    q_out, _ = merge_partials(
-        [g[:, :, :d].unsqueeze(0) for g in gathered],
-        [g[:, :, d].T.unsqueeze(0) for g in gathered],
-    )
-    out[:, qs:qe] = q_out
+    out[:, qs:qe] = merge_packed(gather_query.wait())[0]  # gathered: (H, Q, Hq, D + 1)
     return out
 
 
@@ -164,11 +158,6 @@ def _block_attention(
         )
     )
     return out.to(q.dtype)
-
-
-def _pack_partial(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """(1, Q, Hq, D) fp32 out and (1, Hq, Q) lse -> one (Q, Hq, D + 1) fp32 send buffer."""
-    return torch.cat([out[0], lse[0].T.unsqueeze(-1)], dim=-1)
 
 
 def _check_inputs(

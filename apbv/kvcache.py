@@ -1,0 +1,75 @@
+"""The prompt's KV cache, distributed: every prompt token is cached on exactly one rank.
+
+Rank r keeps, per layer, the keys and values of its slice of the anchor, of its two blocks and,
+on rank 0 only, of the query; decode tokens are appended on rank 0. Exact decode attention is
+then the log-sum-exp merge of one partial per rank (see :mod:`apbv.decode`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from apbv.plan import Plan
+
+APPEND_RANK = 0  # the rank that caches the query and the generated tokens
+
+
+def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
+    """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
+    (_, _), (s1, _), (_, e2), (qs, qe) = plan.local_ranges(rank)
+    a0, a1 = plan.anchor_share(rank)
+    parts = [torch.arange(a0, a1), torch.arange(s1, e2)]
+    if rank == APPEND_RANK:
+        parts.append(torch.arange(qs, qe))
+    return torch.cat(parts)
+
+
+class RankKVCache:
+    """Per-layer (1, T_owned, Hkv, D) keys and values of the tokens this rank owns.
+
+    ``reserve`` extra rows per layer are allocated up front for the tokens decode will append,
+    so appending copies one token, not the whole cache.
+    """
+
+    def __init__(self, num_layers: int, reserve: int = 0):
+        self.reserve = reserve
+        self._k: list[torch.Tensor | None] = [None] * num_layers
+        self._v: list[torch.Tensor | None] = [None] * num_layers
+        self._len = [0] * num_layers
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        assert self._k[layer] is None, f"layer {layer} stored twice"
+        b, t, h, d = k.shape
+        self._k[layer] = k.new_empty(b, t + self.reserve, h, d)
+        self._v[layer] = v.new_empty(b, t + self.reserve, h, d)
+        self._k[layer][:, :t], self._v[layer][:, :t] = k, v
+        self._len[layer] = t
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        n, new = self._len[layer], k.shape[1]
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        assert buf_k is not None and buf_v is not None, f"layer {layer} has no cached KV"
+        if n + new > buf_k.shape[1]:  # past the reservation: grow (rare)
+            grow = max(new, self.reserve, 16)
+            buf_k = torch.cat([buf_k, buf_k.new_empty(1, grow, *buf_k.shape[2:])], dim=1)
+            buf_v = torch.cat([buf_v, buf_v.new_empty(1, grow, *buf_v.shape[2:])], dim=1)
+            self._k[layer], self._v[layer] = buf_k, buf_v
+        buf_k[:, n : n + new], buf_v[:, n : n + new] = k, v
+        self._len[layer] = n + new
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached (1, T, Hkv, D) keys and values of ``layer`` (views, no copy)."""
+        k, v, n = self._k[layer], self._v[layer], self._len[layer]
+        assert k is not None and v is not None, f"layer {layer} has no cached KV"
+        return k[:, :n], v[:, :n]
+
+    def num_tokens(self, layer: int = 0) -> int:
+        return self._len[layer]
+
+    def nbytes(self) -> int:
+        """Bytes of the cached tokens (not counting the reservation)."""
+        total = 0
+        for k, n in zip(self._k, self._len):
+            if k is not None:
+                total += 2 * n * k[0, 0].numel() * k.element_size()
+        return total

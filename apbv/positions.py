@@ -1,0 +1,92 @@
+"""3-D M-RoPE position ids of a Qwen2.5-VL prompt, computed once on the global prompt (pure).
+
+Text tokens get (p, p, p) with p counting up. The tokens of a video with an LLM grid of
+(t, h, w) (after the 2x2 spatial merge) starting at offset s get
+
+    temporal = s + floor(g * second_per_grid_t * tokens_per_second)   for temporal patch g
+    height   = s + y,   width = s + x
+
+and the text after the video resumes at max(all positions so far) + 1.
+
+That resume rule is the one of Qwen's reference implementation and of transformers 4.x, which
+the released Qwen2.5-VL checkpoints were trained and evaluated with. transformers 5.24's
+``get_rope_index`` instead resumes at s + max(h, w); the two agree only when the video's
+temporal extent is not larger than its spatial one, so long videos differ. We keep the
+trained rule and pass explicit position ids to the model everywhere.
+
+Decode step i (0-based, after a prompt of length L) uses max(prompt positions) + 1 + i on all
+three axes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def video_token_runs(input_ids: torch.Tensor, video_token_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of video placeholder tokens in a 1-D id tensor."""
+    is_video = (input_ids == video_token_id).tolist()
+    runs = []
+    start = None
+    for i, flag in enumerate(is_video + [False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def mrope_positions(
+    input_ids: torch.Tensor,
+    video_grids: Sequence[tuple[int, int, int]],
+    second_per_grid_ts: Sequence[float],
+    *,
+    video_token_id: int,
+    spatial_merge_size: int,
+    tokens_per_second: float,
+) -> torch.Tensor:
+    """Position ids (3, 1, L) int64 for a 1-D prompt ``input_ids`` (L,).
+
+    Args:
+        video_grids: per video, its (t, h, w) patch grid as given by the processor
+            (``video_grid_thw``; h and w before the spatial merge).
+        second_per_grid_ts: per video, seconds covered by one temporal patch
+            (temporal_patch_size / sampled fps).
+    """
+    if input_ids.dim() != 1:
+        raise ValueError(f"input_ids must be 1-D (L,), got shape {tuple(input_ids.shape)}")
+    runs = video_token_runs(input_ids, video_token_id)
+    if len(runs) != len(video_grids) or len(video_grids) != len(second_per_grid_ts):
+        raise ValueError(
+            f"the prompt has {len(runs)} video(s) but {len(video_grids)} grid(s) and "
+            f"{len(second_per_grid_ts)} time step(s) were given"
+        )
+    pieces = []
+    next_pos = 0
+    cursor = 0
+    for (start, end), (t, h, w), seconds in zip(runs, video_grids, second_per_grid_ts):
+        gh, gw = h // spatial_merge_size, w // spatial_merge_size
+        if end - start != t * gh * gw:
+            raise ValueError(
+                f"video tokens [{start}, {end}) are {end - start} but the grid {t}x{h}x{w} "
+                f"with merge {spatial_merge_size} needs {t * gh * gw}"
+            )
+        text = torch.arange(start - cursor) + next_pos
+        pieces.append(text.expand(3, -1))
+        offset = next_pos + start - cursor
+        temporal = torch.tensor(
+            [math.floor(g * seconds * tokens_per_second) for g in range(t)], dtype=torch.long
+        )
+        grid_t, grid_h, grid_w = torch.meshgrid(
+            temporal, torch.arange(gh), torch.arange(gw), indexing="ij"
+        )
+        video = torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + offset
+        pieces.append(video)
+        next_pos = int(video.max()) + 1
+        cursor = end
+    pieces.append((torch.arange(input_ids.numel() - cursor) + next_pos).expand(3, -1))
+    return torch.cat(pieces, dim=1).unsqueeze(1)

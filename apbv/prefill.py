@@ -1,0 +1,72 @@
+"""The decoder's prefill on this rank's ZigZag shard, with APB-V attention in every layer.
+
+Legend: T local tokens, Hq/Hkv heads, D head dim. The model is stock HF; each attention layer
+calls :meth:`PrefillContext.attend` (through the ``apbv`` attention implementation), which runs
+:func:`apbv.attention.apbv_attention` and keeps the KV of the prompt tokens this rank owns for
+the exact decode that follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from apbv.attention import apbv_attention
+from apbv.context import active
+from apbv.kvcache import RankKVCache, owned_local_index
+from apbv.model.qwen2_5_vl import QwenVL
+from apbv.plan import Plan
+
+
+@dataclass
+class PrefillContext:
+    plan: Plan
+    rank: int
+    mode: str
+    group: dist.ProcessGroup | None
+    backend: str | None
+    cache: RankKVCache
+    owned: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.owned = owned_local_index(self.plan, self.rank)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        owned = self.owned.to(k.device)
+        self.cache.store(layer, k[:, owned], v[:, owned])
+        return apbv_attention(q, k, v, self.plan, mode=self.mode, group=self.group,
+                              softmax_scale=scale, backend=self.backend)
+
+
+@torch.inference_mode()
+def prefill(
+    qwen: QwenVL,
+    inputs_embeds: torch.Tensor,
+    position_ids: torch.Tensor,
+    plan: Plan,
+    *,
+    rank: int,
+    mode: str,
+    group: dist.ProcessGroup | None = None,
+    backend: str | None = None,
+    reserve: int = 0,
+) -> tuple[torch.Tensor, RankKVCache]:
+    """Run the decoder over the local shard.
+
+    Args:
+        inputs_embeds: (1, T, hidden) in local order; position_ids: (3, 1, T).
+        reserve: cache rows to allocate for decode.
+
+    Returns:
+        the logits of the last query token (vocab,) fp32 (identical on every rank: the query
+        rows are exact), and this rank's KV cache.
+    """
+    cache = RankKVCache(qwen.num_layers, reserve=reserve)
+    ctx = PrefillContext(plan, rank, mode, group, backend, cache)
+    with active(ctx):
+        hidden = qwen.decoder(inputs_embeds, position_ids)
+    return qwen.logits(hidden[0, -1]).float(), cache
