@@ -1,16 +1,22 @@
 """Command line of apbv.
 
-    python -m apbv demo                                  # APB-V on 2 CPU ranks vs exact attention
-    python -m apbv demo --world-size 3 --context-len 16384 --json
-    python -m apbv plan --context-len 32768 --query-len 64 --world-size 8
+    python -m apbv demo                                  # the whole pipeline on 2 CPU ranks
+    torchrun --nproc_per_node 8 -m apbv generate --config qwen2_5_vl_7b_8gpu \\
+        --model /ckpt/Qwen2.5-VL-7B-Instruct --video clip.mp4 --question "What happens?"
+    python -m apbv plan --context-len 32768 --query-len 64 --world-size 8 [--model DIR]
+    python -m apbv make-tiny-model --out .cache/tiny-qwen2.5-vl
+    python -m apbv make-test-video --out .cache/demo.mp4 --seconds 40
+    python -m apbv attention-demo                        # the attention op alone vs exact
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
 
-from apbv.demo import DemoConfig, run_demo
+from apbv.attention import MODES
 
 
 def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: int) -> None:
@@ -21,29 +27,158 @@ def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: 
     p.add_argument("--passing-len", type=int, default=None, help="P (default about N/128)")
 
 
+def _add_config_args(p: argparse.ArgumentParser, default_preset: str | None) -> None:
+    p.add_argument("--config", default=default_preset,
+                   help="TOML preset name in configs/ or a path (default: %(default)s)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set attention.passing_len=256")
+    p.add_argument("--model", help="checkpoint directory (model.path)")
+    p.add_argument("--mode", choices=MODES, help="attention mode (attention.mode)")
+    frames = p.add_mutually_exclusive_group()
+    frames.add_argument("--fps", type=float, help="frames sampled per second (video.fps)")
+    frames.add_argument("--nframes", type=int, help="frames to sample (video.nframes)")
+    p.add_argument("--max-pixels", type=int, help="per-frame pixel cap (video.max_pixels)")
+    p.add_argument("--video-backend", choices=("decord", "pyav"), help="video.backend")
+    p.add_argument("--max-new-tokens", type=int, help="generate.max_new_tokens")
+
+
+def _config_from_args(args: argparse.Namespace) -> Any:
+    from apbv.config import load_config
+
+    overrides = list(args.set)
+    for flag, key in (("model", "model.path"), ("mode", "attention.mode"),
+                      ("fps", "video.fps"), ("max_pixels", "video.max_pixels"),
+                      ("video_backend", "video.backend"),
+                      ("max_new_tokens", "generate.max_new_tokens")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value)}")
+    if args.nframes is not None:
+        overrides.append(f"video.nframes={args.nframes}")
+    cfg = load_config(args.config, overrides)
+    if args.nframes is not None:  # --nframes replaces the preset's fps
+        import dataclasses
+
+        cfg.video = dataclasses.replace(cfg.video, fps=None, nframes=args.nframes)
+    return cfg
+
+
+def _print_result(result: Any, *, as_json: bool) -> None:
+    print(f"answer: {result.answer!r}")
+    stages = "  ".join(f"{k} {v:.3f}s" for k, v in result.seconds.items())
+    print(f"TTFT {result.ttft_s:.3f} s on {result.world_size} rank(s), mode {result.mode} "
+          f"({result.context_len}+{result.query_len} prompt tokens, {result.frames} frames)")
+    print(f"stages (max over ranks): {stages}")
+    print(f"video embeddings moved: {result.embedding_bytes} bytes "
+          f"(an all-gather would move {result.allgather_bytes})")
+    if as_json:
+        print(json.dumps(result.to_json()))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.engine import Engine
+
+    cfg = _config_from_args(args)
+    if not cfg.model.path:
+        raise ValueError("no model: pass --model DIR or set model.path in the config")
+    backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    try:
+        result = Engine(cfg, info).generate(args.video, args.question)
+        if info.rank == 0:
+            _print_result(result, as_json=args.json)
+    finally:
+        destroy_distributed()
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from apbv.plan import make_plan
+
+    plan = make_plan(args.context_len, args.query_len, args.world_size,
+                     anchor_len=args.anchor_len, passing_len=args.passing_len)
+    print(plan.describe())
+    if args.model:
+        from apbv.cost import memory_estimate
+
+        for line in memory_estimate(plan, args.model, dtype_bytes=args.dtype_bytes):
+            print(line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apbv", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m apbv", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run APB-V attention on local CPU ranks and check it")
-    _add_plan_args(demo, context_len=8192, world_size=2)
-    demo.add_argument("--heads", type=int, default=8)
-    demo.add_argument("--kv-heads", type=int, default=2)
-    demo.add_argument("--head-dim", type=int, default=64)
-    demo.add_argument("--seed", type=int, default=0)
+    gen = sub.add_parser("generate", help="answer a question about a video (run under torchrun)")
+    _add_config_args(gen, default_preset=None)
+    gen.add_argument("--video", required=True, help="video file")
+    gen.add_argument("--question", required=True, help="question about the video")
+    gen.add_argument("--json", action="store_true", help="also print one JSON line")
+
+    demo = sub.add_parser("demo", help="the whole pipeline on local CPU ranks, spava vs exact")
+    _add_config_args(demo, default_preset="tiny_cpu")
+    demo.add_argument("--world-size", type=int, default=2)
+    demo.add_argument("--video", help="video file (default: a generated test video)")
+    demo.add_argument("--question", default="What colour is the square at the end?")
     demo.add_argument("--json", action="store_true", help="also print one JSON line")
 
-    plan = sub.add_parser("plan", help="print the layout without running anything")
+    plan = sub.add_parser("plan", help="print the layout and memory without loading weights")
     _add_plan_args(plan, context_len=32768, world_size=8)
+    plan.add_argument("--model", help="checkpoint directory: read config.json for the memory "
+                                      "estimate (no weights are loaded)")
+    plan.add_argument("--dtype-bytes", type=int, default=2, help="bytes per KV element (2)")
+
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random Qwen2.5-VL checkpoint")
+    tiny.add_argument("--out", required=True, help="directory to create")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--overwrite", action="store_true")
+
+    video = sub.add_parser("make-test-video", help="write a synthetic test video")
+    video.add_argument("--out", required=True, help="file to write (.mp4)")
+    video.add_argument("--seconds", type=float, default=40.0)
+    video.add_argument("--fps", type=float, default=4.0)
+    video.add_argument("--width", type=int, default=224)
+    video.add_argument("--height", type=int, default=224)
+    video.add_argument("--seed", type=int, default=0)
+
+    attn = sub.add_parser("attention-demo", help="the attention op alone on CPU ranks vs exact")
+    _add_plan_args(attn, context_len=8192, world_size=2)
+    attn.add_argument("--heads", type=int, default=8)
+    attn.add_argument("--kv-heads", type=int, default=2)
+    attn.add_argument("--head-dim", type=int, default=64)
+    attn.add_argument("--seed", type=int, default=0)
+    attn.add_argument("--json", action="store_true", help="also print one JSON line")
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "generate":
+            return _generate(args)
         if args.command == "plan":
-            from apbv.plan import make_plan
+            return _plan(args)
+        if args.command == "demo":
+            from apbv.demo import run_pipeline_demo
 
-            print(make_plan(args.context_len, args.query_len, args.world_size,
-                            anchor_len=args.anchor_len, passing_len=args.passing_len).describe())
+            run_pipeline_demo(_config_from_args(args), world_size=args.world_size,
+                              video=args.video, question=args.question, as_json=args.json)
             return 0
+        if args.command == "make-tiny-model":
+            from apbv.model.tiny import write_tiny_checkpoint
+
+            print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite))
+            return 0
+        if args.command == "make-test-video":
+            from apbv.synthetic import write_test_video
+
+            frames = round(args.seconds * args.fps)
+            print(write_test_video(args.out, num_frames=frames, fps=args.fps, width=args.width,
+                                   height=args.height, seed=args.seed))
+            return 0
+        from apbv.attention_demo import DemoConfig, run_demo
+
         cfg = DemoConfig(
             world_size=args.world_size, context_len=args.context_len, query_len=args.query_len,
             heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,

@@ -106,6 +106,15 @@ def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = No
     return int(t.item())
 
 
+def any_rank(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
+    """True on every rank when ``flag`` is True on at least one (e.g. "my input was bad")."""
+    if not is_distributed():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=_scalar_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     if is_distributed():
         dist.barrier(group=group)

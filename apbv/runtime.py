@@ -88,7 +88,7 @@ def run_prompt(
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
             video_rows = route_embeddings(local_video, routes, patch_range,
                                           span.tokens_per_patch, rank, group)
-        with timer.stage("embed"):
+        with timer.stage("prefill"):
             local_ids = shard(ids.unsqueeze(0), plan, rank)
             embeds = qwen.embed(local_ids)
             is_video = (local_ids == qwen.video_token_id).to(embeds.device)
@@ -99,7 +99,6 @@ def run_prompt(
                                         spatial_merge_size=merge,
                                         tokens_per_second=qwen.tokens_per_second)
             local_positions = shard(positions, plan, rank, dim=2)
-        with timer.stage("prefill"):
             logits, cache = prefill(qwen, embeds, local_positions, plan, rank=rank, mode=mode,
                                     group=group, backend=backend, reserve=max_new_tokens)
         with timer.stage("first_token"):

@@ -21,14 +21,14 @@ def test_plan_command(capsys) -> None:
 def test_bad_arguments_exit_2_with_message(capsys) -> None:
     assert main(["plan", "--world-size", "0"]) == 2
     assert "world_size must be >= 1, got 0" in capsys.readouterr().err
-    assert main(["demo", "--heads", "6", "--kv-heads", "4"]) == 2
+    assert main(["attention-demo", "--heads", "6", "--kv-heads", "4"]) == 2
     assert "heads (6) must be a multiple of kv_heads (4)" in capsys.readouterr().err
-    assert main(["demo", "--anchor-len", "5000", "--context-len", "100"]) == 2
+    assert main(["attention-demo", "--anchor-len", "5000", "--context-len", "100"]) == 2
     assert "anchor_len (5000) must not exceed context_len (100)" in capsys.readouterr().err
 
 
-def test_demo_checks_pass_and_json(capsys) -> None:
-    args = ["demo", "--context-len", "300", "--query-len", "8", "--heads", "4",
+def test_attention_demo_checks_pass_and_json(capsys) -> None:
+    args = ["attention-demo", "--context-len", "300", "--query-len", "8", "--heads", "4",
             "--kv-heads", "2", "--head-dim", "16", "--json"]
     assert main(args) == 0
     out = capsys.readouterr().out

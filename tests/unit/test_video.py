@@ -1,0 +1,395 @@
+"""apbv.video and apbv.synthetic: parity with qwen-vl-utils, frame parallelism, decoders, errors.
+
+Needs the ``video`` extra (decord, PyAV, qwen-vl-utils); skipped without it. Videos are written
+into a temporary directory with apbv.synthetic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("decord")
+pytest.importorskip("av")
+pytest.importorskip("qwen_vl_utils")
+
+import apbv.video
+from apbv.synthetic import make_frame, write_test_video
+from apbv.video import (
+    BACKENDS,
+    TEMPORAL_PATCH_SIZE,
+    VideoMeta,
+    VideoSpec,
+    load_all_frames,
+    load_rank_frames,
+    plan_sampling,
+    probe,
+    rank_patch_range,
+)
+
+# Small targets keep the resize cheap: 4..16 tokens of 28x28 pixels per frame.
+SMALL = {"min_pixels": 4 * 28 * 28, "max_pixels": 16 * 28 * 28}
+
+
+@pytest.fixture(scope="module")
+def vp():
+    from qwen_vl_utils import vision_process
+
+    return vision_process
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("videos")
+    return SimpleNamespace(
+        # 84x56 is a multiple of 28: frames can be kept at their native size.
+        main=write_test_video(d / "main.mp4", num_frames=60, fps=10, width=84, height=56, gop=6),
+        odd=write_test_video(d / "odd.mp4", num_frames=36, fps=12, width=70, height=46,
+                             codec="mpeg4", gop=5),
+        mkv=write_test_video(d / "odd.mkv", num_frames=30, fps=7.5, width=64, height=48, gop=4),
+        faststart=write_test_video(d / "faststart.mp4", num_frames=60, fps=10, width=84,
+                                   height=56, gop=6, faststart=True),
+        dir=d,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling parity with qwen-vl-utils.
+
+
+class _FakeDecord:
+    """Stands in for decord.VideoReader inside qwen-vl-utils' reader: any length, any fps."""
+
+    total = 0
+    fps = 0.0
+
+    def __init__(self, path: str, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return self.total
+
+    def get_avg_fps(self) -> float:
+        return self.fps
+
+    def get_batch(self, idx: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(asnumpy=lambda: np.zeros((len(idx), 1, 1, 3), np.uint8))
+
+
+SAMPLING_MODES = [
+    {}, {"fps": 0.5}, {"fps": 1.0}, {"fps": 3.3}, {"fps": 30.0}, {"fps": 240.0},
+    {"nframes": 2}, {"nframes": 3}, {"nframes": 5}, {"nframes": 7}, {"nframes": 16},
+    {"nframes": 768}, {"nframes": 1001},
+    {"fps": 2.0, "min_frames": 8}, {"max_frames": 16}, {"fps": 0.1, "min_frames": 1,
+                                                         "max_frames": 2},
+]
+RANGES = [(None, None), (0.0, None), (1.3, None), (None, 4.2), (0.5, 10.0), (100.0, None),
+          (2.0, 2.01)]
+
+
+def test_sampling_matches_qwen_vl_utils(monkeypatch: pytest.MonkeyPatch, caplog, vp) -> None:
+    """Indices, sample fps and errors equal qwen-vl-utils' decord reader on 7392 cases."""
+    caplog.set_level(logging.ERROR, logger=vp.__name__)  # its "nframes > total_frames" warnings
+    monkeypatch.setitem(sys.modules, "decord", SimpleNamespace(VideoReader=_FakeDecord))
+    compared = errors = 0
+    for total, fps in itertools.product(
+        [1, 2, 3, 5, 9, 17, 60, 301, 1000, 7777, 100003], [1.0, 7.5, 23.976, 29.97, 30.0, 60.0]
+    ):
+        _FakeDecord.total, _FakeDecord.fps = total, fps
+        meta = VideoMeta(total, fps, 46, 70)
+        for mode, (start, end) in itertools.product(SAMPLING_MODES, RANGES):
+            spec = VideoSpec("x.mp4", video_start=start, video_end=end, **mode)
+            try:
+                _, info, ref_fps = vp._read_video_decord(spec.qwen_element())
+            except ValueError as err:
+                with pytest.raises(ValueError, match="x.mp4") as ours:
+                    plan_sampling(spec, meta)
+                assert str(err) in str(ours.value)
+                errors += 1
+                continue
+            got = plan_sampling(spec, meta)
+            case = (total, fps, mode, start, end)
+            assert list(got.indices) == info["frames_indices"], case
+            assert got.sample_fps == ref_fps, case
+            assert got.num_frames % TEMPORAL_PATCH_SIZE == 0, case
+            compared += 1
+    assert compared > 3000 and errors > 3000, (compared, errors)  # both paths exercised
+
+
+RESIZE_PIXELS = [
+    {}, {"min_pixels": 50_000}, {"max_pixels": 200_000}, {"total_pixels": 20_000 * 784},
+    {"min_pixels": 4 * 784, "max_pixels": 16 * 784}, {"total_pixels": 1e6, "min_pixels": 10_000},
+    {"max_pixels": 10**7},
+]
+
+
+def test_resize_target_matches_qwen_vl_utils(monkeypatch: pytest.MonkeyPatch, vp) -> None:
+    """The ported per-frame pixel cap + smart_resize equal fetch_video's, frames not decoded."""
+    sizes: list[list[int]] = []
+
+    def fake_resize(video: torch.Tensor, size: list[int], **kwargs: object) -> torch.Tensor:
+        sizes.append(size)
+        return torch.zeros(1)
+
+    def read(ele: dict) -> tuple:  # an (n, 3, H, W) view of one zero pixel: no memory
+        n, h, w = ele["nframes"], ele["h"], ele["w"]
+        return torch.zeros(1, 3, 1, 1, dtype=torch.uint8).expand(n, 3, h, w), {}, 2.0
+
+    monkeypatch.setattr(vp, "transforms", SimpleNamespace(functional=SimpleNamespace(
+        resize=fake_resize)))
+    monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
+    monkeypatch.setitem(vp.VIDEO_READER_BACKENDS, "decord", read)
+    compared = errors = 0
+    for (h, w), n, pixels in itertools.product(
+        [(46, 70), (56, 84), (240, 320), (360, 640), (720, 1280), (1080, 1920), (2160, 3840),
+         (1920, 1080), (100, 30), (28, 28), (15, 2000), (10, 2100)],
+        [2, 4, 16, 64, 256, 768, 2048],
+        RESIZE_PIXELS,
+    ):
+        spec = VideoSpec("x.mp4", nframes=n, **pixels)
+        meta = VideoMeta(n, 30.0, h, w)
+        try:
+            vp.fetch_video({**spec.qwen_element(), "h": h, "w": w})
+        except ValueError:
+            with pytest.raises(ValueError, match="x.mp4.*aspect ratio"):
+                plan_sampling(spec, meta)
+            errors += 1
+            continue
+        got = plan_sampling(spec, meta)
+        assert [got.resized_height, got.resized_width] == sizes[-1], (h, w, n, pixels)
+        assert got.grid_thw == (n // 2, got.resized_height // 14, got.resized_width // 14)
+        compared += 1
+    assert compared > 500 and errors > 0, (compared, errors)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"fps": 4.0, "video_start": 0.7, "video_end": 4.9},
+    {"nframes": 8, **SMALL},
+    {"total_pixels": 30 * 28 * 28, "fps": 5.0},
+])
+def test_frames_equal_fetch_video(monkeypatch: pytest.MonkeyPatch, vp, videos, kwargs) -> None:
+    """End to end on a real file: qwen-vl-utils' fetch_video (decord reader) == load_all_frames."""
+    def no_fallback(ele: dict) -> None:
+        raise AssertionError("qwen-vl-utils fell back to torchvision")
+
+    monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
+    monkeypatch.setitem(vp.VIDEO_READER_BACKENDS, "torchvision", no_fallback)
+    # One frame per decode + resize chunk here; qwen-vl-utils resizes all frames at once.
+    monkeypatch.setattr(apbv.video, "_CHUNK_ELEMENTS", 1)
+    spec = VideoSpec(videos.main, **kwargs)
+    (ref, info), ref_fps = vp.fetch_video(spec.qwen_element(), return_video_sample_fps=True,
+                                          return_video_metadata=True)
+    got = load_all_frames(spec)
+    assert list(got.indices) == info["frames_indices"]
+    assert got.sampling.sample_fps == ref_fps
+    assert got.frames.dtype == torch.uint8 and got.frames.shape == ref.shape
+    assert torch.equal(got.frames.float(), ref), (got.frames.float() - ref).abs().max()
+    assert got.sampling.second_per_grid_t == pytest.approx(2 / ref_fps)
+
+
+def test_default_sampling_is_two_fps(videos) -> None:
+    sampling = plan_sampling(VideoSpec(videos.main), probe(VideoSpec(videos.main)))
+    assert sampling.num_frames == 12 and sampling.sample_fps == 2.0  # 6 s at 2 fps
+    assert sampling.second_per_grid_t == 1.0
+    assert sampling.indices[0] == 0 and sampling.indices[-1] == 59
+    # 84x56 is upscaled to at least 128 tokens of 28x28 pixels: scale sqrt(100352 / 4704),
+    # each side rounded up to a multiple of 28.
+    assert (sampling.resized_height, sampling.resized_width) == (280, 392)
+    assert sampling.grid_thw == (6, 20, 28)
+
+
+# ---------------------------------------------------------------------------------------------
+# Frame parallelism.
+
+
+@pytest.mark.parametrize("world_size", range(1, 9))
+def test_rank_patch_range_splits_evenly(world_size: int) -> None:
+    for total in [*range(world_size, world_size + 20), 100, 1001]:
+        ranges = [rank_patch_range(total, r, world_size) for r in range(world_size)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == total
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
+        sizes = [e - s for s, e in ranges]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, sizes
+        assert sizes == sorted(sizes, reverse=True), sizes  # earlier ranks get the extra ones
+    for total in range(world_size):
+        with pytest.raises(ValueError, match=f"{total} temporal patches.*{world_size} ranks"):
+            rank_patch_range(total, 0, world_size)
+    with pytest.raises(ValueError, match="rank must be in"):
+        rank_patch_range(10, world_size, world_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ranks_concatenate_to_whole_video(videos, backend: str) -> None:
+    """Each rank decodes only its frames; in rank order they equal the single-process load."""
+    spec = VideoSpec(videos.main, fps=5.0, backend=backend, **SMALL)
+    whole = load_all_frames(spec)
+    assert whole.sampling.num_patches == 15 and whole.frames.shape[0] == 30
+    for world_size in range(1, 5):
+        parts = [load_rank_frames(spec, rank, world_size) for rank in range(world_size)]
+        for rank, part in enumerate(parts):
+            assert part.sampling == whole.sampling
+            assert part.patch_range == rank_patch_range(15, rank, world_size)
+            assert part.frames.shape[0] == len(part.indices) == 2 * (
+                part.patch_range[1] - part.patch_range[0])
+        assert torch.equal(torch.cat([p.frames for p in parts]), whole.frames), world_size
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decoded_frames_are_the_sampled_ones(videos, backend: str) -> None:
+    """Native-size frames (no resampling) match apbv.synthetic's frame of the sampled index."""
+    spec = VideoSpec(videos.main, nframes=20, min_pixels=56 * 84, max_pixels=56 * 84,
+                     backend=backend)
+    got = load_rank_frames(spec, 2, 3)  # a middle share: the decoder has to seek
+    assert (got.sampling.resized_height, got.sampling.resized_width) == (56, 84)
+    truth = np.stack([make_frame(i, fps=10, width=84, height=56) for i in range(60)]).astype(float)
+    for frame, index in zip(got.frames.permute(0, 2, 3, 1).numpy().astype(float), got.indices):
+        errors = np.abs(truth - frame).mean(axis=(1, 2, 3))
+        assert errors.argmin() == index and errors[index] < 4.0, (index, errors[index])
+
+
+@pytest.mark.parametrize("name", ["main", "odd", "mkv"])
+def test_decord_and_pyav_agree(videos, name: str) -> None:
+    """Both decoders give the same metadata and bit-identical frames (measured: max diff 0 on
+    libx264/mpeg4 yuv420p, sizes 84x56, 70x46, 64x48, mp4 and mkv); no tolerance is needed."""
+    path = getattr(videos, name)
+    metas = {b: probe(VideoSpec(path, backend=b)) for b in BACKENDS}
+    assert metas["decord"] == metas["pyav"], metas
+    frames = {b: load_all_frames(VideoSpec(path, fps=4.0, backend=b, **SMALL)).frames
+              for b in BACKENDS}
+    diff = (frames["decord"].int() - frames["pyav"].int()).abs()
+    assert torch.equal(frames["decord"], frames["pyav"]), (
+        f"decord vs pyav: max |diff| {diff.max()}, mean {diff.float().mean():.4f}")
+
+
+def test_synthetic_video_is_deterministic(videos, tmp_path: Path) -> None:
+    again = write_test_video(tmp_path / "again.mp4", num_frames=60, fps=10, width=84, height=56,
+                             gop=6)
+    a = load_all_frames(VideoSpec(videos.main, nframes=10, **SMALL)).frames
+    b = load_all_frames(VideoSpec(again, nframes=10, **SMALL)).frames
+    assert torch.equal(a, b)
+    # One background colour per second; a different seed gives different colours.
+    first, later = make_frame(0, fps=10, width=84, height=56), make_frame(10, fps=10, width=84,
+                                                                           height=56)
+    assert not np.array_equal(first[-1, -1], later[-1, -1])
+    other = make_frame(0, fps=10, width=84, height=56, seed=1)
+    assert not np.array_equal(first[-1, -1], other[-1, -1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: the same ValueError on every rank, naming the file.
+
+
+def _every_rank_raises(spec: VideoSpec, world_size: int, match: str) -> str:
+    messages = set()
+    for rank in range(world_size):
+        with pytest.raises(ValueError, match=match) as err:
+            load_rank_frames(spec, rank, world_size)
+        messages.add(str(err.value))
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert spec.path in message, message
+    return message
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_missing_and_unreadable_files(videos, backend: str) -> None:
+    missing = str(videos.dir / "missing.mp4")
+    _every_rank_raises(VideoSpec(missing, backend=backend), 2, "does not exist")
+    with pytest.raises(ValueError, match="not a regular file"):
+        probe(VideoSpec(str(videos.dir), backend=backend))
+    noise = videos.dir / f"noise_{backend}.mp4"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, np.uint8).tobytes())
+    _every_rank_raises(VideoSpec(noise, backend=backend), 2,
+                       f"cannot be read by {backend} .*corrupt or truncated")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_truncated_files(videos, backend: str) -> None:
+    """Cut a real mp4: an index at the end (plain mp4) is lost, so the file cannot be opened;
+    an index at the front (faststart) lists frames whose data is gone, and is reported as
+    truncated. Never a partial or inconsistent load."""
+    for name, fractions in (("main", [0.5]), ("faststart", [0.3, 0.5, 0.9, 0.98, 0.995])):
+        data = getattr(videos, name).read_bytes()
+        for fraction in fractions:
+            cut = videos.dir / f"cut_{name}_{fraction}_{backend}.mp4"
+            cut.write_bytes(data[: int(len(data) * fraction)])
+            spec = VideoSpec(cut, backend=backend, **SMALL)
+            message = _every_rank_raises(spec, 2, "truncated")
+            with pytest.raises(ValueError, match="truncated"):
+                probe(spec)
+            assert "corrupt" in message
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_frame_file(videos, backend: str) -> None:
+    path = write_test_video(videos.dir / f"empty_{backend}.mp4", num_frames=0, fps=10, width=64,
+                            height=48)
+    # PyAV sees the empty video track; decord refuses to open it (its message is not specific).
+    match = "has no video frames" if backend == "pyav" else "cannot be read by decord"
+    _every_rank_raises(VideoSpec(path, backend=backend), 2, match)
+
+
+def test_too_few_patches_for_ranks(videos) -> None:
+    spec = VideoSpec(videos.main, nframes=4, **SMALL)  # 2 temporal patches
+    message = _every_rank_raises(spec, 3, "2 temporal patches .* 3 ranks")
+    assert "at most 2 ranks" in message and "fps" in message and "nframes" in message
+    assert load_rank_frames(spec, 1, 2).frames.shape[0] == 2  # 2 ranks are fine
+
+
+def test_too_short_video_or_range(videos) -> None:
+    one = write_test_video(videos.dir / "one.mp4", num_frames=1, fps=10, width=64, height=48)
+    _every_rank_raises(VideoSpec(one), 1, "cannot sample frames from 1 frames")
+    # A start past the end of the 6 s video leaves no frames to sample.
+    _every_rank_raises(VideoSpec(videos.main, video_start=7.0), 2, "Invalid time range")
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(ValueError, match=r"backend must be one of \('decord', 'pyav'\)"):
+        VideoSpec("x.mp4", backend="torchcodec")
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        VideoSpec("x.mp4", fps=2.0, nframes=8)
+    bad = [
+        ({"fps": 0.0}, "fps must be a finite number > 0"),
+        ({"nframes": 1}, "nframes must be >= 2"),
+        ({"nframes": 8.0}, "nframes must be an integer"),
+        ({"min_frames": 8, "max_frames": 4}, "max_frames"),
+        ({"min_pixels": 1000, "max_pixels": 999}, "max_pixels"),
+        ({"video_start": 3.0, "video_end": 2.0}, "video_end"),
+        ({"total_pixels": -1}, "total_pixels"),
+        ({"image_patch_size": 0}, "image_patch_size"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            VideoSpec("x.mp4", **kwargs)
+    assert VideoSpec(Path("a") / "b.mp4").path == str(Path("a") / "b.mp4")
+
+
+@pytest.mark.parametrize("module", ["decord", "av", "qwen_vl_utils.vision_process"])
+def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, videos,
+                                         module: str) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
+    backend = "pyav" if module == "av" else "decord"
+    with pytest.raises(ImportError, match=r"apbv\[video\]"):
+        load_all_frames(VideoSpec(videos.main, backend=backend))
+
+
+def test_import_without_video_extra() -> None:
+    code = (
+        "import sys\n"
+        "for m in ('decord', 'av', 'qwen_vl_utils', 'torchvision'): sys.modules[m] = None\n"
+        "import apbv, apbv.video, apbv.synthetic\n"
+        "print(apbv.video.rank_patch_range(5, 1, 2))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "(3, 5)", out.stderr[-2000:]
