@@ -23,6 +23,7 @@ else:  # pragma: no cover
 from apbv.attention import MODES
 from apbv.attention.kernels import BACKENDS
 from apbv.video import BACKENDS as VIDEO_BACKENDS
+from apbv.video import VideoSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -73,6 +74,12 @@ class VideoConfig:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         for name in ("fps", "nframes", "min_pixels", "max_pixels", "total_pixels"):
             _positive(f"video.{name}", getattr(self, name))
+
+    def spec(self, path: str) -> VideoSpec:
+        """The sampling request for one video file."""
+        return VideoSpec(path=path, fps=self.fps, nframes=self.nframes,
+                         min_pixels=self.min_pixels, max_pixels=self.max_pixels,
+                         total_pixels=self.total_pixels, backend=self.backend)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.runtime import PromptInputs, run_prompt
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
-from apbv.video import VideoSpec, load_rank_frames, rank_patch_range
+from apbv.video import load_rank_frames, rank_patch_range
 
 TTFT_STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token")
 
@@ -77,15 +77,9 @@ class Engine:
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device))
 
-    def video_spec(self, path: str) -> VideoSpec:
-        v = self.cfg.video
-        return VideoSpec(path=path, fps=v.fps, nframes=v.nframes, min_pixels=v.min_pixels,
-                         max_pixels=v.max_pixels, total_pixels=v.total_pixels,
-                         backend=v.backend)
-
     def _preprocess(self, video: str, question: str) -> tuple[PromptInputs, int]:
         rank, world = self.info.rank, self.info.world_size
-        frames = load_rank_frames(self.video_spec(video), rank, world)
+        frames = load_rank_frames(self.cfg.video.spec(video), rank, world)
         sampling = frames.sampling
         processed = self.qwen.processor.video_processor(
             videos=[frames.frames], do_resize=False, do_sample_frames=False,

@@ -21,8 +21,8 @@ QUESTION_IDS = [3838, 3093, 315, 5562, 374, 419, 30]  # "What kind of dog is thi
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl_tiny")
+def checkpoint(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir  # written once per session (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

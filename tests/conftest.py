@@ -1,0 +1,39 @@
+"""Shared fixtures: the tiny checkpoint and synthetic videos, written once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apbv.config import RuntimeConfig, load_config
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from apbv.model.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="session")
+def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 s at 4 fps, 224x224: about 5.8k prompt tokens under the tiny_cpu preset."""
+    from apbv.synthetic import write_test_video
+
+    return write_test_video(tmp_path_factory.mktemp("video") / "long.mp4", num_frames=160,
+                            fps=4.0, width=224, height=224, seed=1)
+
+
+@pytest.fixture(scope="session")
+def short_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6 s at 4 fps, 112x112: 6 temporal patches at 2 fps."""
+    from apbv.synthetic import write_test_video
+
+    return write_test_video(tmp_path_factory.mktemp("video") / "short.mp4", num_frames=24,
+                            fps=4.0, width=112, height=112, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_model_dir: Path) -> RuntimeConfig:
+    return load_config("tiny_cpu", [f"model.path={str(tiny_model_dir)!r}"])
