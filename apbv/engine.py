@@ -15,7 +15,7 @@ question; the answer comes back with its TTFT breakdown (max over ranks):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,7 +53,6 @@ class GenerateResult:
     """What an all-gather of every embedding to every rank would have moved."""
     kv_cache_bytes_max: int
     """The largest per-rank prompt KV cache."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

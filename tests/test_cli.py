@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from apbv.__main__ import main
 
@@ -55,3 +58,59 @@ def test_attention_benchmark_emits_json() -> None:
         for key in ("spava_s", "exact_s", "full_s"):
             assert row[key] > 0, (key, row)
         assert 0 < row["predicted_spava_over_exact"] < 1
+
+
+def test_plan_with_model_prints_memory(capsys, tiny_model_dir) -> None:
+    assert main(["plan", "--context-len", "5000", "--world-size", "2",
+                 "--model", str(tiny_model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "memory per rank (2 layers, 2 KV heads x 16" in out
+    assert out.count("prompt KV cache") == 2
+
+
+def test_generate_single_process_json(capsys, tiny_model_dir, short_video) -> None:
+    args = ["generate", "--config", "tiny_cpu", "--model", str(tiny_model_dir),
+            "--video", str(short_video), "--question", "What is shown?",
+            "--max-new-tokens", "3", "--mode", "exact", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["mode"] == "exact" and result["world_size"] == 1
+    assert 1 <= len(result["token_ids"]) <= 3 and isinstance(result["answer"], str)
+    assert result["ttft_s"] == pytest.approx(sum(
+        result["seconds"][s] for s in ("preprocess", "vision", "transfer", "prefill",
+                                       "first_token")))
+    assert "TTFT" in out and "answer:" in out
+
+
+def test_generate_errors_exit_2(capsys, tmp_path, short_video) -> None:
+    assert main(["generate", "--video", str(short_video), "--question", "q"]) == 2
+    assert "no model: pass --model DIR" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path / "absent"), "--video",
+                 str(short_video), "--question", "q"]) == 2
+    assert "absent' does not exist" in capsys.readouterr().err
+    assert main(["generate", "--config", "nope", "--video", "v", "--question", "q"]) == 2
+    assert "config 'nope' not found; presets:" in capsys.readouterr().err
+
+
+def test_generate_under_torchrun(tiny_model_dir, short_video) -> None:
+    env = dict(os.environ, NPROC="2", PYTHON=sys.executable)
+    cmd = ["bash", "launch/generate.sh", "--model", str(tiny_model_dir), "--video",
+           str(short_video), "--question", "What is shown?", "--max-new-tokens", "2", "--json"]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["world_size"] == 2 and report["mode"] == "spava"
+    assert 0 < report["embedding_bytes"] < report["allgather_bytes"]
+
+
+def test_pipeline_demo(capsys, tiny_model_dir, short_video) -> None:
+    args = ["demo", "--set", f"model.path={str(tiny_model_dir)!r}", "--video",
+            str(short_video), "--max-new-tokens", "2", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [r["mode"] for r in report["results"]] == ["spava", "exact"]
+    assert report["agree"] == (report["results"][0]["token_ids"]
+                               == report["results"][1]["token_ids"])
+    assert "spava and exact" in out
