@@ -76,11 +76,17 @@ def run_pipeline_demo(
         print(f"{r['mode']:<7} {r['ttft_s']:>7.3f} {times}  {r['answer']!r}")
     spava, exact = results
     agree = spava["token_ids"] == exact["token_ids"]
+    same = next((i for i, (a, b) in enumerate(zip(spava["token_ids"], exact["token_ids"]))
+                 if a != b), min(len(spava["token_ids"]), len(exact["token_ids"])))
     print(f"\nvideo embeddings moved between ranks: {first['embedding_bytes']} bytes "
           f"(an all-gather would move {first['allgather_bytes']})")
-    print(f"spava and exact {'agree' if agree else 'DIFFER'}: "
-          f"{len(spava['token_ids'])} vs {len(exact['token_ids'])} tokens "
-          f"{spava['token_ids']} / {exact['token_ids']}")
+    print(f"spava tokens: {spava['token_ids']}\nexact tokens: {exact['token_ids']}")
+    if agree:
+        print("spava and exact agree on every token")
+    else:
+        print(f"spava and exact agree on the first {same} token(s); this checkpoint has random "
+              "weights, which amplify any approximation (exact mode is the one that must match "
+              "full attention, and the tests check that it does)")
     if as_json:
         print(json.dumps({"question": question, "results": results, "agree": agree}))
     return agree

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface, AutoProcessor, Qwen2_5_VLForConditionalGeneration
+from transformers.utils import logging as hf_logging
 
 from apbv.context import current
 
@@ -137,6 +138,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenV
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {str(path)!r} has no config.json")
     register_attention()
+    hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         path,
         local_files_only=True,
