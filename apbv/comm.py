@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -104,6 +105,16 @@ def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = No
     t = torch.tensor([value], dtype=torch.int64, device=_scalar_device(group))
     dist.broadcast(t, src=src, group=group)
     return int(t.item())
+
+
+def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
+    """A picklable object from rank ``src`` on every rank (small control data only)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    device = _scalar_device(group) if dist.get_backend(group) == "nccl" else None
+    dist.broadcast_object_list(box, src=src, group=group, device=device)
+    return box[0]
 
 
 def any_rank(flag: bool, group: dist.ProcessGroup | None = None) -> bool:
