@@ -112,8 +112,7 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     if not is_distributed():
         return obj
     box = [obj]
-    device = _scalar_device(group) if dist.get_backend(group) == "nccl" else None
-    dist.broadcast_object_list(box, src=src, group=group, device=device)
+    dist.broadcast_object_list(box, src=src, group=group, device=_scalar_device(group))
     return box[0]
 
 
