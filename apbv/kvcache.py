@@ -1,6 +1,6 @@
 """The prompt's KV cache, distributed: every prompt token is cached on exactly one rank.
 
-Rank r keeps, per layer, the keys and values of its slice of the anchor, of its two blocks and,
+Rank r keeps, per layer, the keys and values of its slice of the anchor, of its blocks and,
 on rank 0 only, of the query; decode tokens are appended on rank 0. Exact decode attention is
 then the log-sum-exp merge of one partial per rank (see :mod:`apbv.decode`).
 """
@@ -16,11 +16,10 @@ APPEND_RANK = 0  # the rank that caches the query and the generated tokens
 
 def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
     """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
-    (_, _), (s1, _), (_, e2), (qs, qe) = plan.local_ranges(rank)
     a0, a1 = plan.anchor_share(rank)
-    parts = [torch.arange(a0, a1), torch.arange(s1, e2)]
+    parts = [torch.arange(a0, a1), torch.arange(*plan.local_blocks_range(rank))]
     if rank == APPEND_RANK:
-        parts.append(torch.arange(qs, qe))
+        parts.append(torch.arange(*plan.local_ranges(rank)[-1]))
     return torch.cat(parts)
 
 

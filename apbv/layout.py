@@ -1,7 +1,7 @@
 """ZigZag sharding of any per-token tensor: token ids, embeddings, 3-D position ids, outputs.
 
-Rank r's local tensor is [anchor | block r | block 2H-1-r | query] along ``dim`` (see
-:mod:`apbv.plan`). The same index map is used for every tensor, so positions always travel with
+Rank r's local tensor is [anchor | its blocks | query] along ``dim``, for ZigZag
+[anchor | block r | block 2H-1-r | query] (see :mod:`apbv.plan`). The same index map is used for every tensor, so positions always travel with
 their tokens; masks are never derived from positions.
 """
 
@@ -41,12 +41,12 @@ def unshard(locals_: Sequence[torch.Tensor], plan: Plan, dim: int = 1) -> torch.
                 f"rank {rank}'s tensor has {local.shape[dim]} tokens along dim {dim}, "
                 f"the plan gives it {plan.local_len(rank)}"
             )
-    anchor, _, _, query = plan.local_ranges(0)
+    ranges = plan.local_ranges(0)
+    anchor, query = ranges[0], ranges[-1]
     pieces = [locals_[0].narrow(dim, anchor[0], anchor[1] - anchor[0])]
     for block in range(plan.num_blocks):
-        owner = plan.block_owner(block)
-        segment = 1 if plan.rank_blocks(owner)[0] == block else 2
-        start, end = plan.local_ranges(owner)[segment]
+        owner, slot = plan.block_slot(block)
+        start, end = plan.local_ranges(owner)[1 + slot]
         pieces.append(locals_[owner].narrow(dim, start, end - start))
     pieces.append(locals_[0].narrow(dim, query[0], query[1] - query[0]))
     return torch.cat(pieces, dim=dim)

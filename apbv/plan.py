@@ -15,6 +15,16 @@ sequence, in global order, is
 Every rank holds the whole anchor and the whole query. P (``passing_len``) is the number of
 tokens, per KV head and per layer, that each virtual block passes to the blocks after it.
 
+Two other layouts serve the comparison modes, with the same attention semantics (a block sees
+the anchor, the selections of all earlier blocks, and itself causally):
+
+- ``contiguous``: H blocks, rank r holds block r (APB without ZigZag: the last rank does most);
+- ``star``: Star Attention's split. The anchor is the first ceil(N/H) tokens (Star's first
+  block); the rest is cut into H-1 blocks for ranks 1..H-1, and rank 0 holds an empty block.
+
+Every rank holds the same number of blocks (2 for zigzag, 1 otherwise), so every rank takes
+part in the same collectives.
+
 Nothing here touches torch.distributed; every rank's share can be computed (and tested) in one
 process.
 """
@@ -26,6 +36,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 Range = tuple[int, int]  # [start, end)
+LAYOUTS = ("zigzag", "contiguous", "star")
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -67,11 +78,17 @@ class Plan:
     passing_len: int
     """P: tokens each virtual block passes on, per KV head, per layer."""
     blocks: tuple[Range, ...]
-    """The 2H virtual blocks as global [start, end) ranges, in prompt order."""
+    """The virtual blocks as global [start, end) ranges, in prompt order (2H for zigzag)."""
+    layout: str = "zigzag"
+    """zigzag, contiguous or star (see the module docstring)."""
 
     @property
     def num_blocks(self) -> int:
-        return 2 * self.world_size
+        return len(self.blocks)
+
+    @property
+    def blocks_per_rank(self) -> int:
+        return self.num_blocks // self.world_size
 
     @property
     def total_len(self) -> int:
@@ -81,14 +98,22 @@ class Plan:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank!r}")
 
-    def rank_blocks(self, rank: int) -> tuple[int, int]:
-        """The two virtual blocks of ``rank``: (rank, 2H-1-rank)."""
+    def rank_blocks(self, rank: int) -> tuple[int, ...]:
+        """The virtual blocks of ``rank`` in prompt order: (rank, 2H-1-rank) for zigzag."""
         self._check_rank(rank)
-        return rank, self.num_blocks - 1 - rank
+        if self.layout == "zigzag":
+            return rank, self.num_blocks - 1 - rank
+        return (rank,)
+
+    def block_slot(self, block: int) -> tuple[int, int]:
+        """(owner rank, index of the block among the owner's blocks)."""
+        if self.layout == "zigzag" and block >= self.world_size:
+            return self.num_blocks - 1 - block, 1
+        return block, 0
 
     def block_owner(self, block: int) -> int:
         """The rank that holds virtual block ``block``."""
-        return block if block < self.world_size else self.num_blocks - 1 - block
+        return self.block_slot(block)[0]
 
     def block_len(self, block: int) -> int:
         start, end = self.blocks[block]
@@ -116,14 +141,14 @@ class Plan:
         """The same layout with P = infinity (every block passes everything)."""
         return replace(self, passing_len=max(self.passing_len, self.max_block_len))
 
-    def global_ranges(self, rank: int) -> tuple[Range, Range, Range, Range]:
-        """Global [start, end) of (anchor, block rank, block 2H-1-rank, query) on ``rank``."""
-        first, second = self.rank_blocks(rank)
+    def global_ranges(self, rank: int) -> tuple[Range, ...]:
+        """Global [start, end) of (anchor, each block of ``rank``, query)."""
         n = self.context_len
-        return (0, self.anchor_len), self.blocks[first], self.blocks[second], (n, n + self.query_len)
+        blocks = tuple(self.blocks[b] for b in self.rank_blocks(rank))
+        return ((0, self.anchor_len), *blocks, (n, n + self.query_len))
 
-    def local_ranges(self, rank: int) -> tuple[Range, Range, Range, Range]:
-        """The same four segments in rank-local coordinates (they are consecutive)."""
+    def local_ranges(self, rank: int) -> tuple[Range, ...]:
+        """The same segments in rank-local coordinates (they are consecutive)."""
         out = []
         offset = 0
         for start, end in self.global_ranges(rank):
@@ -133,6 +158,11 @@ class Plan:
 
     def local_len(self, rank: int) -> int:
         return self.local_ranges(rank)[-1][1]
+
+    def local_blocks_range(self, rank: int) -> Range:
+        """Local [start, end) of all of ``rank``'s blocks together (between anchor and query)."""
+        ranges = self.local_ranges(rank)
+        return ranges[0][1], ranges[-1][0]
 
     def anchor_share(self, rank: int) -> Range:
         """The slice of the anchor whose keys ``rank`` contributes to the exact query attention.
@@ -149,20 +179,18 @@ class Plan:
         """A human-readable table of the layout."""
         lines = [
             f"context N={self.context_len}  query Q={self.query_len}  ranks H={self.world_size}  "
-            f"anchor A={self.anchor_len}  passing P={self.passing_len}"
+            f"anchor A={self.anchor_len}  passing P={self.passing_len}  layout {self.layout}"
             + ("  (exact: P >= every block)" if self.is_exact else ""),
             f"{'rank':>4} {'blocks':>9} {'block tokens':>16} {'local tokens':>12} "
             f"{'passing in (tokens/KV head)':>28}",
         ]
         for rank in range(self.world_size):
-            first, second = self.rank_blocks(rank)
-            passing = sum(self.selected_len(u) for u in range(first)) + sum(
-                self.selected_len(u) for u in range(second)
-            )
-            lengths = f"{self.block_len(first)}+{self.block_len(second)}"
+            mine = self.rank_blocks(rank)
+            passing = sum(self.selected_len(u) for b in mine for u in range(b))
+            names = ",".join(map(str, mine))
+            lengths = "+".join(str(self.block_len(b)) for b in mine)
             lines.append(
-                f"{rank:>4} {f'{first},{second}':>9} {lengths:>16} {self.local_len(rank):>12} "
-                f"{passing:>28}"
+                f"{rank:>4} {names:>9} {lengths:>16} {self.local_len(rank):>12} {passing:>28}"
             )
         return "\n".join(lines)
 
@@ -174,18 +202,25 @@ def make_plan(
     *,
     anchor_len: int | None = None,
     passing_len: int | None = None,
+    layout: str = "zigzag",
 ) -> Plan:
-    """Plan the ZigZag layout of an N-token context and a Q-token query over H ranks.
+    """Plan the layout of an N-token context and a Q-token query over H ranks.
 
     Any N >= 1, Q >= 1, H >= 1 works: blocks differ by at most one token and may be empty.
-    The extra tokens of an uneven split go to blocks 0..H-1 first, then 2H-1..H, so the ranks'
-    context shares also differ by at most one token.
+    ZigZag: the extra tokens of an uneven split go to blocks 0..H-1 first, then 2H-1..H, so
+    the ranks' context shares also differ by at most one token. ``layout`` "contiguous" and
+    "star" serve the comparison modes (module docstring); star's default anchor is ceil(N/H).
     """
     _check_int("context_len", context_len, 1)
     _check_int("query_len", query_len, 1)
     _check_int("world_size", world_size, 1)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
     if anchor_len is None:
-        anchor_len = default_anchor_len(context_len)
+        if layout == "star":
+            anchor_len = math.ceil(context_len / world_size)
+        else:
+            anchor_len = default_anchor_len(context_len)
     _check_int("anchor_len", anchor_len, 0)
     if anchor_len > context_len:
         raise ValueError(f"anchor_len ({anchor_len}) must not exceed context_len ({context_len})")
@@ -193,14 +228,20 @@ def make_plan(
         passing_len = default_passing_len(context_len)
     _check_int("passing_len", passing_len, 0)
 
-    num_blocks = 2 * world_size
     rest = context_len - anchor_len
-    base, extra = divmod(rest, num_blocks)
-    # Extras in ZigZag order of ownership: first blocks 0..H-1, then blocks 2H-1..H.
-    order = list(range(world_size)) + list(range(num_blocks - 1, world_size - 1, -1))
-    lengths = [base] * num_blocks
-    for block in order[:extra]:
-        lengths[block] += 1
+    if layout == "zigzag":
+        num_blocks = 2 * world_size
+        base, extra = divmod(rest, num_blocks)
+        # Extras in ZigZag order of ownership: first blocks 0..H-1, then blocks 2H-1..H.
+        order = list(range(world_size)) + list(range(num_blocks - 1, world_size - 1, -1))
+        lengths = [base] * num_blocks
+        for block in order[:extra]:
+            lengths[block] += 1
+    elif layout == "contiguous":
+        lengths = split_evenly(rest, world_size)
+    else:  # star: rank 0's block is the anchor itself
+        lengths = [0] + (split_evenly(rest, world_size - 1) if world_size > 1 else [])
+        lengths[0] += rest if world_size == 1 else 0
     blocks = []
     start = anchor_len
     for length in lengths:
@@ -214,4 +255,5 @@ def make_plan(
         anchor_len=anchor_len,
         passing_len=passing_len,
         blocks=tuple(blocks),
+        layout=layout,
     )

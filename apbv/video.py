@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -370,10 +371,16 @@ def rank_patch_range(num_patches: int, rank: int, world_size: int) -> Range:
 # Decoders. Each opens and checks the file in its constructor, then reads frames by index.
 
 
+def _decoder_message(err: BaseException) -> str:
+    """The decoder's error text without its log timestamps ("[20:39:54] "), so every rank
+    that hits the same error reports the same message."""
+    return re.sub(r"\[\d{2}:\d{2}:\d{2}\] ", "", f"{type(err).__name__}: {err}")
+
+
 def _unreadable(path: str, backend: str, err: BaseException) -> ValueError:
     return ValueError(
         f"video {path!r} cannot be read by {backend} (not a video file, an empty video, or "
-        f"corrupt or truncated): {type(err).__name__}: {err}"
+        f"corrupt or truncated): {_decoder_message(err)}"
     )
 
 
@@ -417,7 +424,7 @@ class _DecordReader(_Reader):
         except Exception as err:
             raise _truncated(
                 path, f"its index lists {total} frames but the last one cannot be decoded "
-                f"({type(err).__name__}: {err})"
+                f"({_decoder_message(err)})"
             ) from err
         self.meta = self._make_meta(total, fps, last)
 
@@ -431,7 +438,7 @@ class _DecordReader(_Reader):
             batch = self._to_numpy(self._vr.get_batch(list(indices)))
         except Exception as err:
             raise _truncated(self.path, f"decoding frames {indices[0]}..{indices[-1]} failed "
-                             f"({type(err).__name__}: {err})") from err
+                             f"({_decoder_message(err)})") from err
         return torch.as_tensor(batch)
 
     def close(self) -> None:

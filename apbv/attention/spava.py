@@ -53,8 +53,8 @@ def apbv_attention(
     """APB-V attention over rank-local, post-RoPE q/k/v.
 
     Args:
-        q: (1, T, Hq, D), this rank's tokens in local order [anchor | block r | block 2H-1-r |
-            query].
+        q: (1, T, Hq, D), this rank's tokens in local order [anchor | its blocks | query]
+            (ZigZag: [anchor | block r | block 2H-1-r | query]).
         k, v: (1, T, Hkv, D), Hq a multiple of Hkv.
         plan: the layout, the same on every rank; ``plan.world_size`` must match the group.
         mode: "spava" (the method), "exact" (P = infinity: equals causal attention) or
@@ -83,26 +83,28 @@ def apbv_attention(
             pending.wait()
         return pending
 
-    (_, anchor_end), (s1, e1), (s2, e2), (qs, qe) = plan.local_ranges(rank)
-    first, second = plan.rank_blocks(rank)
+    ranges = plan.local_ranges(rank)
+    anchor_end, block_ranges, (qs, qe) = ranges[0][1], ranges[1:-1], ranges[-1]
+    mine = plan.rank_blocks(rank)
 
-    # 1. Query-aware selections of both local blocks; their all-gathers start at once.
+    # 1. Query-aware selection of each local block; their all-gathers start at once.
+    #    gathers[j] -> (H, 2, C, Hkv, D): [i] = the selection of rank i's j-th block.
     qbar = mean_query(q[:, qs:qe], k.shape[2])
-    sends = [
-        pack_selection(k[0, s:e], v[0, s:e], qbar, plan.selected_len(b), plan.passing_capacity)
-        for b, (s, e) in ((first, (s1, e1)), (second, (s2, e2)))
+    gathers = [
+        start(pack_selection(k[0, s:e], v[0, s:e], qbar, plan.selected_len(b),
+                             plan.passing_capacity))
+        for b, (s, e) in zip(mine, block_ranges)
     ]
-    gather_first = start(sends[0])  # -> (H, 2, C, Hkv, D): [i] = selection of block i
-    gather_second = start(sends[1])  # -> [i] = selection of block 2H-1-i
 
-    # 2. This rank's share of the exact query attention: its anchor slice and both blocks
+    # 2. This rank's share of the exact query attention: its anchor slice and its blocks
     #    (non-causal), plus on rank 0 the query keys themselves (bottom-right causal).
     q_query = q[:, qs:qe]
     a0, a1 = plan.anchor_share(rank)
-    key_end = qe if rank == 0 else e2
+    blocks_start, blocks_end = plan.local_blocks_range(rank)
+    key_end = qe if rank == 0 else blocks_end
     partials = [
         attend(q_query, k[:, a0:a1], v[:, a0:a1], False),
-        attend(q_query, k[:, s1:key_end], v[:, s1:key_end], rank == 0),
+        attend(q_query, k[:, blocks_start:key_end], v[:, blocks_start:key_end], rank == 0),
     ]
     gather_query = start(pack_partial(*merge_partials(*zip(*partials))))
 
@@ -112,22 +114,20 @@ def apbv_attention(
         q[:, :anchor_end], k[:, :anchor_end], v[:, :anchor_end], True
     )[0]
 
-    # 4. Block r: the anchor, Sel(0..r-1) and itself (causal).
-    first_sel = gather_first.wait()
-    passing = [(first_sel[i], plan.selected_len(i)) for i in range(first)]
-    out[:, s1:e1] = _block_attention(q, k, v, (s1, e1), anchor_end, passing, attend)
+    # 4. Each local block: the anchor, Sel(u) of every earlier block u, and itself (causal).
+    #    Waiting only on the gathers that hold earlier blocks lets the ZigZag second block's
+    #    transfer hide behind the first block's attention.
+    for block, rows in zip(mine, block_ranges):
+        passing = []
+        for u in range(block):
+            owner, slot = plan.block_slot(u)
+            passing.append((gathers[slot].wait()[owner], plan.selected_len(u)))
+        out[:, rows[0]:rows[1]] = _block_attention(q, k, v, rows, anchor_end, passing, attend)
 
-    # 5. Block 2H-1-r: the anchor, Sel(0..H-1) from the first gather, Sel(H..2H-2-r) from the
-    #    second (held by ranks H-1 down to r+1), and itself.
-    second_sel = gather_second.wait()
-    passing = [(first_sel[i], plan.selected_len(i)) for i in range(world)] + [
-        (second_sel[i], plan.selected_len(plan.num_blocks - 1 - i))
-        for i in range(world - 1, rank, -1)
-    ]
-    out[:, s2:e2] = _block_attention(q, k, v, (s2, e2), anchor_end, passing, attend)
-
-    # 6. The exact query rows: merge the H partials.
+    # 5. The exact query rows: merge the H partials.
     out[:, qs:qe] = merge_packed(gather_query.wait())[0]  # gathered: (H, Q, Hq, D + 1)
+    for pending in gathers:  # complete every collective before its buffers go
+        pending.wait()
     return out
 
 
@@ -199,8 +199,9 @@ def _check_inputs(
         )
     expected = plan.local_len(rank)
     if q.shape[1] != expected:
-        (_, a), (s1, e1), (s2, e2), (qs, qe) = plan.local_ranges(rank)
+        ranges = plan.local_ranges(rank)
+        blocks = "+".join(str(e - s) for s, e in ranges[1:-1])
         raise ValueError(
             f"rank {rank} got {q.shape[1]} tokens but the plan gives it {expected} "
-            f"(anchor {a} + blocks {e1 - s1}+{e2 - s2} + query {qe - qs})"
+            f"(anchor {ranges[0][1]} + blocks {blocks} + query {plan.query_len})"
         )
