@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from apbv.attention import MODES
+from apbv.modes import MODE_NAMES
 
 
 def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: int) -> None:
@@ -33,7 +33,7 @@ def _add_config_args(p: argparse.ArgumentParser, default_preset: str | None) -> 
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set attention.passing_len=256")
     p.add_argument("--model", help="checkpoint directory (model.path)")
-    p.add_argument("--mode", choices=MODES, help="attention mode (attention.mode)")
+    p.add_argument("--mode", choices=MODE_NAMES, help="mode (attention.mode)")
     frames = p.add_mutually_exclusive_group()
     frames.add_argument("--fps", type=float, help="frames sampled per second (video.fps)")
     frames.add_argument("--nframes", type=int, help="frames to sample (video.nframes)")

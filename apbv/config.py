@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from apbv.attention import MODES
+from apbv.modes import MODE_NAMES
 from apbv.attention.kernels import BACKENDS
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
@@ -97,7 +97,8 @@ class ParallelConfig:
 @dataclass
 class AttentionConfig:
     mode: str = "spava"
-    """spava, exact (P = infinity) or no_overlap."""
+    """spava (the method), exact, no_overlap, no_vit_split, zigzag_ring, star, apb or full
+    (see apbv/modes.py)."""
     anchor_len: int | None = None
     """Anchor tokens A; default about N/64."""
     passing_len: int | None = None
@@ -106,7 +107,7 @@ class AttentionConfig:
     """Attention kernel: flash, sdpa or reference; default picks flash-attn when usable."""
 
     def __post_init__(self) -> None:
-        _one_of("attention.mode", self.mode, MODES)
+        _one_of("attention.mode", self.mode, MODE_NAMES)
         if self.kernel is not None:
             _one_of("attention.kernel", self.kernel, BACKENDS)
 

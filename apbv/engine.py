@@ -25,6 +25,7 @@ from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo
 from apbv.model.qwen2_5_vl import QwenVL, load
+from apbv.modes import get_mode
 from apbv.runtime import PromptInputs, run_prompt
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
@@ -76,9 +77,13 @@ class Engine:
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device))
 
-    def _preprocess(self, video: str, question: str) -> tuple[PromptInputs, int]:
+    def _preprocess(
+        self, video: str, question: str, mode: str = "spava"
+    ) -> tuple[PromptInputs, int]:
         rank, world = self.info.rank, self.info.world_size
-        frames = load_rank_frames(self.cfg.video.spec(video), rank, world)
+        split = get_mode(mode).vit_split
+        frames = load_rank_frames(self.cfg.video.spec(video), rank if split else 0,
+                                  world if split else 1)
         sampling = frames.sampling
         processed = self.qwen.processor.video_processor(
             videos=[frames.frames], do_resize=False, do_sample_frames=False,
@@ -96,7 +101,8 @@ class Engine:
             query_ids=query_ids,
             video_grid=(t, h, w),
             second_per_grid_t=sampling.second_per_grid_t,
-            patch_ranges=tuple(rank_patch_range(t, r, world) for r in range(world)),
+            patch_ranges=tuple(rank_patch_range(t, r, world) if split else (0, t)
+                               for r in range(world)),
             pixel_values=processed["pixel_values_videos"],
         )
         return inputs, sampling.num_frames
@@ -119,12 +125,12 @@ class Engine:
         mode = att.mode if mode is None else mode
         max_new_tokens = self.cfg.generate.max_new_tokens if max_new_tokens is None \
             else max_new_tokens
-        dataclasses.replace(att, mode=mode)  # validates the mode name
+        get_mode(mode)  # a bad name fails here, on every rank alike
         timer = StageTimer(self.info.device)
         error: ValueError | None = None
         with timer.stage("preprocess"):
             try:
-                inputs, num_frames = self._preprocess(video, question)
+                inputs, num_frames = self._preprocess(video, question, mode)
             except ValueError as exc:
                 error = exc
         if comm.any_rank(error is not None, self.group):

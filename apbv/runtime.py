@@ -15,11 +15,18 @@ import torch.distributed as dist
 from apbv.decode import greedy_continue, pick_token
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
-from apbv.plan import Plan, make_plan
+from apbv.modes import get_mode
+from apbv.plan import Plan
 from apbv.positions import mrope_positions, video_token_runs
 from apbv.prefill import prefill
 from apbv.timing import StageTimer
-from apbv.vision import VideoSpan, embedding_routes, route_embeddings, transfer_bytes
+from apbv.vision import (
+    VideoSpan,
+    embedding_routes,
+    needed_video_tokens,
+    route_embeddings,
+    transfer_bytes,
+)
 
 Range = tuple[int, int]
 
@@ -37,9 +44,10 @@ class PromptInputs:
     second_per_grid_t: float
     """Seconds per temporal patch (temporal_patch_size / sampled fps)."""
     patch_ranges: tuple[Range, ...]
-    """Per rank, the temporal patches [p0, p1) it encodes."""
+    """Per rank, the temporal patches [p0, p1) it encodes ((0, t) everywhere when the mode does
+    not split the vision work)."""
     pixel_values: torch.Tensor
-    """This rank's patch rows only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
+    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
 
 
 @dataclass
@@ -68,9 +76,14 @@ def run_prompt(
     passing_len: int | None = None,
     max_new_tokens: int = 1,
 ) -> PromptResult:
-    """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode."""
+    """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
+
+    ``mode`` is one of :data:`apbv.modes.MODE_NAMES`; it picks the plan, the attention op's
+    mode and whether the vision work is split.
+    """
+    spec = get_mode(mode)
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
-    plan = make_plan(len(inputs.context_ids), len(inputs.query_ids), world_size,
+    plan = spec.plan(len(inputs.context_ids), len(inputs.query_ids), world_size,
                      anchor_len=anchor_len, passing_len=passing_len)
     runs = video_token_runs(ids, qwen.video_token_id)
     if len(runs) != 1 or runs[0][1] > plan.context_len:
@@ -86,8 +99,12 @@ def run_prompt(
             local_video = qwen.encode_video(inputs.pixel_values, grid)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
-            video_rows = route_embeddings(local_video, routes, patch_range,
-                                          span.tokens_per_patch, rank, group)
+            if spec.vit_split:
+                video_rows = route_embeddings(local_video, routes, patch_range,
+                                              span.tokens_per_patch, rank, group)
+            else:  # every rank encoded the whole video: take its own rows, move nothing
+                video_rows = torch.cat([local_video[s:e] for s, e in
+                                        needed_video_tokens(plan, span, rank)])
         with timer.stage("prefill"):
             local_ids = shard(ids.unsqueeze(0), plan, rank)
             embeds = qwen.embed(local_ids)
@@ -99,7 +116,8 @@ def run_prompt(
                                         spatial_merge_size=merge,
                                         tokens_per_second=qwen.tokens_per_second)
             local_positions = shard(positions, plan, rank, dim=2)
-            logits, cache = prefill(qwen, embeds, local_positions, plan, rank=rank, mode=mode,
+            logits, cache = prefill(qwen, embeds, local_positions, plan, rank=rank,
+                                    mode=spec.op_mode,
                                     group=group, backend=backend, reserve=max_new_tokens)
         with timer.stage("first_token"):
             first = pick_token(logits, group)
@@ -108,6 +126,8 @@ def run_prompt(
                                  max_new_tokens=max_new_tokens, group=group, backend=backend)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
+    if not spec.vit_split:
+        moved = 0
     return PromptResult(
         token_ids=tokens,
         plan=plan,

@@ -5,7 +5,9 @@ Frame ``i`` of a video at ``fps`` frames per second (see :func:`make_frame`):
 - the background has one colour per second of video (second ``floor(i / fps)``), taken from a
   palette drawn from ``seed``, so content depends on the position in time;
 - a square in the complementary colour moves 3 pixels right and 2 down per frame (wrapping),
-  so neighbouring frames differ too.
+  so neighbouring frames differ too;
+- a "needle" frame (:func:`make_needle_frame`, ``needles`` of :func:`write_test_video`) also
+  has a large centred square of one given colour, for needle-in-a-haystack style questions.
 
 Frames are encoded as yuv420p with libx264 when PyAV's bundled FFmpeg has it, else mpeg4; the
 decoded frames match :func:`make_frame` up to compression error. PyAV (the ``video`` extra) is
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 
@@ -60,6 +63,23 @@ def make_frame(index: int, *, fps: float | Fraction, width: int, height: int,
     return frame
 
 
+def _check_colour(colour: tuple[int, int, int]) -> None:
+    if len(colour) != 3 or not all(isinstance(c, int) and 0 <= c <= 255 for c in colour):
+        raise ValueError(f"colour must be 3 integers in 0..255 (RGB), got {colour!r}")
+
+
+def make_needle_frame(index: int, colour: tuple[int, int, int], *, fps: float | Fraction,
+                      width: int, height: int, seed: int = 0) -> np.ndarray:
+    """:func:`make_frame` with a centred square of side min(width, height) / 2 in ``colour``
+    (RGB, 0..255) drawn over it: the inserted "needle"."""
+    _check_colour(colour)
+    frame = make_frame(index, fps=fps, width=width, height=height, seed=seed)
+    side = max(2, min(width, height) // 2)
+    y, x = (height - side) // 2, (width - side) // 2
+    frame[y:y + side, x:x + side] = colour
+    return frame
+
+
 def write_test_video(
     path: str | os.PathLike[str],
     *,
@@ -71,14 +91,17 @@ def write_test_video(
     codec: str | None = None,
     gop: int | None = None,
     faststart: bool = False,
+    needles: Mapping[int, tuple[int, int, int]] | None = None,
 ) -> Path:
     """Write ``num_frames`` frames of :func:`make_frame` to ``path``; returns the path.
 
     The container follows the file extension (.mp4, .mkv, .avi, ...). ``codec``: None picks
     libx264 (B-frames, keyframe every ``gop`` frames; x264's default 250 when None; x264 also
-    puts keyframes at most colour changes) or mpeg4 when x264 is absent. ``faststart`` moves the mp4 index to the front, so a truncated file
-    still opens (a realistic "cut in half" download). ``num_frames=0`` writes a fragmented mp4
-    whose video track has no frames (only .mp4/.mov).
+    puts keyframes at most colour changes) or mpeg4 when x264 is absent. ``faststart`` moves the
+    mp4 index to the front, so a truncated file still opens (a realistic "cut in half"
+    download). ``num_frames=0`` writes a fragmented mp4 whose video track has no frames (only
+    .mp4/.mov). ``needles`` maps frame indices to colours: those frames are
+    :func:`make_needle_frame`.
     """
     import av
 
@@ -92,6 +115,12 @@ def write_test_video(
         raise ValueError(f"codec {codec!r} is not in PyAV's FFmpeg build")
     if gop is not None and (isinstance(gop, bool) or not isinstance(gop, int) or gop < 1):
         raise ValueError(f"gop must be an integer >= 1, got {gop!r}")
+    needles = {} if needles is None else dict(needles)
+    outside = sorted(i for i in needles if not 0 <= i < num_frames)
+    if outside:
+        raise ValueError(f"needle frame indices {outside} are outside 0..{num_frames - 1}")
+    for colour in needles.values():
+        _check_colour(colour)
     path = Path(path)
     options: dict[str, str] = {}
     if num_frames == 0:
@@ -108,7 +137,11 @@ def write_test_video(
         if num_frames == 0:
             container.start_encoding()
         for index in range(num_frames):
-            image = make_frame(index, fps=rate, width=width, height=height, seed=seed)
+            if index in needles:
+                image = make_needle_frame(index, needles[index], fps=rate, width=width,
+                                          height=height, seed=seed)
+            else:
+                image = make_frame(index, fps=rate, width=width, height=height, seed=seed)
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             for packet in stream.encode(frame):
                 container.mux(packet)

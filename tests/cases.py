@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from apbv.attention import MODES as OP_MODES
+from apbv.modes import get_mode
 from apbv.plan import Plan, make_plan
 from tests.oracle import causal_attention, masked_attention, oracle_attention, visible_keys
 
@@ -22,12 +24,23 @@ class Case:
     kv_heads: int = 2
     head_dim: int = 16
     mode: str = "spava"
+    """The op's mode, or a runtime mode of apbv.modes (its plan and op mode are used)."""
     dtype: str = "float32"
     seed: int = 0
 
     def plan(self, world_size: int) -> Plan:
-        return make_plan(self.context_len, self.query_len, world_size,
-                         anchor_len=self.anchor_len, passing_len=self.passing_len)
+        if self.mode in OP_MODES:
+            return make_plan(self.context_len, self.query_len, world_size,
+                             anchor_len=self.anchor_len, passing_len=self.passing_len)
+        return get_mode(self.mode).plan(self.context_len, self.query_len, world_size,
+                                        anchor_len=self.anchor_len, passing_len=self.passing_len)
+
+    @property
+    def op_mode(self) -> str:
+        return self.mode if self.mode in OP_MODES else get_mode(self.mode).op_mode
+
+    def runs_on(self, world_size: int) -> bool:
+        return self.op_mode != "full" or world_size == 1
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Global q (1, L, Hq, D), k/v (1, L, Hkv, D) in the case's dtype."""
@@ -54,6 +67,14 @@ CASES = [
     Case(300, 5, anchor_len=10, passing_len=20, mode="no_overlap"),
     Case(300, 6, anchor_len=12, passing_len=16, heads=8, kv_heads=2, head_dim=32,
          dtype="bfloat16", seed=1),
+    # The comparison modes, each against the oracle under its own plan.
+    Case(300, 5, mode="zigzag_ring"),
+    Case(301, 7, mode="star", seed=4),
+    Case(33, 2, mode="star", heads=4, kv_heads=4, head_dim=8),
+    Case(300, 5, mode="apb", seed=5),
+    Case(300, 5, passing_len=7, mode="apb", heads=8, kv_heads=2),
+    Case(290, 5, mode="no_vit_split"),
+    Case(200, 9, mode="full"),
 ]
 
 
@@ -61,7 +82,7 @@ def check(case: Case, plan: Plan, out: torch.Tensor) -> str | None:
     """None if ``out`` (global order) is right for ``case``, else a message with the errors."""
     q, k, v = case.inputs()
     scale = case.head_dim**-0.5
-    if case.mode == "exact":
+    if plan.is_exact or case.op_mode in ("exact", "full"):
         want = causal_attention(q, k, v)
     else:
         want = oracle_attention(q, k, v, plan)
@@ -71,7 +92,7 @@ def check(case: Case, plan: Plan, out: torch.Tensor) -> str | None:
     else:
         # flash-attention's rule: at most twice the error of a same-dtype dense reference
         # (scores, probabilities and output rounded to the dtype) under the same mask.
-        mask = visible_keys(q, k, plan) if case.mode != "exact" else None
+        mask = visible_keys(q, k, plan)
         naive = _same_dtype_attention(q, k, v, mask, scale)
         tol = 2 * (naive.double() - want).abs().max().item() + 1e-6
     if err.max().item() <= tol:

@@ -33,7 +33,7 @@ from apbv.attention.merge import merge_packed, merge_partials, pack_partial
 from apbv.attention.select import mean_query, pack_selection
 from apbv.plan import Plan
 
-MODES = ("spava", "exact", "no_overlap")
+MODES = ("spava", "exact", "no_overlap", "full")
 
 Partial = tuple[torch.Tensor, torch.Tensor]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], Partial]
@@ -57,8 +57,9 @@ def apbv_attention(
             (ZigZag: [anchor | block r | block 2H-1-r | query]).
         k, v: (1, T, Hkv, D), Hq a multiple of Hkv.
         plan: the layout, the same on every rank; ``plan.world_size`` must match the group.
-        mode: "spava" (the method), "exact" (P = infinity: equals causal attention) or
-            "no_overlap" (spava, waiting on every collective as soon as it starts).
+        mode: "spava" (the method), "exact" (P = infinity: equals causal attention),
+            "no_overlap" (spava, waiting on every collective as soon as it starts) or "full"
+            (one rank only: plain causal attention in one kernel call, the baseline).
         group: the process group of the H ranks; None for the default group, or a single
             rank when no process group is initialised.
         softmax_scale: default D ** -0.5.
@@ -73,6 +74,8 @@ def apbv_attention(
         plan = plan.exact()
     overlap = mode != "no_overlap"
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    if mode == "full":  # one rank: the local order is the global order
+        return kernels.attention(q, k, v, causal=True, scale=scale, backend=backend)[0]
 
     def attend(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, causal: bool) -> Partial:
         return kernels.attention(qq, kk, vv, causal=causal, scale=scale, backend=backend)
@@ -171,6 +174,8 @@ def _check_inputs(
 ) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    if mode == "full" and world != 1:
+        raise ValueError(f"mode 'full' runs on one rank, the group has {world}")
     if plan.world_size != world:
         raise ValueError(
             f"the plan is for world_size={plan.world_size} but the process group has "

@@ -4,7 +4,8 @@
   token ids, pixel values and positions (fp32, max abs error <= 1e-4) and the same 8 greedy
   tokens (HF recomputes the whole sequence each step; apbv decodes over its distributed cache);
 - frame-parallel vision, concatenated over ranks, equals the single-process vision tower;
-- spava runs end to end on a video of more than 4k prompt tokens;
+- spava runs end to end on a video of more than 4k prompt tokens, and every comparison mode
+  runs end to end (the exact ones give HF's tokens);
 - our token ids equal the official processor's for the same prompt.
 """
 
@@ -19,6 +20,7 @@ from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import Engine
 from apbv.model.qwen2_5_vl import load
+from apbv.modes import MODE_NAMES
 from apbv.positions import mrope_positions
 from apbv.runtime import run_prompt
 from apbv.sequence import prompt_ids, split_prompt
@@ -41,8 +43,11 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, long_video: str) -
     exact = run_prompt(engine.qwen, inputs, StageTimer(info.device), rank=info.rank,
                        world_size=info.world_size, mode="exact", max_new_tokens=NEW_TOKENS)
     spava = engine.generate(long_video, QUESTION, mode="spava", max_new_tokens=2)
+    modes = [m for m in MODE_NAMES if m != "full" or info.world_size == 1]
+    by_mode = {m: engine.generate(video, QUESTION, mode=m, max_new_tokens=3).token_ids
+               for m in modes}
     return {"vision": local_vision, "logits": exact.first_logits, "tokens": exact.token_ids,
-            "spava": spava.to_json()}
+            "spava": spava.to_json(), "modes": by_mode}
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +126,10 @@ def test_pipeline_matches_hf(world_size: int, tiny_config: RuntimeConfig, short_
     if world_size > 1:
         assert 0 < spava["embedding_bytes"] < spava["allgather_bytes"], spava
     assert all(r["spava"]["token_ids"] == spava["token_ids"] for r in per_rank)
+    # Every mode runs end to end; the exact ones (exact attention computed three ways) agree
+    # with HF, and no_overlap and no_vit_split change the schedule, not the result.
+    by_mode = per_rank[0]["modes"]
+    for mode in ("exact", "zigzag_ring") + (("full",) if world_size == 1 else ()):
+        assert by_mode[mode] == reference["tokens"][:3], (mode, by_mode[mode])
+    assert by_mode["no_overlap"] == by_mode["spava"] == by_mode["no_vit_split"], by_mode
+    assert all(r["modes"] == by_mode for r in per_rank)

@@ -58,7 +58,7 @@ def test_bad_requests_fail_cleanly_on_every_rank(
         ("empty.mp4", "cannot be read by decord"),
         ("short.mp4", "has 1 temporal patches (2 frames each) but 2 ranks"),
         ("question must be a non-empty string", ""),
-        ("attention.mode must be one of spava, exact, no_overlap", "'ring'"),
+        ("unknown mode 'ring'; allowed: spava, exact, no_overlap", "zigzag_ring, star, apb"),
     ]
     for rank, messages in enumerate(per_rank):
         for (first, second), message in zip(expected, messages):

@@ -18,7 +18,7 @@ def test_single_rank_matches_oracle(case: Case) -> None:
     plan = case.plan(1)
     q, k, v = case.inputs()
     out = apbv_attention(shard(q, plan, 0), shard(k, plan, 0), shard(v, plan, 0), plan,
-                         mode=case.mode)
+                         mode=case.op_mode)
     assert out.dtype == q.dtype and out.shape == q.shape
     problem = check(case, plan, out)
     assert problem is None, problem
