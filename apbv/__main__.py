@@ -7,6 +7,9 @@
     python -m apbv make-tiny-model --out .cache/tiny-qwen2.5-vl
     python -m apbv make-test-video --out .cache/demo.mp4 --seconds 40
     python -m apbv attention-demo                        # the attention op alone vs exact
+    torchrun --nproc_per_node 8 -m apbv eval --bench longvideobench --data /data/LongVideoBench \
+        --model /ckpt/Qwen2.5-VL-7B-Instruct --mode spava [--limit N] [--compare exact]
+    python -m apbv make-eval-fixtures --bench vnbench --out .cache/vnbench-fixture
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import sys
 from typing import Any
 
+from apbv.eval.data import BENCHMARKS
 from apbv.modes import MODE_NAMES
 
 
@@ -93,6 +97,32 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.engine import Engine
+    from apbv.eval.data import parse_where
+    from apbv.eval.harness import EvalSpec, run_eval, summary
+
+    cfg = _config_from_args(args)
+    if not cfg.model.path:
+        raise ValueError("no model: pass --model DIR or set model.path in the config")
+    mode = cfg.attention.mode
+    spec = EvalSpec(bench=args.bench, data_dir=args.data, mode=mode,
+                    out=args.out or f"eval_results/{args.bench}_{mode}.jsonl",
+                    annotation=args.annotation, limit=args.limit, where=parse_where(args.where),
+                    compare=args.compare, max_new_tokens=args.max_new_tokens)
+    backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    try:
+        results = run_eval(spec, cfg, lambda: Engine(cfg, info))
+        if results is not None:
+            print(summary(results))
+            print(f"results: {spec.results_path}  samples: {spec.out}")
+    finally:
+        destroy_distributed()
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from apbv.plan import make_plan
 
@@ -136,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--out", required=True, help="directory to create")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--overwrite", action="store_true")
+    tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
+                      help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
 
     video = sub.add_parser("make-test-video", help="write a synthetic test video")
     video.add_argument("--out", required=True, help="file to write (.mp4)")
@@ -144,6 +176,31 @@ def main(argv: list[str] | None = None) -> int:
     video.add_argument("--width", type=int, default=224)
     video.add_argument("--height", type=int, default=224)
     video.add_argument("--seed", type=int, default=0)
+
+    ev = sub.add_parser("eval", help="LongVideoBench or VNBench accuracy (run under torchrun); "
+                                     "resumable")
+    _add_config_args(ev, default_preset=None)
+    ev.add_argument("--bench", required=True, choices=BENCHMARKS)
+    ev.add_argument("--data", required=True, help="the benchmark's directory (annotation file "
+                                                   "and videos)")
+    ev.add_argument("--annotation", help="annotation file in --data or a path (default: "
+                                         "lvb_val.json, VNBench-main-4try.json)")
+    ev.add_argument("--out", help="JSONL of per-sample results, resumed if it exists (default: "
+                                  "eval_results/BENCH_MODE.jsonl); results: OUT_results.json")
+    ev.add_argument("--limit", type=int, help="only the first N samples")
+    ev.add_argument("--where", action="append", default=[], metavar="FIELD=VALUE",
+                    help="only samples whose annotation field equals VALUE, e.g. "
+                         "--where duration_group=600")
+    ev.add_argument("--compare", choices=("exact",),
+                    help="also answer every sample with exact attention; report the agreement")
+
+    fixtures = sub.add_parser("make-eval-fixtures",
+                              help="write a small synthetic dataset in a benchmark's format")
+    fixtures.add_argument("--bench", required=True, choices=BENCHMARKS)
+    fixtures.add_argument("--out", required=True, help="directory to write")
+    fixtures.add_argument("--count", type=int, help="LongVideoBench questions (4) or VNBench "
+                                                    "questions per type (1)")
+    fixtures.add_argument("--seed", type=int, default=0)
 
     attn = sub.add_parser("attention-demo", help="the attention op alone on CPU ranks vs exact")
     _add_plan_args(attn, context_len=8192, world_size=2)
@@ -159,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "eval":
+            return _eval(args)
+        if args.command == "make-eval-fixtures":
+            from apbv.eval.fixtures import make_eval_fixtures
+
+            print(make_eval_fixtures(args.bench, args.out, count=args.count, seed=args.seed))
+            return 0
         if args.command == "demo":
             from apbv.demo import run_pipeline_demo
 
@@ -168,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "make-tiny-model":
             from apbv.model.tiny import write_tiny_checkpoint
 
-            print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite))
+            print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
+                                        size=args.size))
             return 0
         if args.command == "make-test-video":
             from apbv.synthetic import write_test_video

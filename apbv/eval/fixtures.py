@@ -21,8 +21,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-from apbv.eval.data import BENCHMARKS, DEFAULT_ANNOTATION, VNBENCH_TRIES, VNBENCH_TYPES
-from apbv.eval.data import vnbench_category
+from apbv.eval.data import (
+    BENCHMARKS,
+    DEFAULT_ANNOTATION,
+    VNBENCH_TRIES,
+    VNBENCH_TYPES,
+    vnbench_category,
+)
 from apbv.synthetic import write_test_video
 
 COLOURS = {
@@ -32,11 +37,13 @@ COLOURS = {
 SECONDS = 8
 FPS = 4.0
 SIZE = 112
+Needles = list[tuple[int, str]]
+"""(second, colour name) pairs: that second of the video shows the colour's needle."""
 
 
-def _video(path: Path, needles: list[tuple[int, str]], seed: int) -> None:
-    """A SECONDS-long video whose second ``t`` shows the needle colour ``name`` for each
-    ``(t, name)``."""
+def _video(path: Path, needles: Needles, seed: int) -> None:
+    """A SECONDS-long test video with the needles: second ``t`` of each ``(t, name)`` shows a
+    large ``name``-coloured square."""
     frames = {}
     per_second = round(FPS)
     for second, name in needles:
@@ -54,40 +61,38 @@ def _write_json(path: Path, entries: list[dict[str, Any]]) -> Path:
 
 def _longvideobench(out: Path, count: int, rng: random.Random) -> Path:
     entries = []
-    for q in range(count):
-        video_id = f"lvbfix{q // 2:03d}"
+    for v in range((count + 1) // 2):
+        video_id = f"lvbfix{v:03d}"
         first, last = rng.sample(sorted(COLOURS), 2)
-        if q % 2 == 0:
-            _video(out / "videos" / f"{video_id}.mp4", [(1, first), (SECONDS - 2, last)],
-                   seed=q // 2)
-            (out / "subtitles").mkdir(parents=True, exist_ok=True)
-            subtitles = [{"timestamp": [0.0, 2.0], "text": "A square appears."},
-                         {"timestamp": [5.0, float(SECONDS)], "text": "Another one."}]
-            _write_json(out / "subtitles" / f"{video_id}_en.json", subtitles)
-        answer, which, category = (first, "first", "T2O") if q % 2 == 0 else \
-            (last, "last", "T3O")
-        options = 4 + q % 2
-        candidates = rng.sample([c for c in sorted(COLOURS) if c != answer], options - 1)
-        correct = rng.randrange(options)
-        candidates.insert(correct, answer)
-        entries.append({
-            "video_id": video_id,
-            "question": f"What colour is the large square shown {which} in the video?",
-            "candidates": candidates,
-            "correct_choice": correct,
-            "question_category": category,
-            "id": f"{video_id}_{q % 2}",
-            "video_path": f"{video_id}.mp4",
-            "subtitle_path": f"{video_id}_en.json",
-            "duration_group": 15,
-            "starting_timestamp_for_subtitles": 0,
-            "duration": float(SECONDS),
-        })
+        _video(out / "videos" / f"{video_id}.mp4", [(1, first), (SECONDS - 2, last)], seed=v)
+        (out / "subtitles").mkdir(parents=True, exist_ok=True)
+        _write_json(out / "subtitles" / f"{video_id}_en.json",
+                    [{"timestamp": [0.0, 2.0], "text": "A square appears."},
+                     {"timestamp": [5.0, float(SECONDS)], "text": "Another one."}])
+        questions = [(first, "first", "T2O"), (last, "last", "T3O")]
+        for k, (answer, which, category) in enumerate(questions[:count - 2 * v]):
+            options = 4 + k  # 4 and 5 candidates: letters A-D and A-E
+            candidates = rng.sample([c for c in sorted(COLOURS) if c != answer], options - 1)
+            correct = rng.randrange(options)
+            candidates.insert(correct, answer)
+            entries.append({
+                "video_id": video_id,
+                "question": f"What colour is the large square shown {which} in the video?",
+                "candidates": candidates,
+                "correct_choice": correct,
+                "question_category": category,
+                "id": f"{video_id}_{k}",
+                "video_path": f"{video_id}.mp4",
+                "subtitle_path": f"{video_id}_en.json",
+                "duration_group": 15,
+                "starting_timestamp_for_subtitles": 0,
+                "duration": float(SECONDS),
+            })
     return _write_json(out / DEFAULT_ANNOTATION["longvideobench"], entries)
 
 
-def _vnbench_question(category: str, rng: random.Random) -> tuple[list[tuple[int, str]], str,
-                                                                   list[Any], Any]:
+def _vnbench_question(category: str,
+                      rng: random.Random) -> tuple[Needles, str, list[Any], Any]:
     """(needles, question, options in a base order, gt) for one VNBench category."""
     seconds = [1, 3, 5, 7]
     if category == "ret":

@@ -336,3 +336,36 @@ def run_eval(
     if progress is not None:
         print(f"[apbv eval] results: {path}", file=progress, flush=True)
     return results
+
+
+def _fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def summary(results: dict[str, Any]) -> str:
+    """A few lines for the terminal: the headline metrics, the breakdown, the agreement."""
+    details = results["apbv"]
+    bench, scores = details["benchmark"], details["scores"]
+    (task, table), = results["results"].items()
+    metrics = "  ".join(f"{k.split(',')[0]} {_fraction(v)}" for k, v in table.items()
+                        if k.endswith(",none") and "_stderr" not in k)
+    lines = [f"{task}: {metrics}  ({scores['num']} samples, {scores['errors']} failed, "
+             f"{scores['unparsed']} unparsed)"]
+    if bench == "longvideobench":
+        for key in ("duration_group", "question_category"):
+            parts = [f"{name} {_fraction(s['acc'])} ({s['num']})"
+                     for name, s in scores[key].items()]
+            lines.append(f"  {key}: " + ", ".join(parts))
+    else:
+        parts = [f"{name} {_fraction(s['acc'])} ({s['questions']})"
+                 for name, s in scores["types"].items()]
+        lines.append("  per type (questions with all 4 tries right): " + ", ".join(parts))
+        if scores["incomplete_questions"]:
+            lines.append(f"  {scores['incomplete_questions']} question(s) without all 4 tries "
+                         f"run are not scored")
+    if "compare_exact" in details:
+        c = details["compare_exact"]
+        lines.append(f"  agreement with exact attention over {c['compared']} samples: letters "
+                     f"{_fraction(c['letter_agreement'])}, tokens "
+                     f"{_fraction(c['token_agreement'])}")
+    return "\n".join(lines)

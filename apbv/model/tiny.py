@@ -140,27 +140,42 @@ BIAS_STD = 0.1
 _MARKER = "apbv_tiny.json"
 
 
-def tiny_config() -> Qwen2_5_VLConfig:
+# Text-model widths per size; "medium" is for benchmarks (attention dominates at long prompts,
+# as in the real models: head_dim 64 like Qwen2.5-VL's 128 is not tiny).
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "mrope_section": [2, 3, 3]},
+    "medium": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "mrope_section": [8, 12, 12]},
+}
+
+
+def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
     from transformers import Qwen2_5_VLConfig
 
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; allowed: {', '.join(SIZES)}")
+    dims = SIZES[size]
+
     text = {
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,  # head_dim = 64 / 4 = 16
-        "num_key_value_heads": 2,
+        "hidden_size": dims["hidden_size"],
+        "intermediate_size": dims["intermediate_size"],
+        "num_hidden_layers": dims["num_hidden_layers"],
+        "num_attention_heads": dims["num_attention_heads"],
+        "num_key_value_heads": dims["num_key_value_heads"],
         "hidden_act": "silu",
         "max_position_embeddings": 128000,
         "rms_norm_eps": 1e-6,
         "use_sliding_window": False,
-        "max_window_layers": 2,
+        "max_window_layers": dims["num_hidden_layers"],
         "attention_dropout": 0.0,
         # M-RoPE: (temporal, height, width) frequency sections, summing to head_dim / 2.
         "rope_parameters": {
             "rope_type": "default",
-            "mrope_section": [2, 3, 3],
+            "mrope_section": dims["mrope_section"],
             "rope_theta": 1000000.0,
         },
         "bos_token_id": 151643,
@@ -178,7 +193,7 @@ def tiny_config() -> Qwen2_5_VLConfig:
         "spatial_merge_size": 2,
         "window_size": 112,
         "fullatt_block_indexes": [1],
-        "out_hidden_size": 64,
+        "out_hidden_size": dims["hidden_size"],
         "tokens_per_second": 2,
     }
     return Qwen2_5_VLConfig(
@@ -194,7 +209,8 @@ def tiny_config() -> Qwen2_5_VLConfig:
 
 
 def write_tiny_checkpoint(
-    out_dir: str | os.PathLike[str], *, seed: int = 0, overwrite: bool = False
+    out_dir: str | os.PathLike[str], *, seed: int = 0, overwrite: bool = False,
+    size: str = "tiny",
 ) -> Path:
     """Write the tiny checkpoint to ``out_dir`` and return its absolute path.
 
@@ -215,7 +231,7 @@ def write_tiny_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)
-        _write_files(tmp, seed)
+        _write_files(tmp, seed, size)
         if not out.exists():
             os.replace(tmp, out)
             return out
@@ -239,10 +255,10 @@ def _check_seed(seed: object) -> int:
     return seed
 
 
-def _write_files(directory: Path, seed: int) -> None:
+def _write_files(directory: Path, seed: int, size: str) -> None:
     from transformers.utils import logging as hf_logging
 
-    model = build_tiny_model(seed)
+    model = build_tiny_model(seed, size)
     bar_was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards" for one 78 MB shard is noise
     try:
@@ -256,13 +272,14 @@ def _write_files(directory: Path, seed: int) -> None:
     _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     _write_json(
         directory / _MARKER,
-        {"generator": "apbv.model.tiny", "format_version": FORMAT_VERSION, "seed": seed},
+        {"generator": "apbv.model.tiny", "format_version": FORMAT_VERSION, "seed": seed,
+         "size": size},
     )
     for path in directory.iterdir():
         os.chmod(path, 0o644)  # safetensors comes out 0600
 
 
-def build_tiny_model(seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+def build_tiny_model(seed: int = 0, size: str = "tiny") -> Qwen2_5_VLForConditionalGeneration:
     """The tiny model in memory (fp32, eval mode), with the weights :func:`write_tiny_checkpoint`
     saves for ``seed``. Leaves torch's global random state untouched."""
     _check_seed(seed)
@@ -270,7 +287,7 @@ def build_tiny_model(seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
     with torch.random.fork_rng(devices=[]):
-        model = Qwen2_5_VLForConditionalGeneration(tiny_config())
+        model = Qwen2_5_VLForConditionalGeneration(tiny_config(size))
     model.generation_config = GenerationConfig(
         bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS)
     )

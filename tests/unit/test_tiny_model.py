@@ -307,7 +307,7 @@ def test_rewrite_is_byte_identical_and_errors(
             tiny.write_tiny_checkpoint(tmp_path / "bad", seed=seed)  # type: ignore[arg-type]
 
     # A crash while writing leaves neither the target nor a temporary sibling.
-    def crash(directory: Path, seed: int) -> None:
+    def crash(directory: Path, seed: int, size: str) -> None:
         (directory / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 

@@ -1,0 +1,11 @@
+"""The evaluation harness: LongVideoBench and VNBench from local files, on the engine.
+
+- :mod:`apbv.eval.data`: the benchmarks' own annotation formats and their prompts;
+- :mod:`apbv.eval.parse`: the deterministic option-letter parser;
+- :mod:`apbv.eval.score`: accuracies (VNBench's 4-try rule) and the lmms-eval-style results;
+- :mod:`apbv.eval.harness`: the resumable multi-rank loop (``python -m apbv eval``);
+- :mod:`apbv.eval.fixtures`: small synthetic datasets in both formats
+  (``python -m apbv make-eval-fixtures``).
+
+Nothing heavy is imported here; import the submodule you need.
+"""
