@@ -114,3 +114,22 @@ def test_pipeline_demo(capsys, tiny_model_dir, short_video) -> None:
     assert report["agree"] == (report["results"][0]["token_ids"]
                                == report["results"][1]["token_ids"])
     assert "spava and exact" in out
+
+
+def test_ttft_benchmark_emits_json_table_and_plot(tmp_path) -> None:
+    stem = tmp_path / "ttft"
+    cmd = [sys.executable, "benchmarks/bench_ttft.py", "--frames", "8", "--resolutions",
+           "112x112", "--modes", "spava,exact,full", "--repeats", "1", "--out", str(stem)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] == "bench_ttft" and summary["rows"] == 3
+    rows = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["spava", "exact", "full"]
+    for r in rows:
+        assert r["ttft_s"] > 0 and r["ttft_over_full"] > 0
+        assert isinstance(r["first_token_agrees_with_exact"], bool)
+    assert rows[1]["first_token_agrees_with_exact"]  # exact agrees with itself
+    assert rows[2]["world_size"] == 1 and rows[0]["world_size"] == 2
+    assert stem.with_suffix(".md").read_text().count("\n| ") == 4  # header + 3 rows
+    assert stem.with_suffix(".png").stat().st_size > 1000

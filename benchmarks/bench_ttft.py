@@ -1,0 +1,205 @@
+"""End-to-end TTFT of every mode on the same videos, measured side by side in one run.
+
+    python benchmarks/bench_ttft.py --size tiny                  # tiny random model, 4k..32k tokens
+    python benchmarks/bench_ttft.py --size medium --frames 64,128 --modes spava,zigzag_ring,full
+    python benchmarks/bench_ttft.py --model /ckpt/Qwen2.5-VL-7B-Instruct ...   # a real checkpoint
+
+For each mode one set of ranks is started (H gloo ranks with one thread each; ``full`` is one
+process with H threads: the same total threads), the engine is loaded once, one untimed
+request warms it up, and then every video is answered ``--repeats`` times; the best TTFT is
+kept. Every method uses the same sampler, the same timer (a device sync closes each stage) and
+reports the slowest rank. Each mode's first token is compared with exact attention's.
+
+Videos: synthetic, ``--frames`` frames at 2 fps for each ``--resolution`` (frames are sampled
+whole, so a WxH video gives (W/28)*(H/28) tokens per 2 frames). Output: JSON lines
+(``--out``), a markdown table and a PNG plot of TTFT and speedup against prompt tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from apbv.config import RuntimeConfig, load_config
+from apbv.distributed import DistInfo, spawn_local
+from apbv.modes import MODE_NAMES
+
+STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token")
+
+
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
+              repeats: int) -> list[dict]:
+    from apbv.engine import Engine
+
+    engine = Engine(cfg, info)
+    question = "What colour is the square in the last second?"
+    engine.generate(videos[0]["path"], question, mode=mode, max_new_tokens=1)  # warm-up
+    rows = []
+    for video in videos:
+        best = None
+        for _ in range(repeats):
+            result = engine.generate(video["path"], question, mode=mode, max_new_tokens=1)
+            if best is None or result.ttft_s < best.ttft_s:
+                best = result
+        row = best.to_json()
+        row.update(video={k: v for k, v in video.items() if k != "path"},
+                   rss_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        rows.append(row)
+        if info.rank == 0:
+            print(f"  {mode:>12} {video['frames']:>4} frames {video['width']}x{video['height']}"
+                  f": {row['context_len'] + row['query_len']} tokens, TTFT "
+                  f"{row['ttft_s']:.3f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def _videos(root: Path, frames: list[int], resolutions: list[tuple[int, int]]) -> list[dict]:
+    from apbv.synthetic import write_test_video
+
+    out = []
+    for width, height in resolutions:
+        for n in frames:
+            path = root / f"v{n}_{width}x{height}.mp4"
+            write_test_video(path, num_frames=n, fps=2.0, width=width, height=height, seed=n)
+            out.append({"path": str(path), "frames": n, "width": width, "height": height})
+    return out
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="apbv-bench-") as tmp:
+        root = Path(tmp)
+        model = args.model
+        if model is None:
+            from apbv.model.tiny import write_tiny_checkpoint
+
+            model = str(write_tiny_checkpoint(root / f"{args.size}-model", size=args.size))
+        resolutions = [tuple(int(x) for x in r.split("x")) for r in args.resolutions.split(",")]
+        frames = [int(x) for x in args.frames.split(",")]
+        videos = _videos(root, frames, resolutions)
+        max_pixels = max(w * h for w, h in resolutions)
+        cfg = load_config(args.config, [f"model.path={model!r}", "video.fps=2.0",
+                                        f"video.max_pixels={max_pixels}", "video.min_pixels=3136",
+                                        f"parallel.timeout_s={args.timeout}"])
+        rows = []
+        for mode in args.modes.split(","):
+            world = 1 if mode == "full" else args.world_size
+            threads = args.world_size if mode == "full" else 1
+            print(f"[bench] {mode}: {world} rank(s) x {threads} thread(s)", file=sys.stderr,
+                  flush=True)
+            per_rank = spawn_local(_rank_job, world, (cfg, mode, videos, args.repeats),
+                                   threads_per_rank=threads, timeout_s=7200,
+                                   collective_timeout_s=args.timeout)
+            for i, row in enumerate(per_rank[0]):
+                row["rss_peak_mib_max"] = max(r[i]["rss_peak_mib"] for r in per_rank)
+                rows.append(row)
+    _compare_with_exact(rows)
+    return rows
+
+
+def _compare_with_exact(rows: list[dict]) -> None:
+    """Add each row's first-token agreement with exact mode and its speedups."""
+    def key(r: dict) -> tuple:
+        return r["video"]["frames"], r["video"]["width"], r["video"]["height"]
+
+    by_mode = {(r["mode"], key(r)): r for r in rows}
+    for r in rows:
+        exact = by_mode.get(("exact", key(r)))
+        r["first_token_agrees_with_exact"] = (
+            None if exact is None else r["token_ids"][0] == exact["token_ids"][0])
+        for base in ("full", "zigzag_ring"):
+            other = by_mode.get((base, key(r)))
+            r[f"ttft_over_{base}"] = None if other is None else r["ttft_s"] / other["ttft_s"]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| mode | frames | size | prompt tokens | TTFT s | "
+             + " | ".join(STAGES) + " | / full | / zigzag_ring | first token = exact | "
+             "peak RSS MiB |",
+             "|---|---:|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---:|---|---:|"]
+    for r in rows:
+        v = r["video"]
+        ratio = (lambda x: "-" if x is None else f"{x:.2f}")
+        agree = {True: "yes", False: "no", None: "-"}[r["first_token_agrees_with_exact"]]
+        lines.append(
+            f"| {r['mode']} | {v['frames']} | {v['width']}x{v['height']} | "
+            f"{r['context_len'] + r['query_len']} | {r['ttft_s']:.3f} | "
+            + " | ".join(f"{r['seconds'].get(s, 0.0):.3f}" for s in STAGES)
+            + f" | {ratio(r['ttft_over_full'])} | {ratio(r['ttft_over_zigzag_ring'])} | {agree}"
+            f" | {r['rss_peak_mib_max']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        print("[bench] matplotlib is not installed: no plot (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = sorted((r for r in rows if r["mode"] == mode),
+                      key=lambda r: r["context_len"] + r["query_len"])
+        tokens = [r["context_len"] + r["query_len"] for r in mine]
+        left.plot(tokens, [r["ttft_s"] for r in mine], marker="o", label=mode)
+        speedup = [1 / r["ttft_over_full"] for r in mine if r["ttft_over_full"]]
+        if len(speedup) == len(mine) and mode != "full":
+            right.plot(tokens, speedup, marker="o", label=mode)
+    left.set(xlabel="prompt tokens", ylabel="TTFT (s)", title="time to first token")
+    right.set(xlabel="prompt tokens", ylabel="speedup over full", title="speedup over full")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="checkpoint directory (default: a generated random one)")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "medium"),
+                        help="random model size when --model is not given")
+    parser.add_argument("--config", default="tiny_cpu", help="config preset")
+    parser.add_argument("--modes", default=",".join(MODE_NAMES))
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--frames", default="32,64,128,256", help="comma-separated")
+    parser.add_argument("--resolutions", default="448x448", help="comma-separated WxH")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=600.0, help="collective timeout (s)")
+    parser.add_argument("--out", default="benchmarks/results/ttft_cpu",
+                        help="output stem: writes STEM.jsonl, STEM.md and STEM.png")
+    args = parser.parse_args(argv)
+    unknown = set(args.modes.split(",")) - set(MODE_NAMES)
+    if unknown:
+        parser.error(f"unknown mode(s) {sorted(unknown)}; allowed: {', '.join(MODE_NAMES)}")
+    rows = run(args)
+    stem = Path(args.out)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "machine": platform.machine(),
+            "ranks": args.world_size, "model": args.model or f"random {args.size}"}
+    with open(stem.with_suffix(".jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps({**meta, **row}) + "\n")
+    table = markdown(rows)
+    stem.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    plotted = plot(rows, stem.with_suffix(".png"))
+    print(json.dumps({"benchmark": "bench_ttft", **meta, "rows": len(rows),
+                      "jsonl": str(stem.with_suffix(".jsonl")),
+                      "plot": str(stem.with_suffix(".png")) if plotted else None}))
+
+
+if __name__ == "__main__":
+    main()
