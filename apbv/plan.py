@@ -39,7 +39,8 @@ Range = tuple[int, int]  # [start, end)
 LAYOUTS = ("zigzag", "contiguous", "star")
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``, else ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     if value < minimum:
@@ -211,9 +212,9 @@ def make_plan(
     the ranks' context shares also differ by at most one token. ``layout`` "contiguous" and
     "star" serve the comparison modes (module docstring); star's default anchor is ceil(N/H).
     """
-    _check_int("context_len", context_len, 1)
-    _check_int("query_len", query_len, 1)
-    _check_int("world_size", world_size, 1)
+    check_int("context_len", context_len, 1)
+    check_int("query_len", query_len, 1)
+    check_int("world_size", world_size, 1)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
     if anchor_len is None:
@@ -221,12 +222,12 @@ def make_plan(
             anchor_len = math.ceil(context_len / world_size)
         else:
             anchor_len = default_anchor_len(context_len)
-    _check_int("anchor_len", anchor_len, 0)
+    check_int("anchor_len", anchor_len, 0)
     if anchor_len > context_len:
         raise ValueError(f"anchor_len ({anchor_len}) must not exceed context_len ({context_len})")
     if passing_len is None:
         passing_len = default_passing_len(context_len)
-    _check_int("passing_len", passing_len, 0)
+    check_int("passing_len", passing_len, 0)
 
     rest = context_len - anchor_len
     if layout == "zigzag":

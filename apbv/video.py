@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from apbv.plan import split_evenly
+from apbv.plan import check_int, split_evenly
 
 BACKENDS = ("decord", "pyav")
 """The decoders :class:`VideoSpec` accepts."""
@@ -86,14 +86,6 @@ def _resize_fn() -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # Value checks.
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_number(name: str, value: object, *, positive: bool) -> float:
@@ -159,18 +151,18 @@ class VideoSpec:
         if self.fps is not None:
             _check_number("fps", self.fps, positive=True)
         if self.nframes is not None:
-            _check_int("nframes", self.nframes, TEMPORAL_PATCH_SIZE)
-        _check_int("min_frames", self.min_frames, 1)
+            check_int("nframes", self.nframes, TEMPORAL_PATCH_SIZE)
+        check_int("min_frames", self.min_frames, 1)
         if self.max_frames is not None:
-            _check_int("max_frames", self.max_frames, TEMPORAL_PATCH_SIZE)
+            check_int("max_frames", self.max_frames, TEMPORAL_PATCH_SIZE)
             if self.max_frames < self.min_frames:
                 raise ValueError(
                     f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})"
                 )
         if self.min_pixels is not None:
-            _check_int("min_pixels", self.min_pixels, 1)
+            check_int("min_pixels", self.min_pixels, 1)
         if self.max_pixels is not None:
-            _check_int("max_pixels", self.max_pixels, 1)
+            check_int("max_pixels", self.max_pixels, 1)
             if self.min_pixels is not None and self.max_pixels < self.min_pixels:
                 raise ValueError(
                     f"max_pixels ({self.max_pixels}) must be >= min_pixels ({self.min_pixels})"
@@ -185,7 +177,7 @@ class VideoSpec:
                 raise ValueError(
                     f"video_end ({self.video_end}) must be > video_start ({self.video_start})"
                 )
-        _check_int("image_patch_size", self.image_patch_size, 1)
+        check_int("image_patch_size", self.image_patch_size, 1)
 
     def qwen_element(self) -> dict[str, Any]:
         """The equivalent qwen-vl-utils video element (only the keys that are set)."""
@@ -213,10 +205,10 @@ class VideoMeta:
     """Decoded frame width in pixels."""
 
     def __post_init__(self) -> None:
-        _check_int("total_frames", self.total_frames, 1)
+        check_int("total_frames", self.total_frames, 1)
         _check_number("fps", self.fps, positive=True)
-        _check_int("height", self.height, 1)
-        _check_int("width", self.width, 1)
+        check_int("height", self.height, 1)
+        check_int("width", self.width, 1)
 
     @property
     def duration(self) -> float:
@@ -357,8 +349,8 @@ def rank_patch_range(num_patches: int, rank: int, world_size: int) -> Range:
     Contiguous ranges in rank order whose sizes differ by at most one, earlier ranks longer.
     Pure: every rank's range can be computed in one process. ValueError if T < H.
     """
-    _check_int("world_size", world_size, 1)
-    _check_int("num_patches", num_patches, 0)
+    check_int("world_size", world_size, 1)
+    check_int("num_patches", num_patches, 0)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     check_enough_patches(num_patches, world_size)
@@ -615,7 +607,7 @@ def load_rank_frames(spec: VideoSpec, rank: int, world_size: int) -> RankFrames:
     :func:`load_all_frames`. Errors are raised before any decoding and are the same on every
     rank: see :func:`probe`, :func:`plan_sampling`, and fewer temporal patches than ranks.
     """
-    _check_int("world_size", world_size, 1)
+    check_int("world_size", world_size, 1)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     reader = _open(spec)
