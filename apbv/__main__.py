@@ -57,8 +57,6 @@ def _config_from_args(args: argparse.Namespace) -> Any:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
-    if args.nframes is not None:
-        overrides.append(f"video.nframes={args.nframes}")
     cfg = load_config(args.config, overrides)
     if args.nframes is not None:  # --nframes replaces the preset's fps
         import dataclasses
@@ -114,7 +112,7 @@ def _eval(args: argparse.Namespace) -> int:
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
     try:
-        results = run_eval(spec, cfg, lambda: Engine(cfg, info))
+        results = run_eval(spec, cfg, lambda: Engine(cfg, info), progress=sys.stderr)
         if results is not None:
             print(summary(results))
             print(f"results: {spec.results_path}  samples: {spec.out}")
@@ -124,16 +122,56 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from apbv import cost
+    from apbv.modes import get_mode
     from apbv.plan import make_plan
 
-    plan = make_plan(args.context_len, args.query_len, args.world_size,
+    predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
+    dims = None
+    if args.preset is not None:
+        dims = cost.preset_dims(args.preset)
+    elif args.model and predicting:
+        dims = cost.model_dims(cost.read_config(args.model))
+    if predicting and dims is None:
+        raise ValueError("a prediction needs the model's sizes: pass --model DIR or --preset "
+                         f"({', '.join(cost.MODEL_PRESETS)})")
+    context_len, grid, frames = args.context_len, None, 0
+    if args.frames is not None:
+        if args.tokens_per_patch is not None:
+            grid = cost.squarest_grid(args.tokens_per_patch)
+            patches = args.frames // 2
+        elif args.height is None or args.width is None:
+            raise ValueError("--frames needs --height and --width (or --tokens-per-patch)")
+        else:
+            patches, *grid = cost.video_grid(args.frames, args.height, args.width,
+                                             patch_size=dims.patch_size)
+        frames = 2 * patches
+        context_len = cost.VIDEO_START + patches * grid[0] * grid[1] + 1
+    plan = make_plan(context_len, args.query_len, args.world_size,
                      anchor_len=args.anchor_len, passing_len=args.passing_len)
     print(plan.describe())
     if args.model:
-        from apbv.cost import memory_estimate
-
-        for line in memory_estimate(plan, args.model, dtype_bytes=args.dtype_bytes):
+        for line in cost.memory_estimate(plan, args.model, dtype_bytes=args.dtype_bytes or 2):
             print(line)
+    if not predicting:
+        return 0
+    hw = cost.hardware(args.hardware or "h200")
+    modes = args.modes.split(",")
+    for mode in modes:
+        get_mode(mode)
+    source = args.height * args.width if args.height and args.width else None
+    predictions = [
+        cost.predict(mode, dims, context_len=context_len, query_len=args.query_len,
+                     world_size=args.world_size, frames=frames, grid=grid, hw=hw,
+                     source_pixels=source, dtype_bytes=args.dtype_bytes,
+                     anchor_len=args.anchor_len, passing_len=args.passing_len)
+        for mode in modes
+    ]
+    video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per 2 frames" if frames
+             else "no video")
+    print(f"\npredicted on {hw.name} ({args.preset or args.model}; {video}; "
+          f"N={context_len} Q={args.query_len} H={args.world_size}; seconds, slowest rank):")
+    print(cost.prediction_table(predictions))
     return 0
 
 
@@ -156,11 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--question", default="What colour is the square at the end?")
     demo.add_argument("--json", action="store_true", help="also print one JSON line")
 
-    plan = sub.add_parser("plan", help="print the layout and memory without loading weights")
+    plan = sub.add_parser("plan", help="print the layout and memory without loading weights; "
+                                       "with --hardware, the predicted TTFT of every mode")
     _add_plan_args(plan, context_len=32768, world_size=8)
     plan.add_argument("--model", help="checkpoint directory: read config.json for the memory "
-                                      "estimate (no weights are loaded)")
-    plan.add_argument("--dtype-bytes", type=int, default=2, help="bytes per KV element (2)")
+                                      "estimate and the prediction (no weights are loaded)")
+    plan.add_argument("--preset", help="model sizes for the prediction instead of --model: "
+                                       "qwen2.5-vl-3b or qwen2.5-vl-7b")
+    plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
+                                         "h200-ib, cpu or a calibration JSON file")
+    plan.add_argument("--frames", type=int, help="sampled video frames: the context is then "
+                                                 "this video's prompt (replaces --context-len)")
+    plan.add_argument("--height", type=int, help="frame height in pixels (with --frames)")
+    plan.add_argument("--width", type=int, help="frame width in pixels (with --frames)")
+    plan.add_argument("--tokens-per-patch", type=int,
+                      help="LLM tokens per 2 frames instead of the runtime's sampling rules, "
+                           "e.g. 4641 for the reference's uncapped 1440p frames")
+    plan.add_argument("--modes", default=",".join(MODE_NAMES), help="modes to predict")
+    plan.add_argument("--dtype-bytes", type=int, default=None,
+                      help="bytes per element (default: 2 for the memory estimate; the "
+                           "hardware's for predictions, 2 on GPUs and 4 on CPU)")
 
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random Qwen2.5-VL checkpoint")
     tiny.add_argument("--out", required=True, help="directory to create")

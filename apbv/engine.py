@@ -126,7 +126,7 @@ class Engine:
         max_new_tokens = self.cfg.generate.max_new_tokens if max_new_tokens is None \
             else max_new_tokens
         get_mode(mode)  # a bad name fails here, on every rank alike
-        timer = StageTimer(self.info.device)
+        timer = StageTimer(self.info.device, self.group)
         error: ValueError | None = None
         with timer.stage("preprocess"):
             try:

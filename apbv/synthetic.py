@@ -132,6 +132,8 @@ def write_test_video(
     with av.open(str(path), mode="w", options=options) as container:
         stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        # One encoder thread: the same bytes on every run, however busy the machine is.
+        stream.codec_context.thread_count = 1
         if gop is not None:
             stream.codec_context.gop_size = gop
         if num_frames == 0:

@@ -1,7 +1,9 @@
 """Per-stage wall-clock timing on every rank; the slowest rank decides each stage.
 
-Each stage ends with a device synchronisation (CUDA work is asynchronous), so a stage's time
-includes its GPU work. TTFT is the sum of the stages up to and including the first token.
+Each stage ends with a device synchronisation (CUDA work is asynchronous) and a barrier of the
+ranks, so a stage's time includes its GPU work and the wait for the slowest rank lands in the
+stage that caused it (not in the next collective's stage). The stages then add up to the wall
+time: TTFT is the sum of the stages up to and including the first token.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from apbv import comm
 
 
 class StageTimer:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None):
         self.device = device
+        self.group = group
         self.seconds: dict[str, float] = {}
 
     def _sync(self) -> None:
@@ -29,11 +32,10 @@ class StageTimer:
     def stage(self, name: str) -> Iterator[None]:
         self._sync()
         start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._sync()
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        yield  # an error propagates untimed (and without a barrier the other ranks would wait on)
+        self._sync()
+        comm.barrier(self.group)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def max_over_ranks(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         """Each stage's time on the slowest rank (a collective: call it on every rank)."""

@@ -162,7 +162,7 @@ def _longvideobench(entries: list[dict[str, Any]], data_dir: Path, path: Path) -
 
 def vnbench_category(task_type: str) -> str:
     """ret, ord or cnt from a VNBench type such as ``cnt_edit1``."""
-    category = task_type.split("_", 1)[0]
+    category = task_type.split("_", 1)[0] if isinstance(task_type, str) else None
     if category not in VNBENCH_CATEGORIES:
         raise ValueError(f"VNBench type {task_type!r} must start with one of "
                          f"{', '.join(c + '_' for c in VNBENCH_CATEGORIES)}")

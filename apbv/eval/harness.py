@@ -24,8 +24,9 @@ VideoNIAH's own ``evaluation/eval.py`` reads the JSONL as it is.
 Resume: rank 0 reads OUT.jsonl, drops a half-written last line (a crash mid-write; the file is
 cut back to its last complete line), refuses a file of another benchmark or mode or with a
 damaged line elsewhere, and broadcasts the selected samples and the ids already done
-(:func:`apbv.comm.broadcast_object`), so every rank runs the same remaining samples in the same
-order. A sample that fails with ValueError (the engine raises it on every rank alike) becomes an
+(:func:`apbv.comm.broadcast_object`, once per run: a few MB for 5400 VNBench samples), so every
+rank runs the same remaining samples in the same order. Only rank 0 reads the annotation file
+and the JSONL; every rank reads its own frames of each video. A sample that fails with ValueError (the engine raises it on every rank alike) becomes an
 error row, scored wrong, and the run goes on.
 """
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,8 +113,7 @@ class EvalSpec:
     @property
     def results_path(self) -> Path:
         out = Path(self.out)
-        stem = out.name[:-len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-        return out.with_name(f"{stem}_results.json")
+        return out.with_name(f"{out.name.removesuffix('.jsonl')}_results.json")
 
 
 class ResultLog:
@@ -254,12 +253,15 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
 
-def _plan(spec: EvalSpec, log: ResultLog) -> tuple[list[Sample], list[Row], str | None]:
+def _plan(spec: EvalSpec, log: ResultLog) -> tuple[list[Sample], int, list[Row], str | None]:
+    """The selected samples, how many there are without --limit, the rows already done and
+    the note of a repaired file."""
     samples = load_samples(spec.bench, spec.data_dir, spec.annotation, spec.where)
+    total = len(samples)
     if spec.limit is not None:
         samples = samples[:spec.limit]
     rows, note = log.read(spec.task, spec.mode, spec.compare is not None)
-    return samples, rows, note
+    return samples, total, rows, note
 
 
 def run_eval(
@@ -267,12 +269,13 @@ def run_eval(
     cfg: RuntimeConfig,
     make_engine: Callable[[], Any],
     *,
-    progress: TextIO | None = sys.stderr,
+    progress: TextIO | None = None,
 ) -> dict[str, Any] | None:
     """Run the samples of ``spec`` not yet in its JSONL file; call on every rank alike.
 
     ``make_engine`` is called (on every rank) only if a sample remains, so a finished run is
-    only rescored. Returns the results document on rank 0 (also written to
+    only rescored. ``progress``: where rank 0 writes its progress lines (the command line
+    passes stderr; None: nowhere). Returns the results document on rank 0 (as written to
     ``spec.results_path``) and None on the other ranks. Raises ValueError on every rank for a
     bad benchmark directory or output file, before any sample runs.
     """
@@ -280,9 +283,10 @@ def run_eval(
     log = ResultLog(Path(spec.out))
     payload: tuple[str, Any, Any] | None = None
     rows: list[Row] = []
+    total = 0
     if rank == 0:
         try:
-            samples, rows, note = _plan(spec, log)
+            samples, total, rows, note = _plan(spec, log)
             payload = ("ok", samples, {r["id"] for r in rows})
             if note and progress is not None:
                 print(f"[apbv eval] {note}", file=progress, flush=True)
@@ -326,16 +330,17 @@ def run_eval(
                  "annotation": str(annotation_path(spec.bench, spec.data_dir, spec.annotation)),
                  "world_size": world, "runtime": to_dict(cfg)},
     }
-    results = results_document(spec.bench, rows, total=len(samples), config=config,
+    results = results_document(spec.bench, rows, total=total, config=config,
                                generation=generation, compared=spec.compare is not None)
     path = spec.results_path
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=2)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, path)
     if progress is not None:
         print(f"[apbv eval] results: {path}", file=progress, flush=True)
-    return results
+    return json.loads(text)
 
 
 def _fraction(value: float | None) -> str:
@@ -349,8 +354,8 @@ def summary(results: dict[str, Any]) -> str:
     (task, table), = results["results"].items()
     metrics = "  ".join(f"{k.split(',')[0]} {_fraction(v)}" for k, v in table.items()
                         if k.endswith(",none") and "_stderr" not in k)
-    lines = [f"{task}: {metrics}  ({scores['num']} samples, {scores['errors']} failed, "
-             f"{scores['unparsed']} unparsed)"]
+    lines = [(f"{task}: {metrics}  ({scores['num']} samples, {scores['errors']} failed, "
+              f"{scores['unparsed']} unparsed)")]
     if bench == "longvideobench":
         for key in ("duration_group", "question_category"):
             parts = [f"{name} {_fraction(s['acc'])} ({s['num']})"

@@ -138,7 +138,8 @@ def results_document(
 ) -> dict[str, Any]:
     """The results file, shaped like lmms-eval's ``*_results.json``: ``results[task]`` holds
     ``"<metric>,none"`` (a fraction in [0, 1]) and ``"<metric>_stderr,none"``; ``n-samples``
-    counts the samples selected (``original``) and those scored (``effective``). Everything
+    counts the benchmark's samples (``original``, ``total``: after --where, before --limit)
+    and those scored (``effective``). Everything
     lmms-eval has no place for (the breakdowns, error counts, agreement with exact attention)
     is under ``apbv``."""
     task = TASK_NAMES[bench]
