@@ -1,0 +1,46 @@
+"""The cost model's predicted TTFT next to bench_ttft's measurements (markdown table).
+
+    python benchmarks/cost_vs_measured.py benchmarks/results/ttft_cpu_medium.jsonl \
+        --size medium --hardware benchmarks/results/cpu_calibration.json --min-tokens 16000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from apbv import cost
+from apbv.model.tiny import tiny_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("jsonl", help="bench_ttft output")
+    parser.add_argument("--size", default="medium", choices=("tiny", "medium"),
+                        help="the random model the benchmark ran")
+    parser.add_argument("--hardware", default="benchmarks/results/cpu_calibration.json")
+    parser.add_argument("--min-tokens", type=int, default=16000)
+    args = parser.parse_args(argv)
+    dims = cost.model_dims(tiny_config(args.size).to_dict())
+    hw = cost.hardware(args.hardware)
+    print("| mode | prompt tokens | measured TTFT s | predicted s | error |")
+    print("|---|---:|---:|---:|---:|")
+    with open(args.jsonl) as f:
+        rows = [json.loads(line) for line in f]
+    for r in rows:
+        tokens = r["context_len"] + r["query_len"]
+        if tokens < args.min_tokens:
+            continue
+        video = r["video"]
+        predicted = cost.predict(
+            r["mode"], dims, context_len=r["context_len"], query_len=r["query_len"],
+            world_size=r["ranks"], frames=r["frames"],
+            grid=(video["height"] // 28, video["width"] // 28), hw=hw,
+            source_pixels=video["height"] * video["width"],
+        ).ttft_s
+        error = (predicted - r["ttft_s"]) / r["ttft_s"]
+        print(f"| {r['mode']} | {tokens} | {r['ttft_s']:.2f} | {predicted:.2f} | {error:+.0%} |")
+
+
+if __name__ == "__main__":
+    main()
