@@ -9,8 +9,9 @@ time: TTFT is the sum of the stages up to and including the first token.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,3 +41,32 @@ class StageTimer:
     def max_over_ranks(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         """Each stage's time on the slowest rank (a collective: call it on every rank)."""
         return {name: comm.all_reduce_max(s, group) for name, s in self.seconds.items()}
+
+
+def best_time(
+    fn: Callable[[], Any],
+    repeats: int,
+    *,
+    warmup: int = 1,
+    slowest_rank: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> float:
+    """Best wall time of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones.
+
+    The ranks start each call together (a barrier). With ``slowest_rank`` each call also ends
+    with a barrier and counts the slowest rank's time (a collective: call it on every rank);
+    without it, each rank reports its own time.
+    """
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        comm.barrier(group)
+        start = time.perf_counter()
+        fn()
+        if slowest_rank:
+            comm.barrier(group)
+            best = min(best, comm.all_reduce_max(time.perf_counter() - start, group))
+        else:
+            best = min(best, time.perf_counter() - start)
+    return best

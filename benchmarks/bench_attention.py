@@ -16,15 +16,15 @@ import argparse
 import json
 import platform
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from apbv import comm, cost
+from apbv import cost
 from apbv.attention import apbv_attention, attention
 from apbv.distributed import DistInfo, spawn_local
 from apbv.plan import make_plan
+from apbv.timing import best_time
 
 
 @dataclass(frozen=True)
@@ -47,29 +47,16 @@ def _inputs(setup: Setup, length: int, seed: int) -> tuple[torch.Tensor, ...]:
     return q, k, v
 
 
-def _best_time(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        comm.barrier()
-        start = time.perf_counter()
-        fn()
-        comm.barrier()
-        best = min(best, comm.all_reduce_max(time.perf_counter() - start))
-    return best
-
-
 def _rank_times(info: DistInfo, setup: Setup) -> dict[int, dict[str, float]]:
     times: dict[int, dict[str, float]] = {}
     for n in setup.context_lens:
         plan = make_plan(n, setup.query_len, info.world_size)
         q, k, v = _inputs(setup, plan.local_len(info.rank), seed=info.rank)
         times[n] = {
-            mode: _best_time(
+            mode: best_time(
                 lambda mode=mode: apbv_attention(q, k, v, plan, mode=mode),
                 setup.repeats,
-                setup.warmup,
+                warmup=setup.warmup,
             )
             for mode in ("spava", "exact")
         }
@@ -86,7 +73,8 @@ def run(setup: Setup) -> list[dict[str, float]]:
     for n in setup.context_lens:
         plan = make_plan(n, setup.query_len, setup.world_size)
         q, k, v = _inputs(setup, plan.total_len, seed=0)
-        full = _best_time(lambda: attention(q, k, v, causal=True), setup.repeats, setup.warmup)
+        full = best_time(lambda: attention(q, k, v, causal=True), setup.repeats,
+                         warmup=setup.warmup)
         spava_pairs = max(cost.rank_pairs(plan, r) for r in range(plan.world_size))
         exact_pairs = max(cost.rank_pairs(plan.exact(), r) for r in range(plan.world_size))
         # Full attention has world_size threads, each rank one: divide its work accordingly.

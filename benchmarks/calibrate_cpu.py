@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from apbv import comm
 from apbv.cost import Hardware
 from apbv.distributed import DistInfo, spawn_local
+from apbv.timing import best_time
 
 HEAD_DIMS = (16, 64, 128)
 # The two shapes of the calls that dominate long prompts: a causal square (a block, or the whole
@@ -60,15 +61,8 @@ CONV_PATCHES = 16384
 
 
 def _best(fn: Callable[[], Any], repeats: int = 5) -> float:
-    """Best wall time of ``repeats`` calls after one warm-up, the ranks starting together."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        comm.barrier()
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    """Best wall time of this rank's calls after one warm-up, the ranks starting together."""
+    return best_time(fn, repeats, slowest_rank=False)
 
 
 def _matmul_s() -> float:
