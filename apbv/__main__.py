@@ -79,7 +79,7 @@ def _print_result(result: Any, *, as_json: bool) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from apbv.distributed import destroy_distributed, init_distributed
-    from apbv.engine import Engine
+    from apbv.engine.engine import Engine
 
     cfg = _config_from_args(args)
     if not cfg.model.path:
@@ -97,7 +97,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from apbv.distributed import destroy_distributed, init_distributed
-    from apbv.engine import Engine
+    from apbv.engine.engine import Engine
     from apbv.eval.data import parse_where
     from apbv.eval.harness import EvalSpec, run_eval, summary
 

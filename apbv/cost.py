@@ -26,14 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apbv.kvcache import APPEND_RANK, owned_local_index
+from apbv.engine.kvcache import owned_local_index
 from apbv.modes import get_mode
-from apbv.plan import Plan, split_evenly
-from apbv.video import VideoMeta, VideoSpec, check_enough_patches, plan_sampling
-from apbv.vision import VideoSpan, embedding_routes, needed_video_tokens
-
-TTFT_STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token")
-"""The engine's stages up to the first token (apbv.engine.TTFT_STAGES)."""
+from apbv.plan import QUERY_RANK, Plan, patch_ranges
+from apbv.timing import TTFT_STAGES
+from apbv.video import VideoMeta, VideoSpec, plan_sampling
+from apbv.engine.routing import VideoSpan, embedding_routes, needed_video_tokens
 
 VIDEO_START = 15
 """Context tokens before the first video token in the default Qwen2.5-VL chat template (system
@@ -558,7 +556,7 @@ def _layer_events(plan: Plan, rank: int, dims: ModelDims, m: _Machine, overlap: 
         events += [("compute", m.mem(traffic))] + start(j)
     a0, a1 = plan.anchor_share(rank)
     blocks_len = sum(plan.block_len(b) for b in blocks)
-    query_pairs = q * (a1 - a0 + blocks_len) + (_causal(q) if rank == APPEND_RANK else 0)
+    query_pairs = q * (a1 - a0 + blocks_len) + (_causal(q) if rank == QUERY_RANK else 0)
     events += [("compute", m.attention(query_pairs, hq, d) + m.mem(20 * q * hq * (d + 1)))]
     events += start(len(blocks))
     events += [("compute", m.attention(_causal(a), hq, d))]  # anchor rows
@@ -700,17 +698,19 @@ def predict(
     if video_tokens > context_len:
         raise ValueError(f"the video's {video_tokens} tokens do not fit in a context of "
                          f"{context_len} tokens")
-    if patches:
-        check_enough_patches(patches, ranks if spec.vit_split else 1)
+    if not patches:
+        ranges = [(0, 0)] * ranks
+    elif spec.vit_split:
+        ranges = list(patch_ranges(patches, ranks))  # ValueError when a rank gets none
+    else:
+        ranges = [(0, patches)] * ranks
     pooled = spec.single_process and hw.full_uses_all_ranks
     m = _Machine(hw, hw.dtype_bytes if dtype_bytes is None else dtype_bytes,
                  max(1.0, world_size * hw.thread_efficiency) if pooled else 1.0)
     dt = m.dtype
 
     # Preprocess and vision: rank r takes a contiguous share of the temporal patches.
-    shares = split_evenly(patches, ranks) if spec.vit_split else [patches] * ranks
-    firsts = [sum(shares[:r]) if spec.vit_split else 0 for r in range(ranks)]
-    patch_ranges = [(p, p + n) for p, n in zip(firsts, shares)]
+    shares = [e - s for s, e in ranges]
     resized = tokens_per_patch * (dims.patch_size * dims.spatial_merge_size) ** 2
     per_frame = (hw.decode_s_per_pixel * (source_pixels or resized)
                  + hw.process_s_per_pixel * resized)
@@ -722,7 +722,7 @@ def predict(
     # Transfer: every rank's video embeddings to the ranks whose tokens they are.
     span = VideoSpan(min(video_start, context_len - video_tokens), video_tokens,
                      tokens_per_patch) if video_tokens else None
-    rows = _embedding_rows(plan, span, patch_ranges)
+    rows = _embedding_rows(plan, span, ranges)
     if not spec.vit_split:  # every rank encoded everything: it only takes its own rows
         rows = [(0, 0, held) for _, _, held in rows]
     row_bytes = dims.hidden * dt

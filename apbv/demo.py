@@ -41,7 +41,7 @@ def _ensure_inputs(cfg: RuntimeConfig, video: str | None) -> str:
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, question: str) -> list[dict]:
-    from apbv.engine import Engine
+    from apbv.engine.engine import Engine
 
     engine = Engine(cfg, info)
     results = []

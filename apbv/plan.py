@@ -37,6 +37,8 @@ from functools import cached_property
 
 Range = tuple[int, int]  # [start, end)
 LAYOUTS = ("zigzag", "contiguous", "star")
+QUERY_RANK = 0
+"""The rank that caches the query's KV and the generated tokens', and picks each token."""
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -62,6 +64,28 @@ def split_evenly(total: int, parts: int) -> list[int]:
     """Lengths of ``parts`` pieces of ``total`` that differ by at most one, longer ones first."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def patch_ranges(num_patches: int, world_size: int) -> tuple[Range, ...]:
+    """The frame split: rank r encodes temporal patches [start, end) of the T patches.
+
+    Contiguous ranges in rank order whose sizes differ by at most one, earlier ranks longer.
+    Pure: every rank's range is computed in one process. ValueError if T < H (a rank would get
+    no patch).
+    """
+    check_int("world_size", world_size, 1)
+    check_int("num_patches", num_patches, 0)
+    if num_patches < world_size:
+        raise ValueError(
+            f"the sampled video has {num_patches} temporal patches (2 frames each) but "
+            f"{world_size} ranks need at least one each: use at most {num_patches} ranks, or "
+            f"sample more frames (a higher fps or a larger nframes)"
+        )
+    out, start = [], 0
+    for size in split_evenly(num_patches, world_size):
+        out.append((start, start + size))
+        start += size
+    return tuple(out)
 
 
 @dataclass(frozen=True)

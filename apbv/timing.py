@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from apbv import comm
 
+STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token", "decode")
+"""The engine's stages, in order (:mod:`apbv.engine.engine` says what each one holds)."""
+TTFT_STAGES = STAGES[:5]
+"""The stages up to and including the first token: their sum is the TTFT."""
+
 
 class StageTimer:
     def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None):

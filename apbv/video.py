@@ -18,7 +18,7 @@ The stage has three steps, each usable on its own:
      lowered further by ``max_pixels`` when given (28 = patch 14 * spatial merge 2).
 
 3. Frame parallelism: a temporal patch is 2 consecutive sampled frames (Qwen2.5-VL's ViT never
-   attends across them). :func:`rank_patch_range` splits the T patches into H contiguous,
+   attends across them). :func:`apbv.plan.patch_ranges` splits the T patches into H contiguous,
    near-equal ranges (earlier ranks get the extra ones) and :func:`load_rank_frames` decodes and
    resizes only the frames of one range. The resize target comes from the global sampling, so
    concatenating every rank's frames in rank order equals :func:`load_all_frames`.
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from apbv.plan import check_int, split_evenly
+from apbv.plan import Range, check_int, patch_ranges
 
 BACKENDS = ("decord", "pyav")
 """The decoders :class:`VideoSpec` accepts."""
@@ -56,9 +56,6 @@ TEMPORAL_PATCH_SIZE = 2
 
 _EXTRA = "install the video extra: pip install 'apbv[video]'"
 _CHUNK_ELEMENTS = 1 << 25  # decode + resize at most ~32 Mi uint8 values (one float copy) at once
-
-Range = tuple[int, int]  # [start, end)
-
 
 # ---------------------------------------------------------------------------------------------
 # Lazy imports of the optional `video` extra.
@@ -333,32 +330,6 @@ def _resize_target(
         raise ValueError(f"{where}: frames of {width}x{height} cannot be resized: {err}") from err
 
 
-def check_enough_patches(num_patches: int, world_size: int) -> None:
-    """ValueError unless every one of world_size ranks gets at least one temporal patch."""
-    if num_patches < world_size:
-        raise ValueError(
-            f"the sampled video has {num_patches} temporal patches ({TEMPORAL_PATCH_SIZE} frames "
-            f"each) but {world_size} ranks need at least one each: use at most {num_patches} "
-            f"ranks, or sample more frames (a higher fps or a larger nframes)"
-        )
-
-
-def rank_patch_range(num_patches: int, rank: int, world_size: int) -> Range:
-    """[start, end) of the temporal patches of ``rank`` when T patches are split over H ranks.
-
-    Contiguous ranges in rank order whose sizes differ by at most one, earlier ranks longer.
-    Pure: every rank's range can be computed in one process. ValueError if T < H.
-    """
-    check_int("world_size", world_size, 1)
-    check_int("num_patches", num_patches, 0)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
-    check_enough_patches(num_patches, world_size)
-    sizes = split_evenly(num_patches, world_size)
-    start = sum(sizes[:rank])
-    return start, start + sizes[rank]
-
-
 # ---------------------------------------------------------------------------------------------
 # Decoders. Each opens and checks the file in its constructor, then reads frames by index.
 
@@ -614,13 +585,12 @@ def load_rank_frames(spec: VideoSpec, rank: int, world_size: int) -> RankFrames:
     try:
         sampling = plan_sampling(spec, reader.meta)
         try:
-            check_enough_patches(sampling.num_patches, world_size)
+            patches = patch_ranges(sampling.num_patches, world_size)[rank]
         except ValueError as err:
             raise ValueError(
                 f"video {spec.path!r}: {err} ({sampling.num_frames} frames sampled at "
                 f"{sampling.sample_fps:.4g} fps from {reader.meta.total_frames} frames)"
             ) from err
-        patches = rank_patch_range(sampling.num_patches, rank, world_size)
         first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
         frames = _decode_resized(reader, sampling.indices[first:last], sampling)
     finally:

@@ -31,13 +31,12 @@ import torch
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
-
-STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token")
+from apbv.timing import TTFT_STAGES as STAGES
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
               repeats: int) -> list[dict]:
-    from apbv.engine import Engine
+    from apbv.engine.engine import Engine
 
     engine = Engine(cfg, info)
     question = "What colour is the square in the last second?"

@@ -113,7 +113,7 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
     """Every measurement of one rank; ``videos`` maps frames per rank to a video file."""
     from apbv.model.qwen2_5_vl import load
     from apbv.plan import make_plan
-    from apbv.prefill import prefill
+    from apbv.engine.prefill import prefill
     from apbv.sequence import prompt_ids, split_prompt
     from apbv.video import VideoSpec, load_rank_frames
 

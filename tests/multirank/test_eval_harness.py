@@ -24,7 +24,7 @@ from apbv import comm
 from apbv.__main__ import main
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
-from apbv.engine import Engine
+from apbv.engine.engine import Engine
 from apbv.eval.fixtures import make_eval_fixtures
 from apbv.eval.harness import EvalSpec, run_eval
 

@@ -9,7 +9,7 @@ import pytest
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, RankFailure, spawn_local
-from apbv.engine import Engine
+from apbv.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from apbv import cost
 from apbv.__main__ import main
 from apbv.cost import Hardware, ModelDims, predict
 from apbv.modes import MODE_NAMES, get_mode
-from apbv.vision import VideoSpan, embedding_routes, transfer_bytes
+from apbv.engine.routing import VideoSpan, embedding_routes, transfer_bytes
 from tests.cases import Case
 from tests.oracle import visible_keys
 
@@ -156,7 +156,7 @@ def test_embedding_transfer_bytes() -> None:
                 tokens_per_patch=1, hw=UNIT, dtype_bytes=2)
     assert p.plan.blocks[3] == (15, 20)
     assert [r.transfer_bytes for r in p.ranks] == [2 * 8 * 2, 0]
-    # Larger: the sum over ranks is what apbv.vision reports as moved.
+    # Larger: the sum over ranks is what apbv.engine.routing reports as moved.
     p = _video_prediction("spava", 24, 30, world_size=3, dims=SMALL, hw=UNIT)
     span = VideoSpan(cost.VIDEO_START, 24 * 30, 30)
     routes = embedding_routes(p.plan, span, [(0, 8), (8, 16), (16, 24)])

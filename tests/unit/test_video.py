@@ -22,6 +22,7 @@ pytest.importorskip("av")
 pytest.importorskip("qwen_vl_utils")
 
 import apbv.video
+from apbv.plan import patch_ranges
 from apbv.synthetic import make_frame, write_test_video
 from apbv.video import (
     BACKENDS,
@@ -32,7 +33,6 @@ from apbv.video import (
     load_rank_frames,
     plan_sampling,
     probe,
-    rank_patch_range,
 )
 
 # Small targets keep the resize cheap: 4..16 tokens of 28x28 pixels per frame.
@@ -212,9 +212,9 @@ def test_default_sampling_is_two_fps(videos) -> None:
 
 
 @pytest.mark.parametrize("world_size", range(1, 9))
-def test_rank_patch_range_splits_evenly(world_size: int) -> None:
+def test_patch_ranges_split_evenly(world_size: int) -> None:
     for total in [*range(world_size, world_size + 20), 100, 1001]:
-        ranges = [rank_patch_range(total, r, world_size) for r in range(world_size)]
+        ranges = patch_ranges(total, world_size)
         assert ranges[0][0] == 0 and ranges[-1][1] == total
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
         sizes = [e - s for s, e in ranges]
@@ -222,9 +222,7 @@ def test_rank_patch_range_splits_evenly(world_size: int) -> None:
         assert sizes == sorted(sizes, reverse=True), sizes  # earlier ranks get the extra ones
     for total in range(world_size):
         with pytest.raises(ValueError, match=f"{total} temporal patches.*{world_size} ranks"):
-            rank_patch_range(total, 0, world_size)
-    with pytest.raises(ValueError, match="rank must be in"):
-        rank_patch_range(10, world_size, world_size)
+            patch_ranges(total, world_size)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -237,7 +235,7 @@ def test_ranks_concatenate_to_whole_video(videos, backend: str) -> None:
         parts = [load_rank_frames(spec, rank, world_size) for rank in range(world_size)]
         for rank, part in enumerate(parts):
             assert part.sampling == whole.sampling
-            assert part.patch_range == rank_patch_range(15, rank, world_size)
+            assert part.patch_range == patch_ranges(15, world_size)[rank]
             assert part.frames.shape[0] == len(part.indices) == 2 * (
                 part.patch_range[1] - part.patch_range[0])
         assert torch.equal(torch.cat([p.frames for p in parts]), whole.frames), world_size
@@ -386,8 +384,8 @@ def test_import_without_video_extra() -> None:
     code = (
         "import sys\n"
         "for m in ('decord', 'av', 'qwen_vl_utils', 'torchvision'): sys.modules[m] = None\n"
-        "import apbv, apbv.video, apbv.synthetic\n"
-        "print(apbv.video.rank_patch_range(5, 1, 2))\n"
+        "import apbv, apbv.plan, apbv.video, apbv.synthetic\n"
+        "print(apbv.plan.patch_ranges(5, 2)[1])\n"
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,

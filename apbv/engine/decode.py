@@ -18,7 +18,8 @@ from apbv import comm
 from apbv.attention import kernels
 from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
-from apbv.kvcache import APPEND_RANK, RankKVCache
+from apbv.engine.kvcache import RankKVCache
+from apbv.plan import QUERY_RANK
 from apbv.model.qwen2_5_vl import QwenVL
 
 
@@ -32,7 +33,7 @@ class DecodeContext:
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        if self.rank == APPEND_RANK:
+        if self.rank == QUERY_RANK:
             self.cache.append(layer, k, v)
         keys, values = self.cache.layer(layer)
         out, lse = kernels.attention(q, keys, values, causal=False, scale=scale,

@@ -19,9 +19,7 @@ import torch
 import torch.distributed as dist
 
 from apbv import comm
-from apbv.plan import Plan
-
-Range = tuple[int, int]
+from apbv.plan import Plan, Range
 
 
 @dataclass(frozen=True)

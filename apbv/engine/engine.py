@@ -26,12 +26,12 @@ from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo
 from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.modes import get_mode
-from apbv.runtime import PromptInputs, run_prompt
+from apbv.engine.runtime import PromptInputs, run_prompt
 from apbv.sequence import prompt_ids, split_prompt
-from apbv.timing import StageTimer
-from apbv.video import load_rank_frames, rank_patch_range
+from apbv.timing import TTFT_STAGES, StageTimer
+from apbv.plan import patch_ranges
+from apbv.video import load_rank_frames
 
-TTFT_STAGES = ("preprocess", "vision", "transfer", "prefill", "first_token")
 
 
 @dataclass
@@ -101,8 +101,7 @@ class Engine:
             query_ids=query_ids,
             video_grid=(t, h, w),
             second_per_grid_t=sampling.second_per_grid_t,
-            patch_ranges=tuple(rank_patch_range(t, r, world) if split else (0, t)
-                               for r in range(world)),
+            patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
             pixel_values=processed["pixel_values_videos"],
         )
         return inputs, sampling.num_frames

@@ -2,23 +2,21 @@
 
 Rank r keeps, per layer, the keys and values of its slice of the anchor, of its blocks and,
 on rank 0 only, of the query; decode tokens are appended on rank 0. Exact decode attention is
-then the log-sum-exp merge of one partial per rank (see :mod:`apbv.decode`).
+then the log-sum-exp merge of one partial per rank (see :mod:`apbv.engine.decode`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from apbv.plan import Plan
-
-APPEND_RANK = 0  # the rank that caches the query and the generated tokens
+from apbv.plan import QUERY_RANK, Plan
 
 
 def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
     """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
     a0, a1 = plan.anchor_share(rank)
     parts = [torch.arange(a0, a1), torch.arange(*plan.local_blocks_range(rank))]
-    if rank == APPEND_RANK:
+    if rank == QUERY_RANK:
         parts.append(torch.arange(*plan.local_ranges(rank)[-1]))
     return torch.cat(parts)
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from apbv.attention import apbv_attention
 from apbv.context import active
-from apbv.kvcache import RankKVCache, owned_local_index
+from apbv.engine.kvcache import RankKVCache, owned_local_index
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import Plan
 

@@ -12,23 +12,21 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from apbv.decode import greedy_continue, pick_token
+from apbv.engine.decode import greedy_continue, pick_token
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.modes import get_mode
-from apbv.plan import Plan
+from apbv.plan import Plan, Range
 from apbv.positions import mrope_positions, video_token_runs
-from apbv.prefill import prefill
+from apbv.engine.prefill import prefill
 from apbv.timing import StageTimer
-from apbv.vision import (
+from apbv.engine.routing import (
     VideoSpan,
     embedding_routes,
     needed_video_tokens,
     route_embeddings,
     transfer_bytes,
 )
-
-Range = tuple[int, int]
 
 
 @dataclass(frozen=True)
