@@ -80,14 +80,16 @@ def _print_result(result: Any, *, as_json: bool) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from apbv.distributed import destroy_distributed, init_distributed
     from apbv.engine.engine import Engine
+    from apbv.engine.request import Request
 
     cfg = _config_from_args(args)
     if not cfg.model.path:
         raise ValueError("no model: pass --model DIR or set model.path in the config")
+    request = Request.from_config(cfg, args.video, args.question)  # checked before any work
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
     try:
-        result = Engine(cfg, info).generate(args.video, args.question)
+        result = Engine(cfg, info).generate(request)
         if info.rank == 0:
             _print_result(result, as_json=args.json)
     finally:

@@ -24,6 +24,7 @@ from apbv import comm
 from apbv.attention import apbv_attention, attention
 from apbv.distributed import DistInfo, spawn_local
 from apbv.layout import shard, unshard
+from apbv.modes import get_mode
 from apbv.plan import Plan, make_plan
 
 DEMO_MODES = ("spava", "exact", "no_overlap")
@@ -70,9 +71,13 @@ def _rank_job(info: DistInfo, cfg: DemoConfig) -> dict[str, tuple[torch.Tensor, 
     q, k, v = (shard(t, plan, info.rank) for t in cfg.inputs())
     results = {}
     for mode in DEMO_MODES:
+        spec = get_mode(mode)
         comm.barrier()
         start = time.perf_counter()
-        out = apbv_attention(q, k, v, plan, mode=mode)
+        out = apbv_attention(q, k, v, spec.plan(plan.context_len, plan.query_len,
+                                                plan.world_size, anchor_len=plan.anchor_len,
+                                                passing_len=plan.passing_len),
+                             overlap=spec.overlap)
         comm.barrier()
         results[mode] = (out, comm.all_reduce_max(time.perf_counter() - start))
         if info.rank == 0:

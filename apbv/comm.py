@@ -137,3 +137,39 @@ def all_reduce_max(value: float, group: dist.ProcessGroup | None = None) -> floa
     t = torch.tensor([value], dtype=torch.float64, device=_scalar_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
+
+
+def all_gather_ints(values: list[int], group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """(H, len(values)) int64: every rank's ``values`` (the same length on every rank)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if not is_distributed():
+        return t.unsqueeze(0)
+    return all_gather(t.to(_scalar_device(group)), group).cpu()
+
+
+def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order (small control data only)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def first_failure(
+    error: BaseException | None, group: dist.ProcessGroup | None = None
+) -> tuple[int, str, str] | None:
+    """On every rank: (rank, exception type name, message) of the lowest rank whose ``error``
+    is set, or None when no rank failed. Two small collectives, whatever the outcome."""
+    if not is_distributed():
+        return None if error is None else (0, type(error).__name__, str(error))
+    rank, world = rank_and_size(group)
+    t = torch.tensor([world if error is None else rank], dtype=torch.int64,
+                     device=_scalar_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    src = int(t.item())
+    if src == world:
+        return None
+    mine = (type(error).__name__, str(error)) if rank == src else None
+    kind, message = broadcast_object(mine, src=src, group=group)
+    return src, kind, message

@@ -667,7 +667,7 @@ def predict(
     Args:
         mode: one of :data:`apbv.modes.MODE_NAMES`.
         context_len, query_len, world_size, frames: N, Q, H and the sampled frames, as
-            :class:`apbv.engine.GenerateResult` reports them. ``full`` is predicted as one
+            :class:`apbv.engine.request.Result` reports them. ``full`` is predicted as one
             process, ``world_size`` being the H it is compared with. ``frames`` 0: no video.
         tokens_per_patch: LLM tokens per temporal patch (2 frames): the context's video tokens
             / (frames / 2). Not needed when ``grid`` is given.

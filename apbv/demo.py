@@ -46,7 +46,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, question: str) -> 
     engine = Engine(cfg, info)
     results = []
     for mode in DEMO_MODES:
-        results.append(engine.generate(video, question, mode=mode).to_json())
+        results.append(engine.generate(engine.request(video, question, mode=mode)).to_json())
         if info.rank == 0:
             print(f"[apbv] {mode}: done", file=sys.stderr, flush=True)
     return results

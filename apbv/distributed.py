@@ -37,6 +37,8 @@ class DistInfo:
     device: torch.device
     backend: str | None
     """"nccl", "gloo", or None for a single rank without a process group."""
+    group: dist.ProcessGroup | None = None
+    """The ranks' process group (None: the default group, or no group on a single rank)."""
 
 
 def _env_int(name: str, default: int) -> int:

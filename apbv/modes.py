@@ -39,18 +39,11 @@ class Mode:
     passing: str = "default"
     """default (about N/128), infinite, zero, or double."""
     overlap: bool = True
-    """False: wait on every collective right after starting it."""
+    """False: wait on every collective right after starting it (the op's ``overlap``)."""
     vit_split: bool = True
     """False: every rank runs the vision tower on the whole video."""
     single_process: bool = False
     """True: world size 1, one causal attention call per layer."""
-
-    @property
-    def op_mode(self) -> str:
-        """The mode argument of :func:`apbv.attention.apbv_attention`."""
-        if self.single_process:
-            return "full"
-        return "spava" if self.overlap else "no_overlap"
 
     def plan(
         self,
@@ -79,7 +72,7 @@ class Mode:
         return plan.exact() if self.passing == "infinite" or self.single_process else plan
 
 
-MODES: dict[str, Mode] = {
+MODES: dict[str, Mode] = {  # apbv.MODES: the one mode vocabulary of the runtime and the op
     m.name: m
     for m in (
         Mode("spava"),

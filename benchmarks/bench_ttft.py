@@ -40,12 +40,14 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
 
     engine = Engine(cfg, info)
     question = "What colour is the square in the last second?"
-    engine.generate(videos[0]["path"], question, mode=mode, max_new_tokens=1)  # warm-up
+    engine.generate(engine.request(videos[0]["path"], question, mode=mode,
+                                   max_new_tokens=1))  # warm-up
     rows = []
     for video in videos:
         best = None
         for _ in range(repeats):
-            result = engine.generate(video["path"], question, mode=mode, max_new_tokens=1)
+            result = engine.generate(engine.request(video["path"], question, mode=mode,
+                                                    max_new_tokens=1))
             if best is None or result.ttft_s < best.ttft_s:
                 best = result
         row = best.to_json()

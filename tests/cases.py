@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from apbv.attention import MODES as OP_MODES
 from apbv.modes import get_mode
-from apbv.plan import Plan, make_plan
+from apbv.plan import Plan
 from tests.oracle import causal_attention, masked_attention, oracle_attention, visible_keys
 
 FP32_TOL = 1e-5  # the op vs the fp64 oracle in fp32: rounding of sums over <= 1k keys
@@ -24,23 +23,20 @@ class Case:
     kv_heads: int = 2
     head_dim: int = 16
     mode: str = "spava"
-    """The op's mode, or a runtime mode of apbv.modes (its plan and op mode are used)."""
+    """A mode of apbv.MODES: its plan (with the case's anchor/passing) and its overlap."""
     dtype: str = "float32"
     seed: int = 0
 
     def plan(self, world_size: int) -> Plan:
-        if self.mode in OP_MODES:
-            return make_plan(self.context_len, self.query_len, world_size,
-                             anchor_len=self.anchor_len, passing_len=self.passing_len)
         return get_mode(self.mode).plan(self.context_len, self.query_len, world_size,
                                         anchor_len=self.anchor_len, passing_len=self.passing_len)
 
     @property
-    def op_mode(self) -> str:
-        return self.mode if self.mode in OP_MODES else get_mode(self.mode).op_mode
+    def overlap(self) -> bool:
+        return get_mode(self.mode).overlap
 
     def runs_on(self, world_size: int) -> bool:
-        return self.op_mode != "full" or world_size == 1
+        return not get_mode(self.mode).single_process or world_size == 1
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Global q (1, L, Hq, D), k/v (1, L, Hkv, D) in the case's dtype."""
@@ -82,7 +78,7 @@ def check(case: Case, plan: Plan, out: torch.Tensor) -> str | None:
     """None if ``out`` (global order) is right for ``case``, else a message with the errors."""
     q, k, v = case.inputs()
     scale = case.head_dim**-0.5
-    if plan.is_exact or case.op_mode in ("exact", "full"):
+    if plan.is_exact:
         want = causal_attention(q, k, v)
     else:
         want = oracle_attention(q, k, v, plan)

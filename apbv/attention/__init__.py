@@ -2,6 +2,6 @@
 
 from apbv.attention.kernels import attention
 from apbv.attention.merge import merge_partials
-from apbv.attention.spava import MODES, apbv_attention
+from apbv.attention.spava import apbv_attention
 
-__all__ = ["MODES", "apbv_attention", "attention", "merge_partials"]
+__all__ = ["apbv_attention", "attention", "merge_partials"]

@@ -22,6 +22,7 @@ buffer has a fixed shape on all ranks (C rows, zero padded); valid lengths come 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -33,8 +34,6 @@ from apbv.attention.merge import merge_packed, merge_partials, pack_partial
 from apbv.attention.select import mean_query, pack_selection
 from apbv.plan import Plan
 
-MODES = ("spava", "exact", "no_overlap", "full")
-
 Partial = tuple[torch.Tensor, torch.Tensor]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], Partial]
 
@@ -45,7 +44,7 @@ def apbv_attention(
     v: torch.Tensor,
     plan: Plan,
     *,
-    mode: str = "spava",
+    overlap: bool = True,
     group: dist.ProcessGroup | None = None,
     softmax_scale: float | None = None,
     backend: str | None = None,
@@ -57,9 +56,10 @@ def apbv_attention(
             (ZigZag: [anchor | block r | block 2H-1-r | query]).
         k, v: (1, T, Hkv, D), Hq a multiple of Hkv.
         plan: the layout, the same on every rank; ``plan.world_size`` must match the group.
-        mode: "spava" (the method), "exact" (P = infinity: equals causal attention),
-            "no_overlap" (spava, waiting on every collective as soon as it starts) or "full"
-            (one rank only: plain causal attention in one kernel call, the baseline).
+            Exactness is the plan's: ``plan.exact()`` passes every token, and the result is
+            then ordinary causal attention (on one rank: one causal kernel call).
+        overlap: False waits on every collective as soon as it starts (the ``no_overlap``
+            ablation); the result is the same.
         group: the process group of the H ranks; None for the default group, or a single
             rank when no process group is initialised.
         softmax_scale: default D ** -0.5.
@@ -69,12 +69,9 @@ def apbv_attention(
         out (1, T, Hq, D) in q's dtype, local order.
     """
     rank, world = comm.rank_and_size(group)
-    _check_inputs(q, k, v, plan, rank, world, mode)
-    if mode == "exact":
-        plan = plan.exact()
-    overlap = mode != "no_overlap"
+    _check_inputs(q, k, v, plan, rank, world, softmax_scale)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    if mode == "full":  # one rank: the local order is the global order
+    if world == 1 and plan.is_exact:  # one rank: local order is global order, all keys seen
         return kernels.attention(q, k, v, causal=True, scale=scale, backend=backend)[0]
 
     def attend(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, causal: bool) -> Partial:
@@ -170,12 +167,13 @@ def _check_inputs(
     plan: Plan,
     rank: int,
     world: int,
-    mode: str,
+    softmax_scale: float | None,
 ) -> None:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
-    if mode == "full" and world != 1:
-        raise ValueError(f"mode 'full' runs on one rank, the group has {world}")
+    if softmax_scale is not None and not (
+        isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
+        and softmax_scale > 0
+    ):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
     if plan.world_size != world:
         raise ValueError(
             f"the plan is for world_size={plan.world_size} but the process group has "

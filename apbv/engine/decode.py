@@ -3,7 +3,7 @@
 Every rank runs the whole model on the new token (hidden states are replicated). In each layer
 the owning rank appends the token's KV, every rank attends the token to the KV it holds, and the
 H partials are gathered and merged by log-sum-exp: exact attention over the whole prompt and the
-tokens generated so far. Rank 0 picks the token; it is broadcast so every rank feeds the same
+tokens generated so far. The query rank picks the token; it is broadcast so every rank feeds the same
 one.
 """
 
@@ -18,6 +18,7 @@ from apbv import comm
 from apbv.attention import kernels
 from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
+from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
 from apbv.plan import QUERY_RANK
 from apbv.model.qwen2_5_vl import QwenVL
@@ -25,26 +26,25 @@ from apbv.model.qwen2_5_vl import QwenVL
 
 @dataclass
 class DecodeContext:
-    rank: int
+    info: DistInfo
     cache: RankKVCache
-    group: dist.ProcessGroup | None
-    backend: str | None
+    kernel: str | None
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        if self.rank == QUERY_RANK:
+        if self.info.rank == QUERY_RANK:
             self.cache.append(layer, k, v)
         keys, values = self.cache.layer(layer)
         out, lse = kernels.attention(q, keys, values, causal=False, scale=scale,
-                                     backend=self.backend)
-        gathered = comm.all_gather(pack_partial(out, lse), self.group)  # (H, 1, Hq, D + 1)
+                                     backend=self.kernel)
+        gathered = comm.all_gather(pack_partial(out, lse), self.info.group)  # (H, 1, Hq, D+1)
         return merge_packed(gathered)[0].to(q.dtype)
 
 
 def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None) -> int:
-    """Greedy choice on rank 0, broadcast to every rank."""
-    return comm.broadcast_int(int(torch.argmax(logits)), src=0, group=group)
+    """Greedy choice on the query rank, broadcast to every rank."""
+    return comm.broadcast_int(int(torch.argmax(logits)), src=QUERY_RANK, group=group)
 
 
 @torch.inference_mode()
@@ -64,17 +64,16 @@ def greedy_continue(
     first_token: int,
     next_position: int,
     cache: RankKVCache,
+    info: DistInfo,
     *,
-    rank: int,
     max_new_tokens: int,
-    group: dist.ProcessGroup | None = None,
-    backend: str | None = None,
+    kernel: str | None = None,
 ) -> list[int]:
     """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included)."""
     tokens = [first_token]
     eos = qwen.eos_token_ids
-    ctx = DecodeContext(rank, cache, group, backend)
+    ctx = DecodeContext(info, cache, kernel)
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         logits = decode_step(qwen, tokens[-1], next_position + len(tokens) - 1, ctx)
-        tokens.append(pick_token(logits, group))
+        tokens.append(pick_token(logits, info.group))
     return tokens

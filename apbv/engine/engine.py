@@ -1,62 +1,35 @@
 """The long-lived per-rank engine: load the checkpoint once, then answer requests one by one.
 
-Every client (the ``generate`` CLI, the demo, benchmarks, evaluation, a serving backend) drives
-the same :class:`Engine` on every rank with the same request. A request is a video file and a
-question; the answer comes back with its TTFT breakdown (max over ranks):
+Every client (the ``generate`` CLI, the demo, benchmarks, evaluation, a serving backend) builds
+one :class:`apbv.engine.request.Request` and calls :meth:`Engine.generate` with it on every rank.
+The answer comes back with its TTFT breakdown (max over ranks; :data:`apbv.timing.STAGES`):
 
     preprocess   decode this rank's frames + the video processor + tokenization
     vision       the vision tower on this rank's temporal patches
     transfer     video embeddings to the ranks that own their tokens
     prefill      embeddings, positions, the decoder over the local shard
-    first_token  greedy choice on rank 0 and its broadcast            -> TTFT ends here
+    first_token  greedy choice on the query rank and its broadcast     -> TTFT ends here
     decode       the remaining greedy tokens (exact attention)
+
+Before any model collective the ranks check that they were given the same request (a
+mismatch is a ValueError naming the field, on every rank), and they agree on failure: an error
+on one rank while preprocessing or encoding is raised on every rank, naming that rank.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
-
 import torch
-import torch.distributed as dist
 
 from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo
+from apbv.engine.request import PromptInputs, Request, Result, field_hashes
+from apbv.engine.runtime import raise_if_any_failed, run_prompt
 from apbv.model.qwen2_5_vl import QwenVL, load
-from apbv.modes import get_mode
-from apbv.engine.runtime import PromptInputs, run_prompt
-from apbv.sequence import prompt_ids, split_prompt
-from apbv.timing import TTFT_STAGES, StageTimer
 from apbv.plan import patch_ranges
+from apbv.sequence import prompt_ids, split_prompt
+from apbv.timing import StageTimer
 from apbv.video import load_rank_frames
-
-
-
-@dataclass
-class GenerateResult:
-    answer: str
-    token_ids: list[int]
-    ttft_s: float
-    seconds: dict[str, float]
-    """Per stage, max over ranks."""
-    mode: str
-    world_size: int
-    frames: int
-    context_len: int
-    query_len: int
-    anchor_len: int
-    passing_len: int
-    embedding_bytes: int
-    """Video embedding bytes moved between ranks."""
-    allgather_bytes: int
-    """What an all-gather of every embedding to every rank would have moved."""
-    kv_cache_bytes_max: int
-    """The largest per-rank prompt KV cache."""
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -68,96 +41,79 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 class Engine:
     """One rank's model and process group; :meth:`generate` is called on every rank alike."""
 
-    def __init__(
-        self, cfg: RuntimeConfig, info: DistInfo, group: dist.ProcessGroup | None = None
-    ):
+    def __init__(self, cfg: RuntimeConfig, info: DistInfo):
         self.cfg = cfg
         self.info = info
-        self.group = group
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device))
 
-    def _preprocess(
-        self, video: str, question: str, mode: str = "spava"
-    ) -> tuple[PromptInputs, int]:
+    def request(self, video: str, question: str, **overrides: object) -> Request:
+        """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
+        return Request.from_config(self.cfg, video, question, **overrides)
+
+    def preprocess(self, request: Request) -> PromptInputs:
+        """Sample, decode and process this rank's frames; tokenize the prompt."""
         rank, world = self.info.rank, self.info.world_size
-        split = get_mode(mode).vit_split
-        frames = load_rank_frames(self.cfg.video.spec(video), rank if split else 0,
-                                  world if split else 1)
+        split = request.mode.vit_split
+        frames = load_rank_frames(request.video, rank if split else 0, world if split else 1)
         sampling = frames.sampling
-        processed = self.qwen.processor.video_processor(
-            videos=[frames.frames], do_resize=False, do_sample_frames=False,
-            cap_pixels_per_frame=True, return_tensors="pt",
-        )
+        pixel_values, local_grid = self.qwen.process_frames(frames.frames)
         t, h, w = sampling.grid_thw
-        local_grid = processed["video_grid_thw"][0].tolist()
-        assert local_grid == [frames.patch_range[1] - frames.patch_range[0], h, w], local_grid
+        assert local_grid == (frames.patch_range[1] - frames.patch_range[0], h, w), local_grid
         merge = self.qwen.spatial_merge_size
-        context_text, query_text = split_prompt(self.qwen.processor, question)
+        context_text, query_text = split_prompt(self.qwen.processor, request.question)
         context_ids, query_ids = prompt_ids(self.qwen.processor.tokenizer, context_text,
-                                            query_text, t * (h // merge) * (w // merge))
-        inputs = PromptInputs(
+                                            query_text, request.question,
+                                            t * (h // merge) * (w // merge))
+        total = len(context_ids) + len(query_ids) + request.max_new_tokens
+        limit = self.qwen.max_positions
+        if total > limit:
+            raise ValueError(
+                f"the prompt ({len(context_ids) + len(query_ids)} tokens) plus max_new_tokens "
+                f"({request.max_new_tokens}) is {total} tokens, beyond the model's context of "
+                f"{limit}: sample fewer frames or pixels, or lower max_new_tokens")
+        return PromptInputs(
             context_ids=context_ids,
             query_ids=query_ids,
             video_grid=(t, h, w),
             second_per_grid_t=sampling.second_per_grid_t,
             patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
-            pixel_values=processed["pixel_values_videos"],
+            pixel_values=pixel_values,
+            num_frames=sampling.num_frames,
         )
-        return inputs, sampling.num_frames
 
-    def generate(
-        self,
-        video: str,
-        question: str,
-        *,
-        mode: str | None = None,
-        max_new_tokens: int | None = None,
-    ) -> GenerateResult:
-        """Answer ``question`` about the video file ``video``; call on every rank alike.
+    def check_same_request(self, request: Request) -> None:
+        """ValueError on every rank, naming each differing field, unless every rank holds an
+        equal request (one small all-gather; the values only travel on a mismatch)."""
+        fingerprint = request.fingerprint()
+        gathered = comm.all_gather_ints(field_hashes(fingerprint), self.info.group)
+        differ = [name for i, name in enumerate(fingerprint)
+                  if not bool((gathered[:, i] == gathered[0, i]).all())]
+        if not differ:
+            return
+        values = comm.all_gather_object({k: fingerprint[k] for k in differ}, self.info.group)
+        details = "; ".join(
+            f"{k}: " + ", ".join(f"rank {r} {v[k][:80]}" for r, v in enumerate(values))
+            for k in differ)
+        raise ValueError(f"the ranks were given different requests ({', '.join(differ)} "
+                         f"differ): {details}")
 
-        Bad input (a missing or unreadable video, too few temporal patches for the ranks, an
-        empty question) raises ValueError on every rank: ranks agree on failure before any
-        collective of the model runs, so none is left waiting.
+    def generate(self, request: Request) -> Result:
+        """Answer ``request`` (the same on every rank); call on every rank alike.
+
+        Bad input (a missing or unreadable video, too few temporal patches for the ranks, a
+        prompt beyond the model's context) raises ValueError on every rank; any error while
+        one rank preprocesses or encodes is raised on every rank, naming that rank, before
+        the next collective of the model, so none is left waiting.
         """
-        att = self.cfg.attention
-        mode = att.mode if mode is None else mode
-        max_new_tokens = self.cfg.generate.max_new_tokens if max_new_tokens is None \
-            else max_new_tokens
-        get_mode(mode)  # a bad name fails here, on every rank alike
-        timer = StageTimer(self.info.device, self.group)
-        error: ValueError | None = None
+        group = self.info.group
+        self.check_same_request(request)
+        timer = StageTimer(self.info.device, group)
+        error: Exception | None = None
         with timer.stage("preprocess"):
             try:
-                inputs, num_frames = self._preprocess(video, question, mode)
-            except ValueError as exc:
+                inputs = self.preprocess(request)
+            except Exception as exc:  # every error takes part in the agreement
                 error = exc
-        if comm.any_rank(error is not None, self.group):
-            if error is not None:
-                raise error
-            raise ValueError("the request failed on another rank (its error names the problem)")
-        result = run_prompt(
-            self.qwen, inputs, timer,
-            rank=self.info.rank, world_size=self.info.world_size, mode=mode, group=self.group,
-            backend=att.kernel, anchor_len=att.anchor_len, passing_len=att.passing_len,
-            max_new_tokens=max_new_tokens,
-        )
-        seconds = timer.max_over_ranks(self.group)
-        tokenizer = self.qwen.processor.tokenizer
-        plan = result.plan
-        return GenerateResult(
-            answer=tokenizer.decode(result.token_ids, skip_special_tokens=True),
-            token_ids=result.token_ids,
-            ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
-            seconds=seconds,
-            mode=mode,
-            world_size=self.info.world_size,
-            frames=num_frames,
-            context_len=plan.context_len,
-            query_len=plan.query_len,
-            anchor_len=plan.anchor_len,
-            passing_len=plan.passing_len,
-            embedding_bytes=result.embedding_bytes,
-            allgather_bytes=result.allgather_bytes,
-            kv_cache_bytes_max=int(comm.all_reduce_max(float(result.kv_cache_bytes), self.group)),
-        )
+            raise_if_any_failed(error, group)
+        return run_prompt(self.qwen, inputs, request, self.info, timer)

@@ -11,35 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from apbv.attention import apbv_attention
 from apbv.context import active
+from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache, owned_local_index
 from apbv.model.qwen2_5_vl import QwenVL
-from apbv.plan import Plan
+from apbv.plan import QUERY_RANK, Plan
 
 
 @dataclass
 class PrefillContext:
     plan: Plan
-    rank: int
-    mode: str
-    group: dist.ProcessGroup | None
-    backend: str | None
+    info: DistInfo
+    overlap: bool
+    kernel: str | None
     cache: RankKVCache
     owned: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.owned = owned_local_index(self.plan, self.rank)
+        self.owned = owned_local_index(self.plan, self.info.rank)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
         owned = self.owned.to(k.device)
         self.cache.store(layer, k[:, owned], v[:, owned])
-        return apbv_attention(q, k, v, self.plan, mode=self.mode, group=self.group,
-                              softmax_scale=scale, backend=self.backend)
+        return apbv_attention(q, k, v, self.plan, overlap=self.overlap, group=self.info.group,
+                              softmax_scale=scale, backend=self.kernel)
 
 
 @torch.inference_mode()
@@ -48,25 +47,26 @@ def prefill(
     inputs_embeds: torch.Tensor,
     position_ids: torch.Tensor,
     plan: Plan,
+    info: DistInfo,
     *,
-    rank: int,
-    mode: str,
-    group: dist.ProcessGroup | None = None,
-    backend: str | None = None,
+    overlap: bool = True,
+    kernel: str | None = None,
     reserve: int = 0,
 ) -> tuple[torch.Tensor, RankKVCache]:
     """Run the decoder over the local shard.
 
     Args:
         inputs_embeds: (1, T, hidden) in local order; position_ids: (3, 1, T).
-        reserve: cache rows to allocate for decode.
+        plan: the layout (exact or not); info: this rank and its process group.
+        overlap: the op's overlap switch; kernel: the attention kernel backend.
+        reserve: cache rows to allocate for decode (on the query rank only: it alone appends).
 
     Returns:
         the logits of the last query token (vocab,) fp32 (identical on every rank: the query
         rows are exact), and this rank's KV cache.
     """
-    cache = RankKVCache(qwen.num_layers, reserve=reserve)
-    ctx = PrefillContext(plan, rank, mode, group, backend, cache)
+    cache = RankKVCache(qwen.num_layers, reserve=reserve if info.rank == QUERY_RANK else 0)
+    ctx = PrefillContext(plan, info, overlap, kernel, cache)
     with active(ctx):
         hidden = qwen.decoder(inputs_embeds, position_ids)
     return qwen.logits(hidden[0, -1]).float(), cache

@@ -1,25 +1,21 @@
-"""One request through the model on this rank: vision, embeddings, positions, prefill, decode.
+"""One preprocessed request through the model on this rank: vision, embeddings, positions,
+prefill, first token, decode.
 
 ``run_prompt`` starts from what preprocessing produced (token ids of the whole prompt, the
-video's patch grid, and this rank's pixel rows only) and returns the generated tokens with
+video's patch grid, and this rank's pixel rows only) and returns the :class:`Result` with
 per-stage timings. It is the same on every rank; ranks differ only in the data they hold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 
+from apbv import comm
+from apbv.distributed import DistInfo
 from apbv.engine.decode import greedy_continue, pick_token
-from apbv.layout import shard
-from apbv.model.qwen2_5_vl import QwenVL
-from apbv.modes import get_mode
-from apbv.plan import Plan, Range
-from apbv.positions import mrope_positions, video_token_runs
 from apbv.engine.prefill import prefill
-from apbv.timing import StageTimer
+from apbv.engine.request import PromptInputs, Request, Result
 from apbv.engine.routing import (
     VideoSpan,
     embedding_routes,
@@ -27,77 +23,61 @@ from apbv.engine.routing import (
     route_embeddings,
     transfer_bytes,
 )
+from apbv.layout import shard
+from apbv.model.qwen2_5_vl import QwenVL
+from apbv.positions import mrope_positions
+from apbv.timing import TTFT_STAGES, StageTimer
 
 
-@dataclass(frozen=True)
-class PromptInputs:
-    """A preprocessed request as one rank holds it."""
-
-    context_ids: torch.Tensor
-    """(N,) int64: everything before the question, video placeholders expanded."""
-    query_ids: torch.Tensor
-    """(Q,) int64: the question and the assistant header."""
-    video_grid: tuple[int, int, int]
-    """(t, h, w) patch grid of the whole video (as the processor's video_grid_thw)."""
-    second_per_grid_t: float
-    """Seconds per temporal patch (temporal_patch_size / sampled fps)."""
-    patch_ranges: tuple[Range, ...]
-    """Per rank, the temporal patches [p0, p1) it encodes ((0, t) everywhere when the mode does
-    not split the vision work)."""
-    pixel_values: torch.Tensor
-    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
+class RequestFailed(RuntimeError):
+    """Another rank's non-ValueError failure, raised on the ranks where nothing went wrong."""
 
 
-@dataclass
-class PromptResult:
-    token_ids: list[int]
-    plan: Plan
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Per stage, max over ranks."""
-    embedding_bytes: int = 0
-    allgather_bytes: int = 0
-    kv_cache_bytes: int = 0
-    first_logits: torch.Tensor | None = None
+def raise_if_any_failed(error: Exception | None, group: dist.ProcessGroup | None) -> None:
+    """Agree on failure (a collective): re-raise this rank's ``error``, or on the other ranks
+    an error naming the rank that failed and its message (ValueError when it was one)."""
+    failure = comm.first_failure(error, group)
+    if failure is None:
+        return
+    if error is not None:
+        raise error
+    rank, kind, message = failure
+    text = f"the request failed on rank {rank}: {kind}: {message}"
+    raise ValueError(text) if kind == "ValueError" else RequestFailed(text)
 
 
 def run_prompt(
-    qwen: QwenVL,
-    inputs: PromptInputs,
-    timer: StageTimer,
-    *,
-    rank: int,
-    world_size: int,
-    mode: str = "spava",
-    group: dist.ProcessGroup | None = None,
-    backend: str | None = None,
-    anchor_len: int | None = None,
-    passing_len: int | None = None,
-    max_new_tokens: int = 1,
-) -> PromptResult:
+    qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer
+) -> Result:
     """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
 
-    ``mode`` is one of :data:`apbv.modes.MODE_NAMES`; it picks the plan, the attention op's
-    mode and whether the vision work is split.
+    ``request.mode`` picks the plan, the attention overlap and whether the vision work is
+    split; the result is the same on every rank.
     """
-    spec = get_mode(mode)
+    rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
-    plan = spec.plan(len(inputs.context_ids), len(inputs.query_ids), world_size,
-                     anchor_len=anchor_len, passing_len=passing_len)
-    runs = video_token_runs(ids, qwen.video_token_id)
-    if len(runs) != 1 or runs[0][1] > plan.context_len:
-        raise ValueError(f"expected one video inside the context, found video tokens at {runs}")
+    plan = request.plan(len(inputs.context_ids), len(inputs.query_ids), info.world_size)
+    start, length = qwen.video_span(ids)
+    if start + length > plan.context_len:
+        raise ValueError(f"the video tokens [{start}, {start + length}) must lie inside the "
+                         f"context of {plan.context_len} tokens")
     t, h, w = inputs.video_grid
     merge = qwen.spatial_merge_size
-    span = VideoSpan(runs[0][0], runs[0][1] - runs[0][0], (h // merge) * (w // merge))
+    span = VideoSpan(start, length, (h // merge) * (w // merge))
     patch_range = inputs.patch_ranges[rank]
 
     with torch.inference_mode():
         with timer.stage("vision"):
-            grid = torch.tensor([[patch_range[1] - patch_range[0], h, w]])
-            local_video = qwen.encode_video(inputs.pixel_values, grid)
+            error, local_video = None, None
+            try:
+                grid = (patch_range[1] - patch_range[0], h, w)
+                local_video = qwen.vision_tower(inputs.pixel_values, grid)
+            except Exception as exc:  # e.g. out of memory on this rank only
+                error = exc
+            raise_if_any_failed(error, group)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
-            if spec.vit_split:
+            if mode.vit_split:
                 video_rows = route_embeddings(local_video, routes, patch_range,
                                               span.tokens_per_patch, rank, group)
             else:  # every rank encoded the whole video: take its own rows, move nothing
@@ -107,30 +87,39 @@ def run_prompt(
             local_ids = shard(ids.unsqueeze(0), plan, rank)
             embeds = qwen.embed(local_ids)
             is_video = (local_ids == qwen.video_token_id).to(embeds.device)
-            assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()), video_rows.shape)
+            assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()),
+                                                                 video_rows.shape)
             embeds[is_video] = video_rows.to(embeds.dtype)
             positions = mrope_positions(ids, [inputs.video_grid], [inputs.second_per_grid_t],
                                         video_token_id=qwen.video_token_id,
                                         spatial_merge_size=merge,
                                         tokens_per_second=qwen.tokens_per_second)
             local_positions = shard(positions, plan, rank, dim=2)
-            logits, cache = prefill(qwen, embeds, local_positions, plan, rank=rank,
-                                    mode=spec.op_mode,
-                                    group=group, backend=backend, reserve=max_new_tokens)
+            logits, cache = prefill(qwen, embeds, local_positions, plan, info,
+                                    overlap=mode.overlap, kernel=request.kernel,
+                                    reserve=request.max_new_tokens)
         with timer.stage("first_token"):
             first = pick_token(logits, group)
     with timer.stage("decode"):
-        tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, rank=rank,
-                                 max_new_tokens=max_new_tokens, group=group, backend=backend)
+        tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, info,
+                                 max_new_tokens=request.max_new_tokens, kernel=request.kernel)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
-    if not spec.vit_split:
-        moved = 0
-    return PromptResult(
+    seconds = timer.max_over_ranks(group)
+    return Result(
+        answer=qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True),
         token_ids=tokens,
-        plan=plan,
-        embedding_bytes=moved,
+        ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
+        seconds=seconds,
+        mode=mode.name,
+        world_size=info.world_size,
+        frames=inputs.num_frames,
+        context_len=plan.context_len,
+        query_len=plan.query_len,
+        anchor_len=plan.anchor_len,
+        passing_len=plan.passing_len,
+        embedding_bytes=moved if mode.vit_split else 0,
         allgather_bytes=allgather,
-        kv_cache_bytes=cache.nbytes(),
+        kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), group)),
         first_logits=logits,
     )

@@ -187,8 +187,8 @@ def _answer(engine: Any, sample: Sample, mode: str,
             max_new_tokens: int) -> tuple[Row, dict[str, Any] | None]:
     """One generate call: the answer's row fields, and its timing (None when it failed)."""
     try:
-        result = engine.generate(sample.video_path, sample.prompt, mode=mode,
-                                 max_new_tokens=max_new_tokens)
+        result = engine.generate(engine.request(sample.video_path, sample.prompt, mode=mode,
+                                                max_new_tokens=max_new_tokens))
     except ValueError as exc:
         return {"pred": "", "parsed_pred": None, "correct": False, "error": str(exc),
                 "token_ids": [], "frames": None, "context_len": None, "query_len": None}, None

@@ -9,7 +9,7 @@ vision tower keeps PyTorch SDPA.
 Every difference between transformers versions is handled in this module and nowhere else.
 Tested: transformers 5.24 (pinned in pyproject.toml). Known drift:
 - 5.x returns the vision tower's merged embeddings as ``pooler_output`` of a model output;
-  4.x returned the tensor itself (:meth:`QwenVL.encode_video`).
+  4.x returned the tensor itself (:meth:`QwenVL.vision_tower`).
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
   (see :mod:`apbv.positions`).
@@ -104,10 +104,32 @@ class QwenVL:
     def dtype(self) -> torch.dtype:
         return self.model.lm_head.weight.dtype
 
-    def encode_video(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    @property
+    def max_positions(self) -> int:
+        return self.text_config.max_position_embeddings
+
+    def process_frames(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        out = self.processor.video_processor(
+            videos=[frames], do_resize=False, do_sample_frames=False,
+            cap_pixels_per_frame=True, return_tensors="pt",
+        )
+        return out["pixel_values_videos"], tuple(out["video_grid_thw"][0].tolist())
+
+    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
+        from apbv.positions import video_token_runs
+
+        runs = video_token_runs(ids, self.video_token_id)
+        if len(runs) != 1:
+            raise ValueError(f"expected one video in the prompt, found video tokens at {runs}")
+        return runs[0][0], runs[0][1] - runs[0][0]
+
+    def vision_tower(
+        self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]
+    ) -> torch.Tensor:
         """Vision tower on patch rows (n_patches, C*2*14*14) -> merged embeddings (n_tokens, hidden)."""
         visual = self.model.model.visual
-        out = visual(pixel_values.to(self.device, visual.dtype), grid_thw=grid_thw.to(self.device))
+        out = visual(pixel_values.to(self.device, visual.dtype),
+                     grid_thw=torch.tensor([grid_thw], device=self.device))
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ def _run_cases(info: DistInfo, cases: list[Case]) -> list[torch.Tensor]:
             continue
         plan = case.plan(info.world_size)
         q, k, v = (shard(t, plan, info.rank) for t in case.inputs())
-        outs.append(apbv_attention(q, k, v, plan, mode=case.op_mode))
+        outs.append(apbv_attention(q, k, v, plan, overlap=case.overlap))
     return outs
 
 

@@ -21,7 +21,7 @@ def _bad_calls(info: DistInfo) -> list[str]:
         lambda: apbv_attention(*good, make_plan(100, 7, 3)),
         lambda: apbv_attention(good[0][:, 1:], good[1][:, 1:], good[2][:, 1:], plan),
         lambda: apbv_attention(good[0], torch.randn(1, t, 3, 8), torch.randn(1, t, 3, 8), plan),
-        lambda: apbv_attention(*good, plan, mode="zigzag"),
+        lambda: apbv_attention(*good, plan, softmax_scale=-1.0),
     ]
     messages = []
     for call in calls:
@@ -44,7 +44,7 @@ def test_every_rank_names_the_problem() -> None:
         assert "plan is for world_size=3 but the process group has 2 rank(s)" in messages[0]
         assert f"rank {rank} got {t - 1} tokens but the plan gives it {t}" in messages[1]
         assert "query heads (4) must be a multiple of KV heads (3)" in messages[2]
-        assert "unknown mode 'zigzag'; allowed: spava, exact, no_overlap" in messages[3]
+        assert "softmax_scale must be a positive finite number, got -1.0" in messages[3]
 
 
 def _one_rank_wrong(info: DistInfo) -> None:

@@ -74,6 +74,9 @@ class Interrupting:
             raise KeyboardInterrupt
         return self.engine.generate(*args, **kwargs)
 
+    def request(self, *args, **kwargs):
+        return self.engine.request(*args, **kwargs)
+
 
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines())

@@ -35,16 +35,17 @@ VISION_TOL = 1e-5  # fp32: the same per-patch computation in smaller batches
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, long_video: str) -> dict:
     engine = Engine(cfg, info)
-    inputs, _ = engine._preprocess(video, QUESTION)
+    request = engine.request(video, QUESTION, mode="exact", max_new_tokens=NEW_TOKENS)
+    inputs = engine.preprocess(request)
     p0, p1 = inputs.patch_ranges[info.rank]
     t, h, w = inputs.video_grid
     with torch.inference_mode():
-        local_vision = engine.qwen.encode_video(inputs.pixel_values, torch.tensor([[p1 - p0, h, w]]))
-    exact = run_prompt(engine.qwen, inputs, StageTimer(info.device), rank=info.rank,
-                       world_size=info.world_size, mode="exact", max_new_tokens=NEW_TOKENS)
-    spava = engine.generate(long_video, QUESTION, mode="spava", max_new_tokens=2)
+        local_vision = engine.qwen.vision_tower(inputs.pixel_values, (p1 - p0, h, w))
+    exact = run_prompt(engine.qwen, inputs, request, info, StageTimer(info.device))
+    spava = engine.generate(engine.request(long_video, QUESTION, mode="spava", max_new_tokens=2))
     modes = [m for m in MODE_NAMES if m != "full" or info.world_size == 1]
-    by_mode = {m: engine.generate(video, QUESTION, mode=m, max_new_tokens=3).token_ids
+    by_mode = {m: engine.generate(engine.request(video, QUESTION, mode=m,
+                                                 max_new_tokens=3)).token_ids
                for m in modes}
     return {"vision": local_vision, "logits": exact.first_logits, "tokens": exact.token_ids,
             "spava": spava.to_json(), "modes": by_mode}
@@ -67,7 +68,7 @@ def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict:
     pixels, grid = processed["pixel_values_videos"], processed["video_grid_thw"]
     t, h, w = grid[0].tolist()
     context_text, query_text = split_prompt(qwen.processor, QUESTION)
-    context, query = prompt_ids(qwen.processor.tokenizer, context_text, query_text,
+    context, query = prompt_ids(qwen.processor.tokenizer, context_text, query_text, QUESTION,
                                 t * h * w // 4)
     ids = torch.cat([context, query])
     official = qwen.processor(text=[context_text + query_text], videos=[frames.frames],

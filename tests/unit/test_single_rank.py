@@ -18,7 +18,7 @@ def test_single_rank_matches_oracle(case: Case) -> None:
     plan = case.plan(1)
     q, k, v = case.inputs()
     out = apbv_attention(shard(q, plan, 0), shard(k, plan, 0), shard(v, plan, 0), plan,
-                         mode=case.op_mode)
+                         overlap=case.overlap)
     assert out.dtype == q.dtype and out.shape == q.shape
     problem = check(case, plan, out)
     assert problem is None, problem
@@ -59,7 +59,7 @@ def test_counted_pairs_match_oracle_masks(world_size: int) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(mode="ring"), "unknown mode 'ring'; allowed: spava, exact, no_overlap"),
+        (dict(scale=float("nan")), "softmax_scale must be a positive finite number, got nan"),
         (dict(tokens=-1), "rank 0 got 106 tokens but the plan gives it 107 (anchor 2 + blocks"),
         (dict(q_tokens=-1), "q (1, 106, 4, 8) and k/v (1, 107, 2, 8) must agree"),
         (dict(kv_heads=3), "query heads (4) must be a multiple of KV heads (3)"),
@@ -80,5 +80,5 @@ def test_bad_input_raises_value_error(change: dict, message: str) -> None:
     if change.get("q_dims") == 3:
         q = q[0]
     with pytest.raises(ValueError) as info:
-        apbv_attention(q, k, v, plan, mode=change.get("mode", "spava"))
+        apbv_attention(q, k, v, plan, softmax_scale=change.get("scale"))
     assert message in str(info.value)

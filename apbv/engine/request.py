@@ -1,0 +1,168 @@
+"""A request, resolved once at the engine boundary, and its result.
+
+Every client (the CLI, the demo, benchmarks, evaluation, the server) builds one :class:`Request`
+and hands the same object to the engine on every rank. Building it resolves and validates what
+the user wrote: the mode name becomes its :class:`apbv.modes.Mode`, the video settings become a
+:class:`apbv.video.VideoSpec`, numbers are checked. The ranks then compare
+:meth:`Request.fingerprint` before any model collective, so ranks given different requests fail
+naming the field instead of mixing inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from apbv.modes import Mode, get_mode
+from apbv.plan import Plan, Range, check_int
+from apbv.video import VideoSpec
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+
+MAX_QUESTION_CHARS = 32768
+"""Longest question accepted (characters); longer text is refused naming this limit."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question about one video, with every setting that decides the answer."""
+
+    video: VideoSpec
+    """The video file and how to sample it (fps or nframes, pixel budgets, decoder)."""
+    question: str
+    """Plain text: special-token strings in it are text, never control tokens."""
+    mode: Mode
+    max_new_tokens: int = 1
+    """Greedy tokens to generate at most (the first one included)."""
+    anchor_len: int | None = None
+    """Anchor tokens A (None: the mode's default)."""
+    passing_len: int | None = None
+    """Passed tokens per block P (None: the mode's default)."""
+    kernel: str | None = None
+    """Attention kernel backend (None: the best available)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mode, str):  # resolve a mode name once, here
+            object.__setattr__(self, "mode", get_mode(self.mode))
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError("the question must be a non-empty string")
+        if len(self.question) > MAX_QUESTION_CHARS:
+            raise ValueError(f"the question has {len(self.question)} characters; the limit is "
+                             f"{MAX_QUESTION_CHARS}")
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        for name in ("anchor_len", "passing_len"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 0)
+
+    @classmethod
+    def from_config(
+        cls, cfg: RuntimeConfig, video: str, question: str, *, mode: str | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Request:
+        """The request the config describes for ``video`` and ``question``; ``mode`` and
+        ``max_new_tokens`` replace the config's when given."""
+        att = cfg.attention
+        return cls(
+            video=cfg.video.spec(video),
+            question=question,
+            mode=get_mode(att.mode if mode is None else mode),
+            max_new_tokens=cfg.generate.max_new_tokens if max_new_tokens is None
+            else max_new_tokens,
+            anchor_len=att.anchor_len,
+            passing_len=att.passing_len,
+            kernel=att.kernel,
+        )
+
+    def plan(self, context_len: int, query_len: int, world_size: int) -> Plan:
+        return self.mode.plan(context_len, query_len, world_size, anchor_len=self.anchor_len,
+                              passing_len=self.passing_len)
+
+    def fingerprint(self) -> dict[str, str]:
+        """Per field, a short text that equal requests share on every rank.
+
+        The video is identified by its path and size (``missing`` when absent here), so a rank
+        that sees another file, or none, disagrees.
+        """
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mode":
+                out["mode"] = value.name
+            elif f.name == "video":
+                for g in dataclasses.fields(value):
+                    out[f"video.{g.name}"] = repr(getattr(value, g.name))
+                out["video.size"] = _file_size(value.path)
+            else:
+                out[f.name] = repr(value)
+        return out
+
+
+def _file_size(path: str) -> str:
+    try:
+        return f"{os.stat(path).st_size} bytes"
+    except OSError:
+        return "missing"
+
+
+def field_hashes(fingerprint: dict[str, str]) -> list[int]:
+    """One signed 63-bit hash per field (in the fingerprint's order), for a cheap comparison."""
+    return [int.from_bytes(hashlib.sha256(f"{k}={v}".encode()).digest()[:8], "big") >> 1
+            for k, v in fingerprint.items()]
+
+
+@dataclass(frozen=True)
+class PromptInputs:
+    """A preprocessed request as one rank holds it."""
+
+    context_ids: torch.Tensor
+    """(N,) int64: everything before the question, video placeholders expanded."""
+    query_ids: torch.Tensor
+    """(Q,) int64: the question and the assistant header."""
+    video_grid: tuple[int, int, int]
+    """(t, h, w) patch grid of the whole video (as the processor's video_grid_thw)."""
+    second_per_grid_t: float
+    """Seconds per temporal patch (temporal_patch_size / sampled fps)."""
+    patch_ranges: tuple[Range, ...]
+    """The frame split: per rank, the temporal patches [p0, p1) it encodes ((0, t) everywhere
+    when the mode does not split the vision work)."""
+    pixel_values: torch.Tensor
+    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
+    num_frames: int
+    """Frames sampled from the video (all ranks together)."""
+
+
+@dataclass
+class Result:
+    """What a request returns, from the runtime up to the CLI's JSON (identical on every rank)."""
+
+    answer: str
+    token_ids: list[int]
+    ttft_s: float
+    seconds: dict[str, float]
+    """Per stage, max over ranks."""
+    mode: str
+    world_size: int
+    frames: int
+    context_len: int
+    query_len: int
+    anchor_len: int
+    passing_len: int
+    embedding_bytes: int
+    """Video embedding bytes moved between ranks."""
+    allgather_bytes: int
+    """What an all-gather of every embedding to every rank would have moved."""
+    kv_cache_bytes_max: int
+    """The largest per-rank prompt KV cache."""
+    first_logits: torch.Tensor | None = field(default=None, repr=False)
+    """(vocab,) fp32 logits of the first token (not part of the JSON)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        del out["first_logits"]
+        return out
