@@ -65,8 +65,13 @@ def prompt_ids(
     is tokenized as plain text (:func:`text_ids`), the template's rest with its control tokens.
     """
     assert query_text.startswith(question), (query_text[:80], question[:80])
-    expanded = context_text.replace(VIDEO_PAD, VIDEO_PAD * num_video_tokens)
-    context = tokenizer(expanded, add_special_tokens=False)["input_ids"]
+    # The placeholder is a special token, so the text on either side tokenizes apart: build
+    # the video span's ids directly instead of tokenizing tens of thousands of placeholders.
+    before, after = context_text.split(VIDEO_PAD)
+    pad = tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+    context = (tokenizer(before, add_special_tokens=False)["input_ids"]
+               + [pad] * num_video_tokens
+               + tokenizer(after, add_special_tokens=False)["input_ids"])
     tail = tokenizer(query_text[len(question):], add_special_tokens=False)["input_ids"]
     query = text_ids(tokenizer, question) + tail
     return torch.tensor(context, dtype=torch.long), torch.tensor(query, dtype=torch.long)
