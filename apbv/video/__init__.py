@@ -17,6 +17,11 @@ The stage has three steps, each usable on its own:
    - per-frame pixel cap = max(min(768 * 28**2, total_pixels / n * 2), int(1.05 * min_pixels)),
      lowered further by ``max_pixels`` when given (28 = patch 14 * spatial merge 2).
 
+   Where qwen-vl-utils fails we raise a ValueError naming the video, its size and the settings
+   (an aspect ratio over 200, a side that would be resized to 0 pixels), with one extension: a
+   ``max_pixels`` below the default ``min_pixels`` (128 * 28**2, min_pixels not given) lowers
+   that floor to ``max_pixels`` instead of failing smart_resize's assertion, so the cap wins.
+
 3. Frame parallelism: a temporal patch is 2 consecutive sampled frames (Qwen2.5-VL's ViT never
    attends across them). :func:`apbv.plan.patch_ranges` splits the T patches into H contiguous,
    near-equal ranges (earlier ranks get the extra ones) and :func:`load_rank_frames` decodes and

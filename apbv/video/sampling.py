@@ -78,7 +78,8 @@ class VideoSpec:
     max_frames: int | None = None
     """With fps: at most this many frames; None: min(768, frames in the range)."""
     min_pixels: int | None = None
-    """Per-frame pixel floor; None: 128 tokens = 128 * 28**2 pixels (patch 14)."""
+    """Per-frame pixel floor; None: 128 tokens = 128 * 28**2 pixels (patch 14), or max_pixels
+    when that is given and lower (qwen-vl-utils fails there; see :func:`plan_sampling`)."""
     max_pixels: int | None = None
     """Per-frame pixel cap, lowered further by total_pixels; None: 768 * 28**2 (patch 14)."""
     total_pixels: float | None = None
@@ -91,6 +92,11 @@ class VideoSpec:
     """Decoder: one of :data:`BACKENDS`. There is no fallback from one to the other."""
     image_patch_size: int = 14
     """ViT patch size; frames are resized to multiples of ``image_patch_size * 2``."""
+    resized_height: int | None = None
+    """With resized_width: resize every frame to about this size instead (rounded to multiples
+    of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
+    resized_width: int | None = None
+    """With resized_height: see there."""
 
     def __post_init__(self) -> None:
         path = self.path
@@ -136,12 +142,20 @@ class VideoSpec:
                     f"video_end ({self.video_end}) must be > video_start ({self.video_start})"
                 )
         check_int("image_patch_size", self.image_patch_size, 1)
+        if (self.resized_height is None) != (self.resized_width is None):
+            raise ValueError(
+                f"resized_height and resized_width go together (got resized_height="
+                f"{self.resized_height!r}, resized_width={self.resized_width!r}); give both"
+            )
+        if self.resized_height is not None:
+            check_int("resized_height", self.resized_height, 1)
+            check_int("resized_width", self.resized_width, 1)
 
     def qwen_element(self) -> dict[str, Any]:
         """The equivalent qwen-vl-utils video element (only the keys that are set)."""
         ele: dict[str, Any] = {"video": self.path}
         for key in ("fps", "nframes", "max_frames", "min_pixels", "max_pixels", "total_pixels",
-                    "video_start", "video_end"):
+                    "video_start", "video_end", "resized_height", "resized_width"):
             value = getattr(self, key)
             if value is not None:
                 ele[key] = value
@@ -271,11 +285,18 @@ def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
 def _resize_target(
     vp: ModuleType, spec: VideoSpec, height: int, width: int, nframes: int, where: str
 ) -> tuple[int, int]:
-    """qwen-vl-utils' fetch_video size rule for nframes frames of height x width."""
+    """qwen-vl-utils' fetch_video size rule for nframes frames of height x width.
+
+    One extension: a max_pixels below the default min_pixels (min_pixels not given) lowers the
+    floor to max_pixels, so the cap wins; qwen-vl-utils fails there (smart_resize asserts
+    max_pixels >= min_pixels). The result equals fetch_video with min_pixels = max_pixels.
+    """
     factor = spec.image_patch_size * vp.SPATIAL_MERGE_SIZE
     frame_min = vp.VIDEO_MIN_TOKEN_NUM * factor * factor
     frame_max = vp.VIDEO_MAX_TOKEN_NUM * factor * factor
     min_pixels = spec.min_pixels if spec.min_pixels is not None else frame_min
+    if spec.min_pixels is None and spec.max_pixels is not None:
+        min_pixels = min(min_pixels, spec.max_pixels)
     total_pixels = spec.total_pixels
     if total_pixels is None:
         total_pixels = vp.MODEL_SEQ_LEN * factor * factor * 0.9
@@ -283,10 +304,23 @@ def _resize_target(
     max_pixels = max(min(frame_max, cap), int(min_pixels * 1.05))
     if spec.max_pixels is not None:
         max_pixels = min(spec.max_pixels, max_pixels)
-    if max_pixels < min_pixels:
+    settings = (f"min_pixels={min_pixels}, max_pixels={max_pixels:g} (after the total_pixels "
+                f"cap), total_pixels={total_pixels:g}, {nframes} frames, factor {factor}")
+    if spec.resized_height is not None:
+        height, width = spec.resized_height, spec.resized_width
+        settings = f"resized_height={height}, resized_width={width}, factor {factor}"
+        min_pixels = max_pixels = None  # smart_resize's image defaults, as fetch_video
+    elif max_pixels < min_pixels:  # unreachable: VideoSpec checks max_pixels >= min_pixels
         raise ValueError(f"{where}: max_pixels ({max_pixels}) is below min_pixels ({min_pixels})")
     try:
-        return vp.smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        out = vp.smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError as err:  # aspect ratio beyond qwen-vl-utils' MAX_RATIO
         raise ValueError(f"{where}: frames of {width}x{height} cannot be resized: {err}") from err
-
+    new_height, new_width = out
+    if new_height < factor or new_width < factor:  # 0: the resize itself would fail
+        raise ValueError(
+            f"{where}: frames of {width}x{height} would be resized to {new_width}x{new_height} "
+            f"pixels ({settings}); every side must be at least {factor}: raise max_pixels or "
+            "total_pixels, or use a video with a less extreme aspect ratio"
+        )
+    return new_height, new_width
