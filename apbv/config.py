@@ -34,6 +34,7 @@ SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The source tree's configs/ (where users edit presets), when running from a checkout."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
+_FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
 MAX_TIMEOUT_S = 86400.0
@@ -209,7 +210,8 @@ class RuntimeConfig:
 
 
 def _section_types() -> dict[str, type]:
-    return {f.name: get_type_hints(RuntimeConfig)[f.name] for f in dataclasses.fields(RuntimeConfig)}
+    hints = get_type_hints(RuntimeConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RuntimeConfig)}
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
@@ -254,20 +256,38 @@ def resolve_preset(name_or_path: str) -> Path:
 
 
 def load_config(preset: str | None = None, overrides: list[str] = ()) -> RuntimeConfig:
-    """Defaults, then the preset's values, then ``section.key=value`` overrides."""
+    """Defaults, then the preset's values, then ``section.key=value`` overrides.
+
+    video.fps and video.nframes are exclusive: setting one in a later layer (the preset over the
+    defaults, an override over the preset) unsets the other from the earlier layers.
+    """
     data: dict[str, dict[str, Any]] = {}
     if preset:
         with open(resolve_preset(preset), "rb") as f:
             data = tomllib.load(f)
+    video = data.get("video")
+    if isinstance(video, dict) and "nframes" in video and "fps" not in video:
+        video["fps"] = None
+    layered: set[str] = set()
     for text in overrides:
         section, name, value = _parse_override(text)
-        data.setdefault(section, {})[name] = value
+        values = data.setdefault(section, {})
+        if not isinstance(values, dict):
+            raise ValueError(f"config section [{section}] must be a table, got {values!r}")
+        if section == "video" and name in _FRAME_KEYS:
+            other = _FRAME_KEYS[1 - _FRAME_KEYS.index(name)]
+            if other not in layered:
+                values[other] = None
+            layered.add(name)
+        values[name] = value
     sections = _section_types()
     kwargs = {}
     for section, values in data.items():
         if section not in sections:
             raise ValueError(f"unknown config section [{section}]; allowed: {', '.join(sections)}")
         cls = sections[section]
+        if not isinstance(values, dict):
+            raise ValueError(f"config section [{section}] must be a table, got {values!r}")
         names = [f.name for f in dataclasses.fields(cls)]
         for name in values:
             if name not in names:
