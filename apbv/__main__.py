@@ -53,19 +53,15 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 
     overrides = list(args.set)
     for flag, key in (("model", "model.path"), ("mode", "attention.mode"),
-                      ("fps", "video.fps"), ("min_pixels", "video.min_pixels"),
+                      ("fps", "video.fps"), ("nframes", "video.nframes"),
+                      ("min_pixels", "video.min_pixels"),
                       ("max_pixels", "video.max_pixels"), ("video_backend", "video.backend"),
                       ("max_new_tokens", "generate.max_new_tokens")):
         value = getattr(args, flag)
         if value is not None:  # as TOML: floats keep nan/inf (json writes NaN, Infinity)
             text = repr(value).lower() if isinstance(value, float) else json.dumps(value)
             overrides.append(f"{key}={text}")
-    cfg = load_config(args.config, overrides)
-    if args.nframes is not None:  # --nframes replaces the preset's fps
-        import dataclasses
-
-        cfg.video = dataclasses.replace(cfg.video, fps=None, nframes=args.nframes)
-    return cfg
+    return load_config(args.config, overrides)  # --nframes replaces the preset's fps
 
 
 def _print_result(result: Any, *, as_json: bool) -> None:
