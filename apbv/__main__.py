@@ -33,7 +33,8 @@ def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: 
 
 def _add_config_args(p: argparse.ArgumentParser, default_preset: str | None) -> None:
     p.add_argument("--config", default=default_preset,
-                   help="TOML preset name in configs/ or a path (default: %(default)s)")
+                   help="TOML preset name (configs/, shipped in the package) or a path "
+                        "(default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set attention.passing_len=256")
     p.add_argument("--model", help="checkpoint directory (model.path)")
@@ -41,6 +42,7 @@ def _add_config_args(p: argparse.ArgumentParser, default_preset: str | None) -> 
     frames = p.add_mutually_exclusive_group()
     frames.add_argument("--fps", type=float, help="frames sampled per second (video.fps)")
     frames.add_argument("--nframes", type=int, help="frames to sample (video.nframes)")
+    p.add_argument("--min-pixels", type=int, help="per-frame pixel floor (video.min_pixels)")
     p.add_argument("--max-pixels", type=int, help="per-frame pixel cap (video.max_pixels)")
     p.add_argument("--video-backend", choices=("decord", "pyav"), help="video.backend")
     p.add_argument("--max-new-tokens", type=int, help="generate.max_new_tokens")
@@ -51,18 +53,15 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 
     overrides = list(args.set)
     for flag, key in (("model", "model.path"), ("mode", "attention.mode"),
-                      ("fps", "video.fps"), ("max_pixels", "video.max_pixels"),
-                      ("video_backend", "video.backend"),
+                      ("fps", "video.fps"), ("nframes", "video.nframes"),
+                      ("min_pixels", "video.min_pixels"),
+                      ("max_pixels", "video.max_pixels"), ("video_backend", "video.backend"),
                       ("max_new_tokens", "generate.max_new_tokens")):
         value = getattr(args, flag)
-        if value is not None:
-            overrides.append(f"{key}={json.dumps(value)}")
-    cfg = load_config(args.config, overrides)
-    if args.nframes is not None:  # --nframes replaces the preset's fps
-        import dataclasses
-
-        cfg.video = dataclasses.replace(cfg.video, fps=None, nframes=args.nframes)
-    return cfg
+        if value is not None:  # as TOML: floats keep nan/inf (json writes NaN, Infinity)
+            text = repr(value).lower() if isinstance(value, float) else json.dumps(value)
+            overrides.append(f"{key}={text}")
+    return load_config(args.config, overrides)  # --nframes replaces the preset's fps
 
 
 def _print_result(result: Any, *, as_json: bool) -> None:

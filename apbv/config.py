@@ -1,5 +1,7 @@
 """Runtime configuration: dataclasses (the schema), TOML presets in configs/, CLI overrides.
 
+Presets live in apbv/configs/ (shipped in the wheel); the source tree's configs/ points there.
+
 Precedence: command-line overrides > the TOML preset > the defaults below. A TOML file has one
 table per section ([model], [video], [parallel], [attention], [generate]) whose keys are the
 field names; an override is ``section.key=value`` with the value parsed as TOML
@@ -10,6 +12,7 @@ bare word for a string: ``attention.mode=exact``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +28,17 @@ from apbv.attention.kernels import BACKENDS
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The presets shipped inside the package (a wheel install has only these)."""
+SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+"""The source tree's configs/ (where users edit presets), when running from a checkout."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
+_FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
+MAX_NEW_TOKENS = 32768
+"""Upper bound of generate.max_new_tokens."""
+MAX_TIMEOUT_S = 86400.0
+"""Upper bound of parallel.timeout_s (one day)."""
 
 
 def _one_of(name: str, value: Any, allowed: tuple) -> None:
@@ -35,11 +46,40 @@ def _one_of(name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
-def _positive(name: str, value: Any, *, optional: bool = True) -> None:
+def _integer(name: str, value: Any, low: int, high: int | None = None,
+             *, optional: bool = True) -> None:
+    """An int (not a bool, not a float such as 8.0) in low .. high, else ValueError."""
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    allowed = f"in {low} .. {high}" if high is not None else f">= {low}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer {allowed}, got {value!r} "
+                         f"({type(value).__name__})")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be an integer {allowed}, got {value}")
+
+
+def _number(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
+            high: float | None = None, optional: bool = True) -> None:
+    """A finite int or float (not a bool, not nan/inf) > low (>= low if not low_open) and
+    <= high, else ValueError."""
+    if value is None and optional:
+        return
+    allowed = f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        allowed += f" and <= {high:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number ({allowed}), got {value!r} "
+                         f"({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number ({allowed}), got {value!r}")
+    if value < low or (low_open and value == low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _string(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
 
 
 @dataclass
@@ -50,21 +90,36 @@ class ModelConfig:
     """Weights and activations: auto = bfloat16 on CUDA, float32 on CPU."""
 
     def __post_init__(self) -> None:
+        _string("model.path", self.path)
         _one_of("model.dtype", self.dtype, DTYPES)
 
 
 @dataclass
 class VideoConfig:
+    """Frame sampling: qwen-vl-utils' video keys (same names, same defaults), plus the decoder."""
+
     fps: float | None = 2.0
     """Frames sampled per second (qwen-vl-utils' rule); exclusive with nframes."""
     nframes: int | None = None
     """Exact number of frames to sample (rounded to a multiple of 2)."""
+    min_frames: int = 4
+    """With fps: at least this many frames."""
+    max_frames: int | None = None
+    """With fps: at most this many frames (qwen-vl-utils' default when unset)."""
     min_pixels: int | None = None
-    """Per-frame pixel floor (qwen-vl-utils' default when unset)."""
+    """Per-frame pixel floor (qwen-vl-utils' default when unset, or max_pixels if lower)."""
     max_pixels: int | None = None
     """Per-frame pixel cap (qwen-vl-utils' default when unset)."""
     total_pixels: int | None = None
     """Pixel budget of the whole video (qwen-vl-utils' default when unset)."""
+    video_start: float | None = None
+    """Start of the clip in seconds (unset: the first frame)."""
+    video_end: float | None = None
+    """End of the clip in seconds (unset: the last frame)."""
+    resized_height: int | None = None
+    """With resized_width: a fixed frame size instead of the pixel settings."""
+    resized_width: int | None = None
+    """With resized_height: a fixed frame size instead of the pixel settings."""
     backend: str = "decord"
     """Decoder: decord or pyav (chosen explicitly, never a silent fallback)."""
 
@@ -72,14 +127,35 @@ class VideoConfig:
         _one_of("video.backend", self.backend, VIDEO_BACKENDS)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
-        for name in ("fps", "nframes", "min_pixels", "max_pixels", "total_pixels"):
-            _positive(f"video.{name}", getattr(self, name))
+        _number("video.fps", self.fps)
+        _integer("video.nframes", self.nframes, 2)
+        _integer("video.min_frames", self.min_frames, 1, optional=False)
+        _integer("video.max_frames", self.max_frames, max(2, self.min_frames))
+        for name in ("min_pixels", "max_pixels", "total_pixels", "resized_height",
+                     "resized_width"):
+            _integer(f"video.{name}", getattr(self, name), 1)
+        if self.min_pixels is not None and self.max_pixels is not None \
+                and self.max_pixels < self.min_pixels:
+            raise ValueError(f"video.max_pixels must be >= video.min_pixels ({self.min_pixels}), "
+                             f"got {self.max_pixels}")
+        _number("video.video_start", self.video_start, low_open=False)
+        _number("video.video_end", self.video_end, low_open=False)
+        if self.video_start is not None and self.video_end is not None \
+                and self.video_end <= self.video_start:
+            raise ValueError(f"video.video_end must be > video.video_start ({self.video_start}), "
+                             f"got {self.video_end}")
+        if (self.resized_height is None) != (self.resized_width is None):
+            raise ValueError("video.resized_height and video.resized_width go together; "
+                             "set both or neither")
 
     def spec(self, path: str) -> VideoSpec:
         """The sampling request for one video file."""
         return VideoSpec(path=path, fps=self.fps, nframes=self.nframes,
+                         min_frames=self.min_frames, max_frames=self.max_frames,
                          min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                         total_pixels=self.total_pixels, backend=self.backend)
+                         total_pixels=self.total_pixels, video_start=self.video_start,
+                         video_end=self.video_end, resized_height=self.resized_height,
+                         resized_width=self.resized_width, backend=self.backend)
 
 
 @dataclass
@@ -91,7 +167,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         _one_of("parallel.backend", self.backend, DIST_BACKENDS)
-        _positive("parallel.timeout_s", self.timeout_s, optional=False)
+        _number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S, optional=False)
 
 
 @dataclass
@@ -108,6 +184,8 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         _one_of("attention.mode", self.mode, MODE_NAMES)
+        _integer("attention.anchor_len", self.anchor_len, 0)
+        _integer("attention.passing_len", self.passing_len, 0)
         if self.kernel is not None:
             _one_of("attention.kernel", self.kernel, BACKENDS)
 
@@ -118,7 +196,8 @@ class GenerateConfig:
     """Greedy tokens to generate at most (the first one included)."""
 
     def __post_init__(self) -> None:
-        _positive("generate.max_new_tokens", self.max_new_tokens, optional=False)
+        _integer("generate.max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS,
+                 optional=False)
 
 
 @dataclass
@@ -131,7 +210,8 @@ class RuntimeConfig:
 
 
 def _section_types() -> dict[str, type]:
-    return {f.name: get_type_hints(RuntimeConfig)[f.name] for f in dataclasses.fields(RuntimeConfig)}
+    hints = get_type_hints(RuntimeConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RuntimeConfig)}
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
@@ -146,32 +226,68 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
+def preset_dirs() -> list[Path]:
+    """Where preset names are looked up, in order: the source tree's configs/ when running from
+    a checkout (a pyproject.toml next to it), then the copy shipped in the package."""
+    dirs = [PACKAGED_CONFIG_DIR]
+    if (SOURCE_CONFIG_DIR.parent / "pyproject.toml").is_file():
+        dirs.insert(0, SOURCE_CONFIG_DIR)
+    return [d for d in dirs if d.is_dir()]
+
+
+def preset_names() -> list[str]:
+    """Every preset name that :func:`resolve_preset` accepts."""
+    return sorted({p.stem for d in preset_dirs() for p in d.glob("*.toml")})
+
+
 def resolve_preset(name_or_path: str) -> Path:
-    """A preset name from configs/ (``tiny_cpu``) or a path to a TOML file."""
+    """A preset name (``tiny_cpu``: configs/ of the source tree, else the packaged copy) or a
+    path to a TOML file."""
     path = Path(name_or_path)
-    if path.suffix != ".toml":
-        path = CONFIG_DIR / f"{name_or_path}.toml"
-    if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-        raise ValueError(f"config {name_or_path!r} not found; presets: {', '.join(known)}")
-    return path
+    if path.suffix == ".toml":
+        if path.is_file():
+            return path
+    else:
+        for directory in preset_dirs():
+            if (directory / f"{name_or_path}.toml").is_file():
+                return directory / f"{name_or_path}.toml"
+    raise ValueError(f"config {name_or_path!r} not found; presets: {', '.join(preset_names())} "
+                     "(or a path to a .toml file)")
 
 
 def load_config(preset: str | None = None, overrides: list[str] = ()) -> RuntimeConfig:
-    """Defaults, then the preset's values, then ``section.key=value`` overrides."""
+    """Defaults, then the preset's values, then ``section.key=value`` overrides.
+
+    video.fps and video.nframes are exclusive: setting one in a later layer (the preset over the
+    defaults, an override over the preset) unsets the other from the earlier layers.
+    """
     data: dict[str, dict[str, Any]] = {}
     if preset:
         with open(resolve_preset(preset), "rb") as f:
             data = tomllib.load(f)
+    video = data.get("video")
+    if isinstance(video, dict) and "nframes" in video and "fps" not in video:
+        video["fps"] = None
+    layered: set[str] = set()
     for text in overrides:
         section, name, value = _parse_override(text)
-        data.setdefault(section, {})[name] = value
+        values = data.setdefault(section, {})
+        if not isinstance(values, dict):
+            raise ValueError(f"config section [{section}] must be a table, got {values!r}")
+        if section == "video" and name in _FRAME_KEYS:
+            other = _FRAME_KEYS[1 - _FRAME_KEYS.index(name)]
+            if other not in layered:
+                values[other] = None
+            layered.add(name)
+        values[name] = value
     sections = _section_types()
     kwargs = {}
     for section, values in data.items():
         if section not in sections:
             raise ValueError(f"unknown config section [{section}]; allowed: {', '.join(sections)}")
         cls = sections[section]
+        if not isinstance(values, dict):
+            raise ValueError(f"config section [{section}] must be a table, got {values!r}")
         names = [f.name for f in dataclasses.fields(cls)]
         for name in values:
             if name not in names:

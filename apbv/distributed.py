@@ -67,6 +67,9 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) ->
     local_rank = _env_int("LOCAL_RANK", rank)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    elif backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("parallel.backend=nccl needs CUDA, which is not available; "
+                         "use gloo or auto")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

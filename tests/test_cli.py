@@ -93,6 +93,48 @@ def test_generate_errors_exit_2(capsys, tmp_path, short_video) -> None:
     assert "config 'nope' not found; presets:" in capsys.readouterr().err
 
 
+def test_generate_max_pixels_below_the_default_floor(tiny_model_dir, short_video) -> None:
+    """--max-pixels 50176 is below qwen-vl-utils' default min_pixels (100352): the cap wins."""
+    cmd = [sys.executable, "-m", "apbv", "generate", "--config", "tiny_cpu", "--model",
+           str(tiny_model_dir), "--video", str(short_video), "--question", "What is shown?",
+           "--max-pixels", "50176", "--max-new-tokens", "1", "--json"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["frames"] == 12 and len(report["token_ids"]) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fps", "nan"], "error: video.fps must be a finite number (> 0), got nan"),
+    (["--set", "parallel.timeout_s=nan"],
+     "error: parallel.timeout_s must be a finite number (> 0 and <= 86400), got nan"),
+    (["--set", "generate.max_new_tokens=8.5"],
+     "error: generate.max_new_tokens must be an integer in 1 .. 32768, got 8.5 (float)"),
+    (["--set", "video.nframes=8.0"], "error: video.nframes must be an integer >= 2, got 8.0 "
+                                     "(float)"),
+    (["--min-pixels", "1000", "--max-pixels", "999"],
+     "error: video.max_pixels must be >= video.min_pixels (1000), got 999"),
+])
+def test_bad_config_numbers_exit_2_one_line(capsys, short_video, flags, message) -> None:
+    args = ["generate", "--config", "tiny_cpu", "--model", "m", "--video", str(short_video),
+            "--question", "q", *flags]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [message], err
+
+
+def test_nccl_without_cuda_exits_2(capsys, short_video, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["generate", "--config", "tiny_cpu", "--model", "m", "--video", str(short_video),
+            "--question", "q", "--set", "parallel.backend=nccl"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: parallel.backend=nccl needs CUDA, which is not available; use gloo or auto"]
+
+
 def test_generate_under_torchrun(tiny_model_dir, short_video) -> None:
     env = dict(os.environ, NPROC="2", PYTHON=sys.executable)
     cmd = ["bash", "launch/generate.sh", "--model", str(tiny_model_dir), "--video",

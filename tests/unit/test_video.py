@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ pytest.importorskip("av")
 pytest.importorskip("qwen_vl_utils")
 
 import apbv.video
+import apbv.video.load
 from apbv.plan import patch_ranges
 from apbv.synthetic import make_frame, write_test_video
 from apbv.video import (
@@ -147,12 +149,13 @@ def test_resize_target_matches_qwen_vl_utils(monkeypatch: pytest.MonkeyPatch, vp
         resize=fake_resize)))
     monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
     monkeypatch.setitem(vp.VIDEO_READER_BACKENDS, "decord", read)
-    compared = errors = 0
+    compared = errors = zero = 0
     for (h, w), n, pixels in itertools.product(
         [(46, 70), (56, 84), (240, 320), (360, 640), (720, 1280), (1080, 1920), (2160, 3840),
          (1920, 1080), (100, 30), (28, 28), (15, 2000), (10, 2100)],
         [2, 4, 16, 64, 256, 768, 2048],
-        RESIZE_PIXELS,
+        [*RESIZE_PIXELS, {"resized_height": 50, "resized_width": 90},
+         {"resized_height": 1, "resized_width": 300}],
     ):
         spec = VideoSpec("x.mp4", nframes=n, **pixels)
         meta = VideoMeta(n, 30.0, h, w)
@@ -163,11 +166,68 @@ def test_resize_target_matches_qwen_vl_utils(monkeypatch: pytest.MonkeyPatch, vp
                 plan_sampling(spec, meta)
             errors += 1
             continue
+        if 0 in sizes[-1]:  # torchvision would fail on the 0-pixel side: ours fails first
+            with pytest.raises(ValueError, match=rf"x.mp4.*{w}x{h} would be resized to "
+                                                 rf"{sizes[-1][1]}x{sizes[-1][0]} pixels"):
+                plan_sampling(spec, meta)
+            zero += 1
+            continue
         got = plan_sampling(spec, meta)
         assert [got.resized_height, got.resized_width] == sizes[-1], (h, w, n, pixels)
         assert got.grid_thw == (n // 2, got.resized_height // 14, got.resized_width // 14)
         compared += 1
-    assert compared > 500 and errors > 0, (compared, errors)
+    assert compared > 500 and errors > 0 and zero > 0, (compared, errors, zero)
+
+
+def test_max_pixels_below_default_min_pixels(monkeypatch: pytest.MonkeyPatch, vp,
+                                             tmp_path: Path) -> None:
+    """max_pixels=50176 with the tiny_cpu preset's video settings: the cap wins.
+
+    qwen-vl-utils 0.0.14 fails on this element (smart_resize asserts max_pixels >= its default
+    min_pixels, 100352); ours equals fetch_video with min_pixels lowered to max_pixels, and
+    equals fetch_video on the bare element should a qwen-vl-utils release accept it."""
+    from apbv.config import load_config
+
+    monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
+    video = write_test_video(tmp_path / "v.mp4", num_frames=40, fps=4.0, width=448, height=336)
+    cfg = load_config("tiny_cpu", ["video.max_pixels=50176"])
+    spec = cfg.video.spec(str(video))
+    assert spec.max_pixels == 50176 and spec.min_pixels is None
+    element = spec.qwen_element()
+    try:
+        ref = vp.fetch_video(element)
+    except AssertionError:
+        ref = vp.fetch_video({**element, "min_pixels": 50176})
+    got = load_all_frames(spec)
+    assert (got.sampling.resized_height, got.sampling.resized_width) == (168, 252)
+    assert got.frames.shape == ref.shape == (20, 3, 168, 252)
+    assert torch.equal(got.frames.float(), ref)
+    assert got.sampling.resized_height * got.sampling.resized_width <= 50176
+    # 224x224 frames (the CLI test video): 50176 pixels exactly, kept at their size.
+    small = write_test_video(tmp_path / "s.mp4", num_frames=8, fps=4.0, width=224, height=224)
+    assert load_all_frames(cfg.video.spec(str(small))).frames.shape[-2:] == (224, 224)
+    # Explicit min_pixels above max_pixels stays an error (qwen-vl-utils fails there too).
+    with pytest.raises(ValueError, match=r"max_pixels \(50176\) must be >= min_pixels"):
+        VideoSpec(video, min_pixels=100352, max_pixels=50176)
+
+
+@pytest.mark.parametrize("size, pixels", [
+    ((2000, 12), {"max_pixels": 20_000}),  # thin: 12 pixels high, 167:1
+    ((400, 300), {"max_pixels": 500}),  # a max_pixels below one 28x28 patch
+    ((600, 60), {"total_pixels": 20 * 784, "min_pixels": 16}),  # tiny total budget
+])
+def test_frames_resized_to_zero_pixels(tmp_path: Path, size, pixels) -> None:
+    """A side that would become 0 pixels: ValueError naming the video, its size and settings,
+    before any decoding (a RuntimeError inside torchvision's resize otherwise)."""
+    width, height = size
+    meta = VideoMeta(40, 10.0, height, width)
+    spec = VideoSpec("thin.mp4", nframes=20, **pixels)
+    with pytest.raises(ValueError, match=rf"'thin.mp4': frames of {width}x{height} would be "
+                                         r"resized to \d+x\d+ pixels \(min_pixels=") as err:
+        plan_sampling(spec, meta)
+    message = str(err.value)
+    assert re.search(r"resized to (0x\d+|\d+x0) pixels", message), message
+    assert "max_pixels=" in message and "total_pixels=" in message, message
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -184,7 +244,7 @@ def test_frames_equal_fetch_video(monkeypatch: pytest.MonkeyPatch, vp, videos, k
     monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
     monkeypatch.setitem(vp.VIDEO_READER_BACKENDS, "torchvision", no_fallback)
     # One frame per decode + resize chunk here; qwen-vl-utils resizes all frames at once.
-    monkeypatch.setattr(apbv.video, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(apbv.video.load, "_CHUNK_ELEMENTS", 1)
     spec = VideoSpec(videos.main, **kwargs)
     (ref, info), ref_fps = vp.fetch_video(spec.qwen_element(), return_video_sample_fps=True,
                                           return_video_metadata=True)

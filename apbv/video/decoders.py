@@ -1,0 +1,213 @@
+"""The decoders: decord and PyAV readers that open and check a file, then read frames by index.
+
+Errors name the file and are the same on every rank (they depend only on the file).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import re
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from apbv.video.sampling import VideoMeta, VideoSpec, _import
+
+
+def _decoder_message(err: BaseException) -> str:
+    """The decoder's error text without its log timestamps ("[20:39:54] "), so every rank
+    that hits the same error reports the same message."""
+    return re.sub(r"\[\d{2}:\d{2}:\d{2}\] ", "", f"{type(err).__name__}: {err}")
+
+
+def _unreadable(path: str, backend: str, err: BaseException) -> ValueError:
+    return ValueError(
+        f"video {path!r} cannot be read by {backend} (not a video file, an empty video, or "
+        f"corrupt or truncated): {_decoder_message(err)}"
+    )
+
+
+def _truncated(path: str, detail: str) -> ValueError:
+    return ValueError(f"video {path!r} is truncated or corrupt: {detail}")
+
+
+class _Reader:
+    """Base of the decoders: ``meta`` after construction, ``read(indices)`` -> (k, H, W, 3)."""
+
+    path: str
+    meta: VideoMeta
+
+    def read(self, indices: Sequence[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def _make_meta(self, total_frames: int, fps: float, last_frame: Any) -> VideoMeta:
+        if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
+            raise ValueError(f"video {self.path!r} reports an invalid frame rate {fps!r}")
+        height, width = int(last_frame.shape[0]), int(last_frame.shape[1])
+        return VideoMeta(total_frames, float(fps), height, width)
+
+
+class _DecordReader(_Reader):
+    def __init__(self, path: str) -> None:
+        decord = _import("decord", "decord", "backend='decord'")
+        self.path = path
+        try:
+            self._vr = decord.VideoReader(path)
+            total = len(self._vr)
+            fps = self._vr.get_avg_fps()
+        except Exception as err:  # decord raises DECORDError/RuntimeError with C++ messages
+            raise _unreadable(path, "decord", err) from err
+        if total < 1:
+            raise ValueError(f"video {path!r} has no video frames")
+        try:  # the last listed frame must decode, or a truncated tail fails on some rank only
+            last = self._to_numpy(self._vr.get_batch([total - 1]))[0]
+        except Exception as err:
+            raise _truncated(
+                path, f"its index lists {total} frames but the last one cannot be decoded "
+                f"({_decoder_message(err)})"
+            ) from err
+        self.meta = self._make_meta(total, fps, last)
+
+    @staticmethod
+    def _to_numpy(batch: Any) -> Any:
+        # decord.bridge may have been set to torch/tensorflow elsewhere in the process.
+        return batch.asnumpy() if hasattr(batch, "asnumpy") else batch
+
+    def read(self, indices: Sequence[int]) -> torch.Tensor:
+        try:
+            batch = self._to_numpy(self._vr.get_batch(list(indices)))
+        except Exception as err:
+            raise _truncated(self.path, f"decoding frames {indices[0]}..{indices[-1]} failed "
+                             f"({_decoder_message(err)})") from err
+        return torch.as_tensor(batch)
+
+    def close(self) -> None:
+        self._vr = None
+
+
+class _PyAVReader(_Reader):
+    """Frame-accurate random access: frame i is the packet with the i-th smallest pts (as in
+    decord); decoding seeks to the keyframe before a target unless it is already on the way."""
+
+    def __init__(self, path: str) -> None:
+        av = _import("av", "av", "backend='pyav'")
+        self.path = path
+        self._av = av
+        try:
+            self._container = av.open(path)
+        except Exception as err:
+            raise _unreadable(path, "pyav", err) from err
+        try:
+            self._init(av)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self, av: ModuleType) -> None:
+        path = self.path
+        try:
+            stream = self._container.streams.best("video")
+        except Exception as err:
+            raise _unreadable(path, "pyav", err) from err
+        if stream is None:
+            raise ValueError(f"video {path!r} has no video stream")
+        stream.thread_type = "AUTO"
+        self._stream = stream
+        pts: list[int] = []
+        keys: list[int] = []
+        try:
+            for packet in self._container.demux(stream):
+                if packet.size == 0 and packet.pts is None:
+                    continue  # the demuxer's flush packet
+                if packet.is_corrupt:
+                    raise _truncated(path, f"the packet of frame {len(pts)} is incomplete")
+                if packet.pts is None:
+                    raise ValueError(
+                        f"video {path!r} has packets without timestamps; use backend='decord'"
+                    )
+                pts.append(packet.pts)
+                if packet.is_keyframe:
+                    keys.append(packet.pts)
+        except av.FFmpegError as err:
+            raise _truncated(path, f"demuxing stopped after {len(pts)} frames ({err})") from err
+        if not pts:
+            raise ValueError(f"video {path!r} has no video frames")
+        if stream.frames > len(pts):
+            raise _truncated(
+                path, f"its index lists {stream.frames} frames but only {len(pts)} can be read"
+            )
+        self._pts = sorted(pts)
+        self._keys = sorted(keys)
+        self._decoder: Iterator[Any] | None = None
+        self._last_pts: int | None = None
+        self._last_pos: int | None = None
+        self._last_array: Any = None
+        rate = stream.average_rate
+        fps = float(rate) if rate else float("nan")
+        last = self._frame(len(pts) - 1)
+        self.meta = self._make_meta(len(pts), fps, last)
+
+    def _frame(self, pos: int) -> Any:
+        """Frame ``pos`` as a (H, W, 3) uint8 numpy array."""
+        if pos == self._last_pos:
+            return self._last_array
+        target = self._pts[pos]
+        k = bisect.bisect_right(self._keys, target) - 1
+        key = self._keys[k] if k >= 0 else self._pts[0]
+        last = self._last_pts
+        try:
+            if self._decoder is None or last is None or last >= target or key > last:
+                self._container.seek(key, backward=True, any_frame=False, stream=self._stream)
+                self._decoder = self._container.decode(self._stream)
+                self._last_pts = None
+            for frame in self._decoder:
+                if frame.pts is None:
+                    raise ValueError(f"video {self.path!r} decodes frames without timestamps; "
+                                     "use backend='decord'")
+                self._last_pts = frame.pts
+                if frame.pts == target:
+                    self._last_pos = pos
+                    self._last_array = frame.to_ndarray(format="rgb24")
+                    return self._last_array
+                if frame.pts > target:
+                    break
+        except self._av.FFmpegError as err:
+            self._decoder = None
+            raise _truncated(self.path, f"decoding frame {pos} of {len(self._pts)} failed "
+                             f"({err})") from err
+        self._decoder = None
+        raise _truncated(self.path, f"frame {pos} of {len(self._pts)} (pts {target}) is listed "
+                         "in the index but the decoder does not produce it")
+
+    def read(self, indices: Sequence[int]) -> torch.Tensor:
+        import numpy as np
+
+        return torch.as_tensor(np.stack([self._frame(i) for i in indices]))
+
+    def close(self) -> None:
+        container = getattr(self, "_container", None)
+        if container is not None:
+            container.close()
+            self._container = None
+
+
+def _check_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ValueError(f"video file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"video path {path!r} is not a regular file")
+
+
+def _open(spec: VideoSpec) -> _Reader:
+    _check_file(spec.path)
+    if spec.backend == "decord":
+        return _DecordReader(spec.path)
+    assert spec.backend == "pyav", spec.backend
+    return _PyAVReader(spec.path)

@@ -1,0 +1,326 @@
+"""The data types of the video stage and the pure sampling rules (qwen-vl-utils' own).
+
+:func:`plan_sampling` is a pure function of (:class:`VideoSpec`, :class:`VideoMeta`); see
+:mod:`apbv.video` for the rules and where they come from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from apbv.plan import Range, check_int
+
+BACKENDS = ("decord", "pyav")
+"""The decoders :class:`VideoSpec` accepts."""
+
+TEMPORAL_PATCH_SIZE = 2
+"""Frames per temporal patch of Qwen2.5-VL's vision tower (qwen-vl-utils' FRAME_FACTOR)."""
+
+_EXTRA = "install the video extra: pip install 'apbv[video]'"
+
+# ---------------------------------------------------------------------------------------------
+# Lazy imports of the optional `video` extra.
+
+
+def _import(module: str, package: str, purpose: str) -> ModuleType:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"{purpose} needs the package {package!r}; {_EXTRA}") from err
+
+
+def _qwen() -> ModuleType:
+    """qwen_vl_utils.vision_process (the reference sampling rules)."""
+    return _import("qwen_vl_utils.vision_process", "qwen-vl-utils", "frame sampling")
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks.
+
+
+def _check_number(name: str, value: object, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public data types.
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """One video and how to sample it: qwen-vl-utils' ``fetch_video`` keys, plus the decoder.
+
+    ``None`` means qwen-vl-utils' default for that key. Exactly one of ``fps`` and ``nframes``
+    sets the frame count; with neither, 2 frames per second are sampled.
+    """
+
+    path: str
+    """Local video file (``os.PathLike`` is accepted and stored as ``str``)."""
+    fps: float | None = None
+    """Frames to sample per second of video; None: 2.0 (qwen-vl-utils' FPS) unless nframes."""
+    nframes: int | None = None
+    """Fixed number of frames to sample, rounded to a multiple of 2 with Python's ``round``."""
+    min_frames: int = 4
+    """With fps: at least this many frames (rounded up to a multiple of 2)."""
+    max_frames: int | None = None
+    """With fps: at most this many frames; None: min(768, frames in the range)."""
+    min_pixels: int | None = None
+    """Per-frame pixel floor; None: 128 tokens = 128 * 28**2 pixels (patch 14), or max_pixels
+    when that is given and lower (qwen-vl-utils fails there; see :func:`plan_sampling`)."""
+    max_pixels: int | None = None
+    """Per-frame pixel cap, lowered further by total_pixels; None: 768 * 28**2 (patch 14)."""
+    total_pixels: float | None = None
+    """Pixel budget of the whole video; None: env MODEL_SEQ_LEN (128000) * 28**2 * 0.9."""
+    video_start: float | None = None
+    """Start of the clip in seconds (None: the first frame)."""
+    video_end: float | None = None
+    """End of the clip in seconds (None: the last frame)."""
+    backend: str = "decord"
+    """Decoder: one of :data:`BACKENDS`. There is no fallback from one to the other."""
+    image_patch_size: int = 14
+    """ViT patch size; frames are resized to multiples of ``image_patch_size * 2``."""
+    resized_height: int | None = None
+    """With resized_width: resize every frame to about this size instead (rounded to multiples
+    of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
+    resized_width: int | None = None
+    """With resized_height: see there."""
+
+    def __post_init__(self) -> None:
+        path = self.path
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"path must be a non-empty str or os.PathLike, got {self.path!r}")
+        object.__setattr__(self, "path", path)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.fps is not None and self.nframes is not None:
+            raise ValueError(
+                f"fps and nframes are mutually exclusive (got fps={self.fps!r}, "
+                f"nframes={self.nframes!r}); give one of them"
+            )
+        if self.fps is not None:
+            _check_number("fps", self.fps, positive=True)
+        if self.nframes is not None:
+            check_int("nframes", self.nframes, TEMPORAL_PATCH_SIZE)
+        check_int("min_frames", self.min_frames, 1)
+        if self.max_frames is not None:
+            check_int("max_frames", self.max_frames, TEMPORAL_PATCH_SIZE)
+            if self.max_frames < self.min_frames:
+                raise ValueError(
+                    f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})"
+                )
+        if self.min_pixels is not None:
+            check_int("min_pixels", self.min_pixels, 1)
+        if self.max_pixels is not None:
+            check_int("max_pixels", self.max_pixels, 1)
+            if self.min_pixels is not None and self.max_pixels < self.min_pixels:
+                raise ValueError(
+                    f"max_pixels ({self.max_pixels}) must be >= min_pixels ({self.min_pixels})"
+                )
+        if self.total_pixels is not None:
+            _check_number("total_pixels", self.total_pixels, positive=True)
+        if self.video_start is not None:
+            _check_number("video_start", self.video_start, positive=False)
+        if self.video_end is not None:
+            _check_number("video_end", self.video_end, positive=False)
+            if self.video_start is not None and self.video_end <= self.video_start:
+                raise ValueError(
+                    f"video_end ({self.video_end}) must be > video_start ({self.video_start})"
+                )
+        check_int("image_patch_size", self.image_patch_size, 1)
+        if (self.resized_height is None) != (self.resized_width is None):
+            raise ValueError(
+                f"resized_height and resized_width go together (got resized_height="
+                f"{self.resized_height!r}, resized_width={self.resized_width!r}); give both"
+            )
+        if self.resized_height is not None:
+            check_int("resized_height", self.resized_height, 1)
+            check_int("resized_width", self.resized_width, 1)
+
+    def qwen_element(self) -> dict[str, Any]:
+        """The equivalent qwen-vl-utils video element (only the keys that are set)."""
+        ele: dict[str, Any] = {"video": self.path}
+        for key in ("fps", "nframes", "max_frames", "min_pixels", "max_pixels", "total_pixels",
+                    "video_start", "video_end", "resized_height", "resized_width"):
+            value = getattr(self, key)
+            if value is not None:
+                ele[key] = value
+        ele["min_frames"] = self.min_frames
+        return ele
+
+
+@dataclass(frozen=True)
+class VideoMeta:
+    """What :func:`probe` reads from the file (the same on every rank)."""
+
+    total_frames: int
+    """Frames in the file as the decoder indexes them (the index space of frame indices)."""
+    fps: float
+    """Native (average) frame rate."""
+    height: int
+    """Decoded frame height in pixels."""
+    width: int
+    """Decoded frame width in pixels."""
+
+    def __post_init__(self) -> None:
+        check_int("total_frames", self.total_frames, 1)
+        _check_number("fps", self.fps, positive=True)
+        check_int("height", self.height, 1)
+        check_int("width", self.width, 1)
+
+    @property
+    def duration(self) -> float:
+        """Seconds: total_frames / fps."""
+        return self.total_frames / self.fps
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The frames of one video the model sees, and their size. Build it with plan_sampling."""
+
+    indices: tuple[int, ...]
+    """Sampled frame indices into the file, non-decreasing; their count is a multiple of 2."""
+    sample_fps: float
+    """Sampled frames per second, as qwen-vl-utils reports it (``fps`` for the processor)."""
+    resized_height: int
+    """Height every frame is resized to (a multiple of image_patch_size * 2)."""
+    resized_width: int
+    """Width every frame is resized to (a multiple of image_patch_size * 2)."""
+    image_patch_size: int = 14
+    """ViT patch size the sizes were computed for."""
+
+    def __post_init__(self) -> None:
+        assert len(self.indices) % TEMPORAL_PATCH_SIZE == 0 and self.indices, self.indices
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.indices)
+
+    @property
+    def num_patches(self) -> int:
+        """T: temporal patches (pairs of consecutive sampled frames)."""
+        return len(self.indices) // TEMPORAL_PATCH_SIZE
+
+    @property
+    def second_per_grid_t(self) -> float:
+        """Seconds per temporal patch, temporal_patch_size / sample_fps (M-RoPE time step)."""
+        return TEMPORAL_PATCH_SIZE / self.sample_fps
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        """(T, height / patch, width / patch): the processor's ``video_grid_thw`` row."""
+        p = self.image_patch_size
+        return self.num_patches, self.resized_height // p, self.resized_width // p
+
+
+@dataclass(frozen=True)
+class RankFrames:
+    """One rank's share of a video: its frames, already resized, and the global sampling."""
+
+    frames: torch.Tensor
+    """uint8 (t_local, 3, resized_height, resized_width), RGB, t_local = 2 * patches here."""
+    patch_range: Range
+    """[start, end) of this rank's temporal patches among the video's T patches."""
+    sampling: Sampling
+    """The global sampling (identical on every rank)."""
+    rank: int
+    world_size: int
+
+    @property
+    def frame_range(self) -> Range:
+        """[start, end) of this rank's frames among the sampled frames."""
+        start, end = self.patch_range
+        return TEMPORAL_PATCH_SIZE * start, TEMPORAL_PATCH_SIZE * end
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """File frame indices of this rank's frames."""
+        start, end = self.frame_range
+        return self.sampling.indices[start:end]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure planning.
+
+
+def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
+    """Frame indices, sample fps and resize target by qwen-vl-utils' rules; pure given meta.
+
+    Raises ValueError naming the file when the clip is too short to sample 2 frames, or the
+    requested time range or sizes are impossible.
+    """
+    vp = _qwen()
+    ele = spec.qwen_element()
+    where = f"video {spec.path!r}"
+    try:
+        start, end, count = vp.calculate_video_frame_range(ele, meta.total_frames, meta.fps)
+        nframes = vp.smart_nframes(ele, total_frames=count, video_fps=meta.fps)
+    except ValueError as err:
+        raise ValueError(
+            f"{where}: cannot sample frames from {meta.total_frames} frames at {meta.fps:g} fps "
+            f"({meta.duration:.2f} s) with video_start={spec.video_start}, "
+            f"video_end={spec.video_end}: {err}"
+        ) from err
+    # As qwen-vl-utils' readers (default float32 linspace, round half to even).
+    indices = torch.linspace(start, end, nframes, dtype=torch.float32).round().long().tolist()
+    sample_fps = nframes / max(count, 1e-6) * meta.fps
+    height, width = _resize_target(vp, spec, meta.height, meta.width, nframes, where)
+    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size)
+
+
+def _resize_target(
+    vp: ModuleType, spec: VideoSpec, height: int, width: int, nframes: int, where: str
+) -> tuple[int, int]:
+    """qwen-vl-utils' fetch_video size rule for nframes frames of height x width.
+
+    One extension: a max_pixels below the default min_pixels (min_pixels not given) lowers the
+    floor to max_pixels, so the cap wins; qwen-vl-utils fails there (smart_resize asserts
+    max_pixels >= min_pixels). The result equals fetch_video with min_pixels = max_pixels.
+    """
+    factor = spec.image_patch_size * vp.SPATIAL_MERGE_SIZE
+    frame_min = vp.VIDEO_MIN_TOKEN_NUM * factor * factor
+    frame_max = vp.VIDEO_MAX_TOKEN_NUM * factor * factor
+    min_pixels = spec.min_pixels if spec.min_pixels is not None else frame_min
+    if spec.min_pixels is None and spec.max_pixels is not None:
+        min_pixels = min(min_pixels, spec.max_pixels)
+    total_pixels = spec.total_pixels
+    if total_pixels is None:
+        total_pixels = vp.MODEL_SEQ_LEN * factor * factor * 0.9
+    cap = total_pixels / nframes * vp.FRAME_FACTOR  # the video's budget shared by its frames
+    max_pixels = max(min(frame_max, cap), int(min_pixels * 1.05))
+    if spec.max_pixels is not None:
+        max_pixels = min(spec.max_pixels, max_pixels)
+    settings = (f"min_pixels={min_pixels}, max_pixels={max_pixels:g} (after the total_pixels "
+                f"cap), total_pixels={total_pixels:g}, {nframes} frames, factor {factor}")
+    if spec.resized_height is not None:
+        height, width = spec.resized_height, spec.resized_width
+        settings = f"resized_height={height}, resized_width={width}, factor {factor}"
+        min_pixels = max_pixels = None  # smart_resize's image defaults, as fetch_video
+    elif max_pixels < min_pixels:  # unreachable: VideoSpec checks max_pixels >= min_pixels
+        raise ValueError(f"{where}: max_pixels ({max_pixels}) is below min_pixels ({min_pixels})")
+    try:
+        out = vp.smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError as err:  # aspect ratio beyond qwen-vl-utils' MAX_RATIO
+        raise ValueError(f"{where}: frames of {width}x{height} cannot be resized: {err}") from err
+    new_height, new_width = out
+    if new_height < factor or new_width < factor:  # 0: the resize itself would fail
+        raise ValueError(
+            f"{where}: frames of {width}x{height} would be resized to {new_width}x{new_height} "
+            f"pixels ({settings}); every side must be at least {factor}: raise max_pixels or "
+            "total_pixels, or use a video with a less extreme aspect ratio"
+        )
+    return new_height, new_width
