@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,8 @@ def test_only_rank_0_writes_and_reports(runs: tuple[Path, list[dict]]) -> None:
         for suffix in (".jsonl", "_results.json", "_settings.json"))  # no lock file left
     progress = rank0["progress"]
     assert "longvideobench_val_v, mode spava on 2 rank(s): 6 samples, 0 already in" in progress
-    assert "[6/6] 100.0%  eta 0:00:00  acc " in progress and "errors 2  agree " in progress
+    # "agree" shows only once a pair has two letters: the random tiny model rarely gives one.
+    assert re.search(r"\[6/6\] 100\.0%  eta 0:00:00  acc [\d.]+  errors 2", progress)
     assert f"dropped a half-written last line of {out / 'lvb_cut.jsonl'} ({len(HALF_LINE)} " \
            f"bytes)" in progress
     # The resumed run retries the corrupt video's sample (failed before) and the missing one.
