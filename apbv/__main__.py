@@ -109,7 +109,8 @@ def _eval(args: argparse.Namespace) -> int:
     spec = EvalSpec(bench=args.bench, data_dir=args.data, mode=mode,
                     out=args.out or f"eval_results/{args.bench}_{mode}.jsonl",
                     annotation=args.annotation, limit=args.limit, where=parse_where(args.where),
-                    compare=args.compare, max_new_tokens=args.max_new_tokens)
+                    compare=args.compare, max_new_tokens=args.max_new_tokens,
+                    retry_failed=args.retry_failed, skip_missing=args.skip_missing)
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
     try:
@@ -247,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                          "--where duration_group=600")
     ev.add_argument("--compare", choices=("exact",),
                     help="also answer every sample with exact attention; report the agreement")
+    ev.add_argument("--no-retry-failed", dest="retry_failed", action="store_false",
+                    help="keep the samples that failed in an earlier run on --out as they are "
+                         "(default: run them again)")
+    ev.add_argument("--skip-missing", action="store_true",
+                    help="start even if video files are missing: record their samples as "
+                         "failed (default: refuse, listing the missing files)")
 
     fixtures = sub.add_parser("make-eval-fixtures",
                               help="write a small synthetic dataset in a benchmark's format")

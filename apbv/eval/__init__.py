@@ -4,6 +4,9 @@
 - :mod:`apbv.eval.parse`: the deterministic option-letter parser;
 - :mod:`apbv.eval.score`: accuracies (VNBench's 4-try rule) and the lmms-eval-style results;
 - :mod:`apbv.eval.harness`: the resumable multi-rank loop (``python -m apbv eval``);
+- :mod:`apbv.eval.settings`: the run's settings, stored with the output and checked on resume;
+- :mod:`apbv.eval.store`: the JSONL of finished samples and the output lock;
+- :mod:`apbv.eval.report`: the progress lines and the terminal summary;
 - :mod:`apbv.eval.fixtures`: small synthetic datasets in both formats
   (``python -m apbv make-eval-fixtures``).
 

@@ -9,17 +9,19 @@ LongVideoBench (validation split, as released on the HF hub ``longvideobench/Lon
 
   ``candidates`` may instead be lmms-eval's ``option0``..``option4`` ("N/A" when unused). The
   test split hides ``correct_choice`` and cannot be scored here. Prompt (one text block after the
-  video; LongVideoBench's own text items, one per line)::
+  video), byte for byte lmms-eval's ``longvideobench_val_v`` (``pre_prompt`` "", the question,
+  the options one per line, ``post_prompt`` with its trailing newline; no subtitles)::
 
-    Question: {question}
+    {question}
     A. {candidate 0}
     B. {candidate 1}
     ...
     Answer with the option's letter from the given choices directly.
+    <- the prompt ends with this newline
 
-  This is lmms-eval's ``longvideobench_val_v`` prompt (video file, no subtitles, question and
-  options joined by newlines) with LongVideoBench's "Question: " prefix. The APB reference
-  concatenates the same items with no separator at all; subtitles are not used.
+  LongVideoBench's own dataset code differs: it prefixes "Question: " and has no trailing
+  newline; the APB reference concatenates the items with no separator. The results are named
+  after lmms-eval's task, so its text is the one used.
 
 VNBench (the 4-try annotation ``VNBench-main-4try.json``, 1350 questions x 4 option orders)::
 
@@ -42,6 +44,11 @@ VNBench (the 4-try annotation ``VNBench-main-4try.json``, 1350 questions x 4 opt
   Sample id: ``{video file stem}_{type}_{try}``, the ``question_id`` form of VideoNIAH's
   ``evaluation/eval.py`` (dropping the last 2 characters gives the question).
 
+Question and option text are data: they go into the prompt as they are (``str()`` of a number),
+and the harness adds no special token of its own; the chat template and the tokenizer decide
+how the text is tokenized. A malformed entry is a ValueError naming the file, the entry's index
+and id, and the field.
+
 Every sample gets the same frame sampling, from the engine's video config, whatever the mode.
 """
 
@@ -53,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apbv.eval.parse import option_letters
+from apbv.eval.parse import OPTION_LETTERS, option_letters
 
 BENCHMARKS = ("longvideobench", "vnbench")
 DEFAULT_ANNOTATION = {"longvideobench": "lvb_val.json", "vnbench": "VNBench-main-4try.json"}
@@ -62,6 +69,8 @@ TASK_NAMES = {"longvideobench": "longvideobench_val_v", "vnbench": "vnbench"}
 DEFAULT_MAX_NEW_TOKENS = {"longvideobench": 32, "vnbench": 5}
 """lmms-eval's generation_kwargs for longvideobench_val_v; the VNBench runners' value."""
 INSTRUCTION = "Answer with the option's letter from the given choices directly."
+LVB_POST_PROMPT = INSTRUCTION + "\n"
+"""lmms-eval's ``post_prompt`` of ``longvideobench_val_v``, trailing newline included."""
 VNBENCH_CATEGORIES = ("ret", "ord", "cnt")
 VNBENCH_TYPES = ("ret_insert1", "ret_insert2", "ret_edit1", "ord_insert1", "ord_insert2",
                  "ord_edit1", "cnt_insert1", "cnt_edit1", "cnt_edit2")
@@ -118,40 +127,74 @@ def _read_entries(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def _require(entry: dict[str, Any], index: int, keys: tuple[str, ...], path: Path) -> None:
+def _entry(path: Path, index: int, entry_id: Any) -> str:
+    """How an error names an entry: file, index and id."""
+    shown = "unknown" if entry_id is None else repr(entry_id)
+    return f"{path.name} entry {index} (id {shown})"
+
+
+def _require(entry: dict[str, Any], where: str, keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in entry]
     if missing:
-        raise ValueError(f"{path.name} entry {index} lacks {', '.join(missing)}")
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
 
 
-def _options_prompt(lead: str, options: list[Any], letters: str) -> str:
+def _text(entry: dict[str, Any], key: str, where: str, *, numbers: bool = False) -> str:
+    """A text field (a file name, a question, an option): a non-empty string, or with
+    ``numbers`` also an integer or float (VNBench's counting options), returned as text."""
+    value = entry[key]
+    if isinstance(value, str) and value.strip():
+        return value
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    kind = "a non-empty string or a number" if numbers else "a non-empty string"
+    raise ValueError(f"{where}: field {key!r} must be {kind}, got {value!r}")
+
+
+def _options(entry: dict[str, Any], key: str, where: str, *, numbers: bool) -> list[str]:
+    options = entry[key]
+    if not isinstance(options, list):
+        raise ValueError(f"{where}: field {key!r} must be a list, got {options!r}")
+    if not 2 <= len(options) <= len(OPTION_LETTERS):
+        raise ValueError(f"{where}: field {key!r} must hold 2..{len(OPTION_LETTERS)} options, "
+                         f"got {len(options)}")
+    return [_text({key: o}, key, where, numbers=numbers) for o in options]
+
+
+def _options_prompt(lead: str, options: list[str], letters: str, end: str) -> str:
     lines = [lead] + [f"{letter}. {option}" for letter, option in zip(letters, options)]
-    return "\n".join(lines + [INSTRUCTION])
+    return "\n".join(lines + [end])
 
 
 def _longvideobench(entries: list[dict[str, Any]], data_dir: Path, path: Path) -> list[Sample]:
     samples = []
     for i, e in enumerate(entries):
-        _require(e, i, ("id", "video_path", "question", "duration_group",
-                        "question_category"), path)
+        where = _entry(path, i, e.get("id"))
+        _require(e, where, ("id", "video_path", "question", "duration_group",
+                            "question_category"))
+        if isinstance(e["id"], bool) or not isinstance(e["id"], (str, int)):
+            raise ValueError(f"{where}: field 'id' must be a string, got {e['id']!r}")
+        video = _text(e, "video_path", where)
+        question = _text(e, "question", where)
         if "candidates" in e:
-            options = e["candidates"]
-            if not isinstance(options, list):
-                raise ValueError(f"{path.name} entry {i}: candidates must be a list")
+            options = _options(e, "candidates", where, numbers=False)
         else:
-            options = [e[k] for k in (f"option{j}" for j in range(5)) if e.get(k, "N/A") != "N/A"]
+            columns = {f"option{j}": e[f"option{j}"] for j in range(5)
+                       if e.get(f"option{j}", "N/A") != "N/A"}
+            options = _options({"option0..option4": [*columns.values()]}, "option0..option4",
+                               where, numbers=False)
         letters = option_letters(len(options))
         choice = e.get("correct_choice")
         if isinstance(choice, bool) or not isinstance(choice, int) or \
                 not 0 <= choice < len(options):
-            raise ValueError(f"{path.name} entry {i} ({e['id']}): correct_choice must be an "
-                             f"option index 0..{len(options) - 1}, got {choice!r} (the test "
-                             f"split hides the answers and cannot be scored)")
+            raise ValueError(f"{where}: field 'correct_choice' must be an option index "
+                             f"0..{len(options) - 1}, got {choice!r} (the test split hides the "
+                             f"answers and cannot be scored)")
         samples.append(Sample(
             id=str(e["id"]),
-            video=e["video_path"],
-            video_path=str(data_dir / "videos" / e["video_path"]),
-            prompt=_options_prompt(f"Question: {e['question']}", options, letters),
+            video=video,
+            video_path=str(data_dir / "videos" / video),
+            prompt=_options_prompt(question, options, letters, LVB_POST_PROMPT),
             letters=letters,
             gt=letters[choice],
             fields={"duration_group": e["duration_group"],
@@ -169,30 +212,44 @@ def vnbench_category(task_type: str) -> str:
     return category
 
 
+def _vnbench_id(entry: dict[str, Any]) -> str | None:
+    """``{video file stem}_{type}_{try}`` when those fields allow it, else None."""
+    video, task_type, attempt = entry.get("video"), entry.get("type"), entry.get("try")
+    if not isinstance(video, str) or not video.strip() or not isinstance(task_type, str) or \
+            isinstance(attempt, bool) or not isinstance(attempt, int):
+        return None
+    return f"{Path(video).stem}_{task_type}_{attempt}"
+
+
 def _vnbench(entries: list[dict[str, Any]], data_dir: Path, path: Path) -> list[Sample]:
     samples = []
     for i, e in enumerate(entries):
-        _require(e, i, ("video", "question", "options", "gt", "type", "try"), path)
-        options = e["options"]
-        if not isinstance(options, list):
-            raise ValueError(f"{path.name} entry {i}: options must be a list")
+        sample_id = _vnbench_id(e)
+        where = _entry(path, i, sample_id)
+        _require(e, where, ("video", "question", "options", "gt", "type", "try"))
+        video = _text(e, "video", where)
+        question = _text(e, "question", where)
+        options = _options(e, "options", where, numbers=True)
         letters = option_letters(len(options))
-        vnbench_category(e["type"])
-        if e["gt"] not in options:
-            raise ValueError(f"{path.name} entry {i}: gt {e['gt']!r} is not among the options")
-        gt = letters[options.index(e["gt"])]
+        try:
+            vnbench_category(e["type"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: field 'type': {exc}") from None
+        if e["gt"] not in e["options"]:
+            raise ValueError(f"{where}: field 'gt' {e['gt']!r} is not among the options")
+        gt = letters[e["options"].index(e["gt"])]
         if e.get("gt_option", gt) != gt:
-            raise ValueError(f"{path.name} entry {i}: gt_option {e['gt_option']!r} does not "
-                             f"name gt {e['gt']!r} (that is option {gt})")
-        if e["try"] not in range(VNBENCH_TRIES):
-            raise ValueError(f"{path.name} entry {i}: try must be 0..{VNBENCH_TRIES - 1}, "
+            raise ValueError(f"{where}: field 'gt_option' {e['gt_option']!r} does not name gt "
+                             f"{e['gt']!r} (that is option {gt})")
+        if isinstance(e["try"], bool) or e["try"] not in range(VNBENCH_TRIES):
+            raise ValueError(f"{where}: field 'try' must be 0..{VNBENCH_TRIES - 1}, "
                              f"got {e['try']!r}")
-        sample_id = f"{Path(e['video']).stem}_{e['type']}_{e['try']}"
+        assert sample_id is not None  # video, type and try are checked above
         samples.append(Sample(
             id=sample_id,
-            video=e["video"],
-            video_path=os.path.normpath(data_dir / e["video"]),
-            prompt=_options_prompt(str(e["question"]), options, letters),
+            video=video,
+            video_path=os.path.normpath(data_dir / video),
+            prompt=_options_prompt(question, options, letters, INSTRUCTION),
             letters=letters,
             gt=gt,
             fields={"question_id": sample_id, "type": e["type"], "try": e["try"]},

@@ -1,13 +1,16 @@
 """The evaluation loop: every rank runs every sample together, rank 0 writes the results.
 
-Each sample is one :meth:`apbv.engine.Engine.generate` call on every rank (sequence parallel:
-all ranks serve the same request), plus one more in exact mode with ``compare="exact"``. Rank 0
-alone writes two files:
+Each sample is one engine call on every rank (sequence parallel: all ranks serve the same
+request), plus one more in exact mode with ``compare="exact"``; :func:`_call_engine` is the only
+place that calls the engine. Rank 0 alone writes, holding an exclusive lock on the output
+(:class:`apbv.eval.store.OutputLock`, ``OUT.jsonl.lock``) for the whole run:
 
-    OUT.jsonl          one JSON line per finished sample, appended, flushed and fsynced as it
-                       is written (a crash or Ctrl-C loses at most the sample in flight)
-    OUT_results.json   lmms-eval-style results (:mod:`apbv.eval.score`), rewritten at the end
-                       of every run from every line of OUT.jsonl that belongs to the selection
+    OUT.jsonl           one JSON line per finished sample, appended, flushed and fsynced as it
+                        is written (a crash or Ctrl-C loses at most the sample in flight)
+    OUT_settings.json   the run's settings (:mod:`apbv.eval.settings`), written when the output
+                        is new; a resume under other settings is refused
+    OUT_results.json    lmms-eval-style results (:mod:`apbv.eval.score`), rewritten at the end
+                        of every run from every line of OUT.jsonl that belongs to the selection
 
 A row (one line) holds, in this order: ``id``, ``task``, ``mode``, ``video``, the benchmark's
 own fields (LongVideoBench: ``duration_group``, ``question_category``; VNBench: ``question_id``,
@@ -15,19 +18,23 @@ own fields (LongVideoBench: ``duration_group``, ``question_category``; VNBench: 
 failed), ``parsed_pred`` (its letter or null), ``correct``, ``error`` (null, or why the sample
 failed: a missing or corrupt video, too few frames for the ranks), ``token_ids``, ``frames``,
 ``context_len``, ``query_len``, then ``exact`` (with ``compare="exact"``: exact attention's
-``pred``, ``parsed_pred``, ``correct``, ``error``, ``token_ids``, and ``same_letter`` /
-``same_tokens`` against the mode; null when the sample failed) and last ``timing`` (TTFT and
-per-stage seconds, null when the sample failed). Only ``timing`` differs between two runs of
-the same samples. VNBench rows carry ``question_id``, ``pred``, ``gt``, ``type`` and ``try``, so
-VideoNIAH's own ``evaluation/eval.py`` reads the JSONL as it is.
+``pred``, ``parsed_pred``, ``correct``, ``error``, ``token_ids``, ``same_letter`` (null unless
+both answers parsed to a letter) and ``same_tokens``; null when the sample failed) and last
+``timing`` (TTFT and per-stage seconds, null when the sample failed). Only ``timing`` differs
+between two runs of the same samples. VNBench rows carry ``question_id``, ``pred``, ``gt``,
+``type`` and ``try``, so VideoNIAH's own ``evaluation/eval.py`` reads the JSONL as it is.
 
-Resume: rank 0 reads OUT.jsonl, drops a half-written last line (a crash mid-write; the file is
-cut back to its last complete line), refuses a file of another benchmark or mode or with a
-damaged line elsewhere, and broadcasts the selected samples and the ids already done
+Resume: rank 0 takes the lock, reads OUT.jsonl, drops a half-written last line (a crash
+mid-write; the file is cut back to its last complete line), refuses a file of other settings, of
+another benchmark or mode or with a damaged line elsewhere, drops the failed rows of the
+selection to run them again (unless ``retry_failed`` is False; the file is rewritten in
+annotation order at the end), checks that the video files of the samples to run exist (refusing
+to start when some are missing, unless ``skip_missing``), and broadcasts the plan
 (:func:`apbv.comm.broadcast_object`, once per run: a few MB for 5400 VNBench samples), so every
 rank runs the same remaining samples in the same order. Only rank 0 reads the annotation file
-and the JSONL; every rank reads its own frames of each video. A sample that fails with ValueError (the engine raises it on every rank alike) becomes an
-error row, scored wrong, and the run goes on.
+and the JSONL; every rank reads its own frames of each video. A sample that fails with
+ValueError (the engine raises it on every rank alike) becomes an error row, scored wrong, and
+the run goes on.
 """
 
 from __future__ import annotations
@@ -35,10 +42,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,7 +58,12 @@ from apbv.eval.data import (
     load_samples,
 )
 from apbv.eval.parse import parse_choice
-from apbv.eval.score import Row, results_document
+from apbv.eval.report import Progress, summary
+from apbv.eval.score import Row, letters_agree, results_document
+from apbv.eval.settings import check_settings, read_settings, run_settings, write_settings
+from apbv.eval.store import OutputLock, ResultLog
+
+__all__ = ["EvalSpec", "OutputLock", "ResultLog", "run_eval", "run_sample", "summary"]
 
 COMPARE = ("exact",)
 """What ``compare`` accepts: the mode whose answers each sample is also checked against."""
@@ -80,6 +90,12 @@ class EvalSpec:
     """"exact": also answer each sample with exact attention and report the agreement."""
     max_new_tokens: int | None = None
     """None: the benchmark's default (LongVideoBench 32, as lmms-eval; VNBench 5)."""
+    retry_failed: bool = True
+    """Run again the samples that failed in an earlier run on this output (their rows are
+    replaced); False keeps those rows as they are."""
+    skip_missing: bool = False
+    """Run even though some video files are missing: their samples are recorded as failed
+    without running (and retried by the next run). False: refuse to start."""
 
     def __post_init__(self) -> None:
         if self.bench not in BENCHMARKS:
@@ -116,82 +132,28 @@ class EvalSpec:
         return out.with_name(f"{out.name.removesuffix('.jsonl')}_results.json")
 
 
-class ResultLog:
-    """The JSONL file of finished samples: read (and repaired) on resume, then appended to."""
+def _call_engine(engine: Any, sample: Sample, mode: str, max_new_tokens: int) -> Any:
+    """The harness's only call into the engine: answer ``sample`` in ``mode``, greedily, with at
+    most ``max_new_tokens`` tokens. The prompt is the sample's plain text (question and options
+    as data); the engine applies the chat template. Returns the engine's result (``answer``,
+    ``token_ids``, ``frames``, ``context_len``, ``query_len``, ``ttft_s``, ``seconds``);
+    raises ValueError for a bad sample (on every rank alike)."""
+    return engine.generate(engine.request(sample.video_path, sample.prompt, mode=mode,
+                                          max_new_tokens=max_new_tokens))
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._file: Any = None
 
-    def read(self, task: str, mode: str, compare: bool) -> tuple[list[Row], str | None]:
-        """The rows already written, and a note when a half-written last line was cut off.
-
-        Raises ValueError for a damaged line before the last, a line that is not a row, a
-        sample id twice, or rows of another task or mode, or with(out) the comparison against
-        exact attention when this run is not (resuming into them would mix runs).
-        """
-        if not self.path.exists():
-            return [], None
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        tail = lines.pop()  # the bytes after the last newline: b"" unless cut mid-write
-        rows: list[Row] = []
-        kept = 0
-        for number, line in enumerate(lines, 1):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if not isinstance(row, dict) or "id" not in row:
-                if number == len(lines) and not tail:
-                    tail = line
-                    break
-                raise ValueError(f"{self.path} line {number} is not a result row; the file is "
-                                 f"damaged (move it away to start over)")
-            if row.get("task") != task or row.get("mode") != mode:
-                raise ValueError(f"{self.path} holds results of task {row.get('task')} in mode "
-                                 f"{row.get('mode')}, not {task} in mode {mode}; pass another "
-                                 f"output file")
-            if ("exact" in row) != compare:
-                raise ValueError(f"{self.path} holds results {'without' if compare else 'with'} "
-                                 f"the comparison against exact attention, unlike this run; "
-                                 f"pass another output file")
-            rows.append(row)
-            kept += len(line) + 1
-        ids = [r["id"] for r in rows]
-        if len(set(ids)) != len(ids):
-            twice = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"{self.path} has sample ids more than once: {', '.join(twice)}")
-        if not tail:
-            return rows, None
-        os.truncate(self.path, kept)
-        return rows, (f"dropped a half-written last line of {self.path} "
-                      f"({len(data) - kept} bytes)")
-
-    def append(self, row: Row) -> None:
-        """Write one row as one line; it is on disk when this returns."""
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+def _failed(error: str) -> Row:
+    return {"pred": "", "parsed_pred": None, "correct": False, "error": error,
+            "token_ids": [], "frames": None, "context_len": None, "query_len": None}
 
 
 def _answer(engine: Any, sample: Sample, mode: str,
             max_new_tokens: int) -> tuple[Row, dict[str, Any] | None]:
-    """One generate call: the answer's row fields, and its timing (None when it failed)."""
+    """One engine call: the answer's row fields, and its timing (None when it failed)."""
     try:
-        result = engine.generate(engine.request(sample.video_path, sample.prompt, mode=mode,
-                                                max_new_tokens=max_new_tokens))
+        result = _call_engine(engine, sample, mode, max_new_tokens)
     except ValueError as exc:
-        return {"pred": "", "parsed_pred": None, "correct": False, "error": str(exc),
-                "token_ids": [], "frames": None, "context_len": None, "query_len": None}, None
+        return _failed(str(exc)), None
     parsed = parse_choice(result.answer, sample.letters)
     fields = {"pred": result.answer, "parsed_pred": parsed, "correct": parsed == sample.gt,
               "error": None, "token_ids": list(result.token_ids), "frames": result.frames,
@@ -199,10 +161,23 @@ def _answer(engine: Any, sample: Sample, mode: str,
     return fields, {"ttft_s": result.ttft_s, "seconds": result.seconds}
 
 
+def _row_head(sample: Sample, spec: EvalSpec) -> Row:
+    return {"id": sample.id, "task": spec.task, "mode": spec.mode, "video": sample.video,
+            **sample.fields, "gt": sample.gt}
+
+
+def failed_row(sample: Sample, spec: EvalSpec, error: str) -> Row:
+    """The row of a sample that did not run (its video is missing)."""
+    row = {**_row_head(sample, spec), **_failed(error)}
+    if spec.compare is not None:
+        row["exact"] = None
+    row["timing"] = None
+    return row
+
+
 def run_sample(engine: Any, sample: Sample, spec: EvalSpec) -> Row:
     """The row of one sample (every rank computes the same row but its timing)."""
-    row: Row = {"id": sample.id, "task": spec.task, "mode": spec.mode, "video": sample.video,
-                **sample.fields, "gt": sample.gt}
+    row = _row_head(sample, spec)
     fields, timing = _answer(engine, sample, spec.mode, spec.new_tokens)
     row.update(fields)
     if spec.compare is not None:
@@ -211,57 +186,99 @@ def run_sample(engine: Any, sample: Sample, spec: EvalSpec) -> Row:
             exact, exact_timing = _answer(engine, sample, spec.compare, spec.new_tokens)
             row["exact"] = {k: exact[k] for k in ("pred", "parsed_pred", "correct", "error",
                                                   "token_ids")}
-            row["exact"]["same_letter"] = exact["parsed_pred"] == fields["parsed_pred"]
+            row["exact"]["same_letter"] = letters_agree(fields["parsed_pred"],
+                                                        exact["parsed_pred"])
             row["exact"]["same_tokens"] = exact["token_ids"] == fields["token_ids"]
             timing["exact"] = exact_timing
     row["timing"] = timing
     return row
 
 
-class Progress:
-    """One stderr line per finished sample on rank 0: done/total, ETA, running accuracy."""
-
-    def __init__(self, stream: TextIO | None, total: int, rows: list[Row], compare: bool):
-        self.stream = stream
-        self.total = total
-        self.done = len(rows)
-        self.correct = sum(bool(r["correct"]) for r in rows)
-        self.errors = sum(r["error"] is not None for r in rows)
-        self.compare = compare
-        self.compared = [r["exact"]["same_letter"] for r in rows
-                         if compare and r["exact"] is not None and r["exact"]["error"] is None]
-        self.new = 0
-        self.start = time.monotonic()
-
-    def update(self, row: Row) -> None:
-        self.done += 1
-        self.new += 1
-        self.correct += bool(row["correct"])
-        self.errors += row["error"] is not None
-        if self.compare and row["exact"] is not None and row["exact"]["error"] is None:
-            self.compared.append(row["exact"]["same_letter"])
-        if self.stream is None:
-            return
-        elapsed = time.monotonic() - self.start
-        eta = timedelta(seconds=round(elapsed / self.new * (self.total - self.done)))
-        line = (f"[{self.done}/{self.total}] {100 * self.done / self.total:.1f}%  eta {eta}  "
-                f"acc {self.correct / self.done:.3f}")
-        if self.errors:
-            line += f"  errors {self.errors}"
-        if self.compared:
-            line += f"  agree {sum(self.compared) / len(self.compared):.3f}"
-        print(line, file=self.stream, flush=True)
+SHOWN_MISSING = 5
+"""How many missing video files the preflight names."""
 
 
-def _plan(spec: EvalSpec, log: ResultLog) -> tuple[list[Sample], int, list[Row], str | None]:
-    """The selected samples, how many there are without --limit, the rows already done and
-    the note of a repaired file."""
+def missing_videos(samples: list[Sample], skip: bool) -> dict[str, str]:
+    """{sample id: error} of the samples whose video file is missing. Raises ValueError
+    counting them all and naming the first few files unless ``skip``."""
+    files = {s.video_path for s in samples if not os.path.isfile(s.video_path)}
+    if not files:
+        return {}
+    missing = {s.id: f"video file {s.video_path!r} does not exist"
+               for s in samples if s.video_path in files}
+    if not skip:
+        ordered = sorted(files)
+        shown = ", ".join(repr(f) for f in ordered[:SHOWN_MISSING])
+        more = f" and {len(files) - SHOWN_MISSING} more" if len(files) > SHOWN_MISSING else ""
+        raise ValueError(f"{len(files)} video file(s) of {len(missing)} sample(s) to run are "
+                         f"missing: {shown}{more}; check --data (and --annotation), or pass "
+                         f"--skip-missing to record those samples as failed and run the rest")
+    return missing
+
+
+@dataclass
+class _Plan:
+    """What rank 0 decided before any sample runs."""
+
+    samples: list[Sample]
+    total: int
+    """The selected samples before ``limit``."""
+    rows: list[Row]
+    """Every row kept in the file (failed rows to retry dropped)."""
+    retried: int
+    missing: dict[str, str]
+    settings: dict[str, Any]
+    note: str | None
+
+
+def _plan(spec: EvalSpec, cfg: RuntimeConfig, log: ResultLog, world: int) -> _Plan:
+    """Check everything, then (only when all is well) write the settings and drop the failed
+    rows to retry."""
     samples = load_samples(spec.bench, spec.data_dir, spec.annotation, spec.where)
     total = len(samples)
     if spec.limit is not None:
         samples = samples[:spec.limit]
+    settings = run_settings(spec, cfg, world_size=world,
+                            annotation=annotation_path(spec.bench, spec.data_dir,
+                                                       spec.annotation))
     rows, note = log.read(spec.task, spec.mode, spec.compare is not None)
-    return samples, total, rows, note
+    if rows:
+        check_settings(spec.out, read_settings(spec.out), settings, len(rows))
+    selected = {s.id for s in samples}
+    retry = {r["id"] for r in rows if spec.retry_failed and r["error"] is not None
+             and r["id"] in selected}
+    kept = [r for r in rows if r["id"] not in retry]
+    done = {r["id"] for r in kept}
+    missing = missing_videos([s for s in samples if s.id not in done], spec.skip_missing)
+    if not rows:
+        write_settings(spec.out, settings)
+    if retry:
+        log.rewrite(kept)
+    return _Plan(samples, total, kept, len(retry), missing, settings, note)
+
+
+def _write_results(spec: EvalSpec, cfg: RuntimeConfig, plan: _Plan, rows: list[Row],
+                   world: int) -> dict[str, Any]:
+    generation = {"max_new_tokens": spec.new_tokens, "temperature": 0, "do_sample": False}
+    config = {
+        "model": "apbv",
+        "model_args": f"pretrained={cfg.model.path},mode={spec.mode},world_size={world}",
+        "batch_size": "1",
+        "limit": spec.limit,
+        "gen_kwargs": generation,
+        "apbv": {"spec": dataclasses.asdict(spec), "settings": plan.settings,
+                 "annotation": str(annotation_path(spec.bench, spec.data_dir, spec.annotation)),
+                 "world_size": world, "runtime": to_dict(cfg)},
+    }
+    results = results_document(spec.bench, rows, total=plan.total, config=config,
+                               generation=generation, compared=spec.compare is not None)
+    path = spec.results_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(results, indent=2)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return json.loads(text)
 
 
 def run_eval(
@@ -273,104 +290,66 @@ def run_eval(
 ) -> dict[str, Any] | None:
     """Run the samples of ``spec`` not yet in its JSONL file; call on every rank alike.
 
-    ``make_engine`` is called (on every rank) only if a sample remains, so a finished run is
-    only rescored. ``progress``: where rank 0 writes its progress lines (the command line
-    passes stderr; None: nowhere). Returns the results document on rank 0 (as written to
-    ``spec.results_path``) and None on the other ranks. Raises ValueError on every rank for a
-    bad benchmark directory or output file, before any sample runs.
+    ``make_engine`` is called (on every rank) only if a sample remains to run on the engine, so
+    a finished run is only rescored. ``progress``: where rank 0 writes its progress lines (the
+    command line passes stderr; None: nowhere). Returns the results document on rank 0 (as
+    written to ``spec.results_path``) and None on the other ranks. Raises ValueError on every
+    rank for a bad benchmark directory or output file, other settings than the output's, an
+    output locked by another run, or missing videos (without ``skip_missing``), before any
+    sample runs and before the engine is made.
     """
     rank, world = comm.rank_and_size()
     log = ResultLog(Path(spec.out))
-    payload: tuple[str, Any, Any] | None = None
-    rows: list[Row] = []
-    total = 0
-    if rank == 0:
-        try:
-            samples, total, rows, note = _plan(spec, log)
-            payload = ("ok", samples, {r["id"] for r in rows})
-            if note and progress is not None:
-                print(f"[apbv eval] {note}", file=progress, flush=True)
-        except ValueError as exc:
-            payload = ("error", str(exc), None)
-    status, samples, done = comm.broadcast_object(payload)
-    if status == "error":
-        raise ValueError(samples)
-    remaining = [s for s in samples if s.id not in done]
-    selected = {s.id for s in samples}
-    rows = [r for r in rows if r["id"] in selected]
-    tracker = Progress(progress if rank == 0 else None, len(samples), rows,
-                       spec.compare is not None)
-    if rank == 0 and progress is not None:
-        print(f"[apbv eval] {spec.task}, mode {spec.mode} on {world} rank(s): "
-              f"{len(samples)} samples, {len(rows)} already in {spec.out}, "
-              f"{len(remaining)} to run", file=progress, flush=True)
-    if remaining:
-        engine = make_engine()
-        try:
-            for sample in remaining:
+    lock = OutputLock(spec.out) if rank == 0 else None
+    plan: _Plan | None = None
+    try:
+        payload: tuple[str, Any, Any, Any] = ("ok", None, None, None)
+        if lock is not None:
+            try:
+                lock.acquire()
+                plan = _plan(spec, cfg, log, world)
+                payload = ("ok", plan.samples, {r["id"] for r in plan.rows}, plan.missing)
+            except ValueError as exc:
+                payload = ("error", str(exc), None, None)
+        status, samples, done, missing = comm.broadcast_object(payload)
+        if status == "error":
+            raise ValueError(samples)
+        remaining = [s for s in samples if s.id not in done]
+        order = {s.id: i for i, s in enumerate(samples)}
+        rows = [r for r in plan.rows if r["id"] in order] if plan is not None else []
+        tracker = Progress(progress if rank == 0 else None, len(samples), rows,
+                           spec.compare is not None)
+        if rank == 0 and progress is not None:
+            if plan.note:
+                print(f"[apbv eval] {plan.note}", file=progress, flush=True)
+            extra = f", {plan.retried} failed before and run again" if plan.retried else ""
+            if missing:
+                extra += f", {len(missing)} with missing videos recorded as failed"
+            print(f"[apbv eval] {spec.task}, mode {spec.mode} on {world} rank(s): "
+                  f"{len(samples)} samples, {len(rows)} already in {spec.out}, "
+                  f"{len(remaining)} to run{extra}", file=progress, flush=True)
+        engine = None
+        for sample in remaining:
+            if sample.id in missing:
+                row = failed_row(sample, spec, missing[sample.id])
+            else:
+                engine = make_engine() if engine is None else engine
                 row = run_sample(engine, sample, spec)
-                if rank == 0:
-                    log.append(row)
-                    rows.append(row)
-                tracker.update(row)
-        finally:
-            log.close()
-    if rank != 0:
-        return None
-    order = {s.id: i for i, s in enumerate(samples)}
-    rows.sort(key=lambda r: order[r["id"]])
-    generation = {"max_new_tokens": spec.new_tokens, "temperature": 0, "do_sample": False}
-    config = {
-        "model": "apbv",
-        "model_args": f"pretrained={cfg.model.path},mode={spec.mode},world_size={world}",
-        "batch_size": "1",
-        "limit": spec.limit,
-        "gen_kwargs": generation,
-        "apbv": {"spec": dataclasses.asdict(spec),
-                 "annotation": str(annotation_path(spec.bench, spec.data_dir, spec.annotation)),
-                 "world_size": world, "runtime": to_dict(cfg)},
-    }
-    results = results_document(spec.bench, rows, total=total, config=config,
-                               generation=generation, compared=spec.compare is not None)
-    path = spec.results_path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=2)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    if progress is not None:
-        print(f"[apbv eval] results: {path}", file=progress, flush=True)
-    return json.loads(text)
-
-
-def _fraction(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
-def summary(results: dict[str, Any]) -> str:
-    """A few lines for the terminal: the headline metrics, the breakdown, the agreement."""
-    details = results["apbv"]
-    bench, scores = details["benchmark"], details["scores"]
-    (task, table), = results["results"].items()
-    metrics = "  ".join(f"{k.split(',')[0]} {_fraction(v)}" for k, v in table.items()
-                        if k.endswith(",none") and "_stderr" not in k)
-    lines = [(f"{task}: {metrics}  ({scores['num']} samples, {scores['errors']} failed, "
-              f"{scores['unparsed']} unparsed)")]
-    if bench == "longvideobench":
-        for key in ("duration_group", "question_category"):
-            parts = [f"{name} {_fraction(s['acc'])} ({s['num']})"
-                     for name, s in scores[key].items()]
-            lines.append(f"  {key}: " + ", ".join(parts))
-    else:
-        parts = [f"{name} {_fraction(s['acc'])} ({s['questions']})"
-                 for name, s in scores["types"].items()]
-        lines.append("  per type (questions with all 4 tries right): " + ", ".join(parts))
-        if scores["incomplete_questions"]:
-            lines.append(f"  {scores['incomplete_questions']} question(s) without all 4 tries "
-                         f"run are not scored")
-    if "compare_exact" in details:
-        c = details["compare_exact"]
-        lines.append(f"  agreement with exact attention over {c['compared']} samples: letters "
-                     f"{_fraction(c['letter_agreement'])}, tokens "
-                     f"{_fraction(c['token_agreement'])}")
-    return "\n".join(lines)
+            if rank == 0:
+                log.append(row)
+                rows.append(row)
+                plan.rows.append(row)
+            tracker.update(row)
+        if rank != 0:
+            return None
+        if plan.retried:  # retried rows went to the end: put the file back in order
+            log.rewrite(sorted(plan.rows, key=lambda r: order.get(r["id"], len(order))))
+        rows.sort(key=lambda r: order[r["id"]])
+        results = _write_results(spec, cfg, plan, rows, world)
+        if progress is not None:
+            print(f"[apbv eval] results: {spec.results_path}", file=progress, flush=True)
+        return results
+    finally:
+        log.close()
+        if lock is not None:
+            lock.release()

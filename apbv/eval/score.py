@@ -9,12 +9,20 @@ LongVideoBench (as lmms-eval aggregates ``lvb_acc``): accuracy over every row, a
 ``duration_group`` and per ``question_category``. The denominator is every sample run, failed
 ones included (the reference's ``N - too_short`` differs: spava-algorithm.md B12).
 
-VNBench (VideoNIAH's rule): a question (one video and type, 4 option orders) counts as right
-only if all 4 tries are right; accuracy per type over the questions whose 4 tries all ran (a run
-cut short by --limit leaves some incomplete: counted apart, not scored); ret, ord and cnt are
-each the mean of their types, Overall the mean of the three. Types and categories absent from
-the run are left out of the means rather than counted as 0. The type labels are the
+VNBench (VideoNIAH's ``evaluation/eval.py``): a question (one video and type, 4 option orders)
+counts as right only if all 4 tries are right; accuracy per type over the questions whose 4
+tries all ran (a run cut short by --limit leaves some incomplete: counted apart, not scored).
+Overall is eval.py's: the unweighted mean of the per-type accuracies over the types present in
+the run (``sum(acc) / len(acc)`` over the types it found). With all 9 types present that equals
+the mean of the ret/ord/cnt means (3 types each); on a subset it does not: for ret_insert1,
+cnt_edit1 and cnt_edit2 Overall is (a + b + c) / 3, not (a + (b + c) / 2) / 2. ret, ord and cnt
+are each the mean of their types present (VideoNIAH's ``evaluation_utils.py`` divides by 3,
+counting an absent type as 0; here an absent category is None). The type labels are the
 annotation's own (the APB report swaps ret_insert1 and ret_insert2; VideoNIAH's scorer does not).
+
+Agreement with exact attention (``compare="exact"``): letters agree when both answers parsed to
+the same letter; a pair where either answer has no letter is counted apart as unparsed (two
+unparsed answers are no agreement). Tokens agree when the token ids are equal.
 """
 
 from __future__ import annotations
@@ -90,9 +98,8 @@ def vnbench_scores(rows: Sequence[Row]) -> dict[str, Any]:
              for t, v in sorted(per_type.items())}
     categories = {c: _mean([s["acc"] for t, s in types.items() if vnbench_category(t) == c])
                   for c in VNBENCH_CATEGORIES}
-    present = [a for a in categories.values() if a is not None]
     return {
-        "vnbench_acc": _mean(present),
+        "vnbench_acc": _mean([s["acc"] for s in types.values()]),
         **{f"vnbench_{c}": a for c, a in categories.items()},
         "questions": sum(s["questions"] for s in types.values()),
         "incomplete_questions": incomplete,
@@ -112,16 +119,41 @@ def score_rows(bench: str, rows: Sequence[Row]) -> dict[str, Any]:
     raise ValueError(f"unknown benchmark {bench!r}; allowed: {', '.join(HEADLINE_METRICS)}")
 
 
+def letters_agree(mode_letter: str | None, exact_letter: str | None) -> bool | None:
+    """Whether two parsed answers agree; None when either has no letter (not comparable)."""
+    if mode_letter is None or exact_letter is None:
+        return None
+    return mode_letter == exact_letter
+
+
+def _unparsed_pairs(compared: Sequence[Row]) -> dict[str, int]:
+    """The pairs without a letter on one side or both."""
+    mode = [r["parsed_pred"] is None for r in compared]
+    exact = [r["exact"]["parsed_pred"] is None for r in compared]
+    return {
+        "total": sum(m or e for m, e in zip(mode, exact)),
+        "mode_unparsed": sum(m and not e for m, e in zip(mode, exact)),
+        "exact_unparsed": sum(e and not m for m, e in zip(mode, exact)),
+        "both_unparsed": sum(m and e for m, e in zip(mode, exact)),
+    }
+
+
 def compare_exact(bench: str, rows: Sequence[Row]) -> dict[str, Any]:
-    """Agreement of the mode's answers with exact attention's, over the rows where both ran;
-    and exact attention's own scores (a failed sample stays wrong)."""
+    """Agreement of the mode's answers with exact attention's, over the rows where both ran:
+    letters over the pairs where both parsed, the other pairs counted as unparsed; tokens over
+    every pair. And exact attention's own scores (a failed sample stays wrong)."""
     compared = [r for r in rows if r["exact"] is not None and r["exact"]["error"] is None]
+    both = [r for r in compared if r["parsed_pred"] is not None
+            and r["exact"]["parsed_pred"] is not None]
     exact_rows = [{**r, **({"correct": False} if r["exact"] is None else
                            {k: r["exact"][k] for k in ("correct", "error", "parsed_pred")})}
                   for r in rows]
     return {
         "compared": len(compared),
-        "letter_agreement": _mean([float(r["exact"]["same_letter"]) for r in compared]),
+        "letter_pairs": len(both),
+        "letter_agreement": _mean([float(r["parsed_pred"] == r["exact"]["parsed_pred"])
+                                   for r in both]),
+        "unparsed_pairs": _unparsed_pairs(compared),
         "token_agreement": _mean([float(r["exact"]["same_tokens"]) for r in compared]),
         "exact_scores": score_rows(bench, exact_rows),
     }

@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,7 +91,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, lvb: str, vnb: str, out: str) 
 
     def lvb_spec(name: str) -> EvalSpec:
         return EvalSpec("longvideobench", lvb, str(out_dir / name), compare="exact",
-                        max_new_tokens=4)
+                        max_new_tokens=4, skip_missing=True)
 
     report["lvb_whole"] = run_eval(lvb_spec("lvb_whole.jsonl"), cfg, lambda: engine,
                                    progress=stream)
@@ -110,7 +111,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, lvb: str, vnb: str, out: str) 
                                      progress=stream)
 
     def vnb_spec(name: str, limit: int | None = None) -> EvalSpec:
-        return EvalSpec("vnbench", vnb, str(out_dir / name), limit=limit)
+        return EvalSpec("vnbench", vnb, str(out_dir / name), limit=limit, skip_missing=True)
 
     report["vnb_whole"] = run_eval(vnb_spec("vnb_whole.jsonl"), cfg, lambda: engine,
                                    progress=stream)
@@ -152,13 +153,17 @@ def test_only_rank_0_writes_and_reports(runs: tuple[Path, list[dict]]) -> None:
     assert rank1["progress"] == ""
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"{stem}{suffix}" for stem in ("lvb_whole", "lvb_cut", "vnb_whole", "vnb_cut")
-        for suffix in (".jsonl", "_results.json"))
+        for suffix in (".jsonl", "_results.json", "_settings.json"))  # no lock file left
     progress = rank0["progress"]
     assert "longvideobench_val_v, mode spava on 2 rank(s): 6 samples, 0 already in" in progress
-    assert "[6/6] 100.0%  eta 0:00:00  acc " in progress and "errors 2  agree " in progress
+    # "agree" shows only once a pair has two letters: the random tiny model rarely gives one.
+    assert re.search(r"\[6/6\] 100\.0%  eta 0:00:00  acc [\d.]+  errors 2", progress)
     assert f"dropped a half-written last line of {out / 'lvb_cut.jsonl'} ({len(HALF_LINE)} " \
            f"bytes)" in progress
-    assert "6 samples, 3 already in" in progress and "16 samples, 6 already in" in progress
+    # The resumed run retries the corrupt video's sample (failed before) and the missing one.
+    assert "6 samples, 2 already in" in progress and "4 to run, 1 failed before" in progress
+    assert "1 with missing videos recorded as failed" in progress
+    assert "16 samples, 6 already in" in progress
 
 
 def test_longvideobench_rows_errors_and_comparison(runs: tuple[Path, list[dict]],
@@ -182,7 +187,8 @@ def test_longvideobench_rows_errors_and_comparison(runs: tuple[Path, list[dict]]
         e = r["exact"]
         assert e["error"] is None and 1 <= len(e["token_ids"]) <= 4
         assert e["same_tokens"] == (e["token_ids"] == r["token_ids"])
-        assert e["same_letter"] == (e["parsed_pred"] == r["parsed_pred"])
+        letters = (e["parsed_pred"], r["parsed_pred"])
+        assert e["same_letter"] == (None if None in letters else letters[0] == letters[1])
     results = rank0["lvb_whole"]
     assert results["results"]["longvideobench_val_v"]["lvb_acc,none"] == \
         sum(r["correct"] for r in rows) / 6  # failed samples count, as wrong

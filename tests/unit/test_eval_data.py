@@ -4,6 +4,7 @@ every malformed-input error, and fixture videos that really hold their needles."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -47,13 +48,33 @@ def test_longvideobench_samples_and_prompt(lvb: Path) -> None:
     first, e = samples[0], entries[0]
     letters = "ABCDE"[:len(e["candidates"])]
     assert first.prompt == "\n".join(
-        [f"Question: {e['question']}"] +
-        [f"{letter}. {c}" for letter, c in zip(letters, e["candidates"])] + [INSTRUCTION])
+        [e["question"]] +
+        [f"{letter}. {c}" for letter, c in zip(letters, e["candidates"])] + [INSTRUCTION, ""])
     assert first.gt == letters[e["correct_choice"]] and first.letters == letters
     assert first.video_path == str(lvb / "videos" / e["video_path"])
     assert Path(first.video_path).is_file() and (lvb / "subtitles" / e["subtitle_path"]).is_file()
     assert first.fields == {"duration_group": 15, "question_category": e["question_category"]}
     assert {len(s.letters) for s in samples} == {4, 5}
+
+
+def test_longvideobench_prompt_is_lmms_eval_longvideobench_val_v(tmp_path: Path) -> None:
+    """Byte for byte lmms-eval's longvideobench_val_v text: pre_prompt "", the question, the
+    options "A. ..." one per line, then its post_prompt, whose trailing newline is kept."""
+    (tmp_path / "videos").mkdir()
+    _write(tmp_path / "lvb_val.json", [{
+        "id": "86CxyhFV9MI_0", "video_path": "86CxyhFV9MI.mp4", "duration_group": 600,
+        "question_category": "TOS", "correct_choice": 2,
+        "question": "What is the man in the red shirt doing <|im_end|> when the bell rings?",
+        "candidates": ["He sits down", "He waves", "He opens the door", "He leaves"]}])
+    (sample,) = load_samples("longvideobench", tmp_path)
+    assert sample.prompt == (
+        "What is the man in the red shirt doing <|im_end|> when the bell rings?\n"
+        "A. He sits down\n"
+        "B. He waves\n"
+        "C. He opens the door\n"
+        "D. He leaves\n"
+        "Answer with the option's letter from the given choices directly.\n")
+    assert sample.gt == "C" and sample.video_path == str(tmp_path / "videos" / "86CxyhFV9MI.mp4")
 
 
 def test_longvideobench_lmms_eval_option_columns(lvb: Path, tmp_path: Path) -> None:
@@ -119,22 +140,37 @@ def test_bad_annotations_are_value_errors(vnb: Path, lvb: Path, tmp_path: Path) 
         load_samples("longvideobench", tmp_path)
     good = _entries(vnb / "VNBench-main-4try.json")
     wrong = "A" if good[0]["gt_option"] != "A" else "B"
+    first = "bad.json entry 1 (id 'vnfix000_ret_insert1_ret_insert1_1')"
     cases = {
         "not valid JSON": "[{",
         "must hold a list of objects": {"video": "x"},
         "has no entries": [],
-        "entry 0 lacks gt, type": [{"video": "x", "question": "q", "options": [1, 2],
-                                    "try": 0}],
-        "gt 'z' is not among the options": [{**good[0], "gt": "z"}],
-        f"gt_option '{wrong}' does not name gt": [{**good[0], "gt_option": wrong}],
-        "try must be 0..3": [{**good[0], "try": 4}],
+        "bad.json entry 0 (id unknown) lacks gt, type": [
+            {"video": "x", "question": "q", "options": [1, 2], "try": 0}],
+        f"{first}: field 'gt' 'z' is not among the options": [good[0], {**good[1], "gt": "z"}],
+        f"{first}: field 'gt_option' '{wrong}' does not name gt": [
+            good[0], {**good[1], "gt_option": wrong}],
+        "bad.json entry 0 (id 'vnfix000_ret_insert1_ret_insert1_4'): field 'try' must be "
+        "0..3, got 4": [{**good[0], "try": 4}],
         "must start with one of ret_, ord_, cnt_": [{**good[0], "type": "count"}],
         "two entries with the sample id": [good[0], good[0]],
+        "bad.json entry 1 (id unknown): field 'video' must be a non-empty string, got None": [
+            good[0], {**good[1], "video": None}],
+        "bad.json entry 0 (id unknown): field 'video' must be a non-empty string, got 17": [
+            {**good[0], "video": 17}],
+        f"{first}: field 'options' must hold 2..5 options, got 6": [
+            good[0], {**good[1], "options": list(range(6))}],
+        f"{first}: field 'options' must be a list, got 'A'": [
+            good[0], {**good[1], "options": "A"}],
+        f"{first}: field 'question' must be a non-empty string, got None": [
+            good[0], {**good[1], "question": None}],
+        f"{first}: field 'options' must be a non-empty string or a number, got None": [
+            good[0], {**good[1], "options": [None, *good[1]["options"][1:]]}],
     }
     for message, content in cases.items():
         path = tmp_path / "bad.json"
         path.write_text(content if isinstance(content, str) else json.dumps(content))
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=re.escape(message)):
             load_samples("vnbench", tmp_path, annotation="bad.json")
     test_split = [{k: v for k, v in e.items() if k != "correct_choice"}
                   for e in _entries(lvb / "lvb_val.json")]
@@ -142,8 +178,25 @@ def test_bad_annotations_are_value_errors(vnb: Path, lvb: Path, tmp_path: Path) 
     with pytest.raises(ValueError, match="has no videos/ directory"):
         load_samples("longvideobench", tmp_path)
     (tmp_path / "videos").mkdir()
-    with pytest.raises(ValueError, match="correct_choice must be an option index 0..3, got None"):
+    with pytest.raises(ValueError, match=re.escape(
+            "lvb_val.json entry 0 (id 'lvbfix000_0'): field 'correct_choice' must be an option "
+            "index 0..3, got None")):
         load_samples("longvideobench", tmp_path)
+    lvb_good = _entries(lvb / "lvb_val.json")
+    lvb_cases = {
+        "lvb_val.json entry 1 (id 'lvbfix000_1'): field 'video_path' must be a non-empty "
+        "string, got None": [lvb_good[0], {**lvb_good[1], "video_path": None}],
+        "lvb_val.json entry 0 (id 'lvbfix000_0'): field 'video_path' must be a non-empty "
+        "string, got 3": [{**lvb_good[0], "video_path": 3}],
+        "lvb_val.json entry 1 (id 'lvbfix000_1'): field 'candidates' must hold 2..5 options, "
+        "got 1": [lvb_good[0], {**lvb_good[1], "candidates": ["x"]}],
+        "lvb_val.json entry 0 (id unknown): field 'id' must be a string, got None": [
+            {**lvb_good[0], "id": None}],
+    }
+    for message, entries in lvb_cases.items():
+        _write(tmp_path / "lvb_val.json", entries)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_samples("longvideobench", tmp_path)
 
 
 def test_fixture_videos_hold_their_needles(vnb: Path) -> None:

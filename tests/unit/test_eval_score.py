@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 
-from apbv.eval.score import compare_exact, results_document, score_rows
+from apbv.eval.score import compare_exact, letters_agree, results_document, score_rows
 
 
 def _row(id_: str, correct: bool, *, error: str | None = None, parsed: str | None = "A",
@@ -68,45 +66,103 @@ def test_vnbench_four_try_rule_and_category_means() -> None:
     }
     assert s["vnbench_ret"] == pytest.approx((0.5 + 1.0) / 2)  # the mean of its types
     assert s["vnbench_ord"] == 0.0 and s["vnbench_cnt"] == 1.0
-    assert s["vnbench_acc"] == pytest.approx((0.75 + 0.0 + 1.0) / 3)  # the mean of the three
+    # Overall: the mean over the 4 types present (VideoNIAH's eval.py), not the mean of the
+    # three category means ((0.75 + 0.0 + 1.0) / 3): a subset of types weighs each type alike.
+    assert s["vnbench_acc"] == pytest.approx((0.5 + 1.0 + 0.0 + 1.0) / 4)
     assert (s["questions"], s["incomplete_questions"], s["num"], s["errors"]) == (5, 1, 22, 1)
     assert s["try_acc"] == pytest.approx(20 / 22)
 
 
-def test_vnbench_per_type_matches_videoniah_eval_py_on_the_same_rows() -> None:
-    """VideoNIAH's evaluation/eval.py groups by question_id[:-2], cuts pred at the first ".",
-    maps it by substring test A->B->C->D and needs all 4 tries right. Fed rows whose pred is a
-    letter, it must agree with ours on every type whose questions all ran."""
-    rows = [r for r in _vnb_rows() if not r["id"].startswith("v6")]
+def videoniah_eval_py(rows: list[dict]) -> tuple[dict[str, float], float]:
+    """An independent re-implementation of VideoNIAH's evaluation/eval.py on JSONL rows: skip
+    rows whose pred is None; per type, group by question_id[:-2]; cut pred at its first ".";
+    map it by substring test A, then B, C, D; a question is right when all 4 of its tries are;
+    the type's accuracy is right questions / questions; Overall the plain mean of the types'
+    accuracies, over the types that occur."""
+    tallies: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r["pred"] is None:
+            continue
+        pred = r["pred"].split(".")[0]
+        for letter in "ABCD":
+            if letter in pred:
+                pred = letter
+                break
+        per_question = tallies.setdefault(r["type"], {})
+        name = r["question_id"][:-2]
+        per_question[name] = per_question.get(name, 0) + (r["gt"] == pred)
+    types = {t: sum(n == 4 for n in q.values()) / len(q) for t, q in sorted(tallies.items())}
+    return types, sum(types.values()) / len(types)
+
+
+def _with_letter_preds(rows: list[dict]) -> list[dict]:
     for r in rows:
         r["gt"] = "B"
         r["pred"] = "B. yes" if r["correct"] else ""
-    acc: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in rows:
-        pred = r["pred"].split(".")[0]
-        letter = next((c for c in "ABCD" if c in pred), pred)
-        acc[r["type"]][r["question_id"][:-2]] += r["gt"] == letter
-    theirs = {t: sum(v == 4 for v in q.values()) / len(q) for t, q in acc.items()}
-    ours = {t: s["acc"] for t, s in score_rows("vnbench", rows)["types"].items()}
-    assert ours == theirs
+    return rows
+
+
+def test_vnbench_matches_videoniah_eval_py_on_the_same_rows() -> None:
+    """Fed rows whose pred is a letter, eval.py's per-type accuracies and Overall must equal
+    ours on every run whose questions all ran: here 4 of the 9 types (2 ret, 1 ord, 1 cnt)."""
+    rows = _with_letter_preds([r for r in _vnb_rows() if not r["id"].startswith("v6")])
+    theirs, overall = videoniah_eval_py(rows)
+    scores = score_rows("vnbench", rows)
+    assert {t: s["acc"] for t, s in scores["types"].items()} == theirs
+    assert scores["vnbench_acc"] == pytest.approx(overall)
+
+
+@pytest.mark.parametrize("types", [
+    ("ret_insert1", "cnt_edit1", "cnt_edit2"),  # mean of category means would differ
+    ("ord_insert1",),
+    ("ret_insert1", "ret_insert2", "ret_edit1", "ord_insert1", "ord_insert2", "ord_edit1",
+     "cnt_insert1", "cnt_edit1", "cnt_edit2"),
+])
+def test_vnbench_overall_on_subsets_matches_videoniah_eval_py(types: tuple[str, ...]) -> None:
+    rows = []
+    for k, task_type in enumerate(types):
+        for q in range(k + 2):  # 2, 3, ... questions per type; question q has q wrong tries
+            for t in range(4):
+                qid = f"v{k}q{q}_{task_type}_{t}"
+                rows.append(_row(qid, t >= q % 3, video=f"./VNBench/v{k}q{q}.mp4",
+                                 type=task_type, question_id=qid, **{"try": t}))
+    rows = _with_letter_preds(rows)
+    theirs, overall = videoniah_eval_py(rows)
+    scores = score_rows("vnbench", rows)
+    assert {t: s["acc"] for t, s in scores["types"].items()} == theirs
+    assert scores["vnbench_acc"] == pytest.approx(overall)
+    if types[0] == "ret_insert1" and len(types) == 3:
+        means = (theirs["ret_insert1"] + (theirs["cnt_edit1"] + theirs["cnt_edit2"]) / 2) / 2
+        assert scores["vnbench_acc"] != pytest.approx(means)
 
 
 def test_compare_exact_agreement_and_exact_scores() -> None:
     rows = _lvb_rows()
-    exacts = [
-        {"parsed_pred": "A", "correct": True, "same_letter": True, "same_tokens": True},
-        {"parsed_pred": "B", "correct": True, "same_letter": False, "same_tokens": False},
-        {"parsed_pred": "B", "correct": True, "same_letter": True, "same_tokens": False},
+    exacts = [  # the mode's letters: A, None, B, (failed), C
+        {"parsed_pred": "A", "correct": True, "same_tokens": True},  # agree
+        {"parsed_pred": None, "correct": False, "same_tokens": True},  # both unparsed
+        {"parsed_pred": "A", "correct": False, "same_tokens": False},  # disagree
         None,  # the sample failed: no exact call
-        {"parsed_pred": None, "correct": False, "same_letter": False, "same_tokens": False},
+        {"parsed_pred": None, "correct": False, "same_tokens": False},  # exact unparsed
     ]
     for r, e in zip(rows, exacts):
         r["exact"] = None if e is None else {**e, "error": None}
     c = compare_exact("longvideobench", rows)
-    assert c["compared"] == 4
-    assert c["letter_agreement"] == 0.5 and c["token_agreement"] == 0.25
-    assert c["exact_scores"]["lvb_acc"] == pytest.approx(3 / 5)
-    assert (c["exact_scores"]["errors"], c["exact_scores"]["unparsed"]) == (1, 1)
+    assert c["compared"] == 4 and c["letter_pairs"] == 2
+    assert c["letter_agreement"] == 0.5 and c["token_agreement"] == 0.5
+    assert c["unparsed_pairs"] == {"total": 2, "mode_unparsed": 0, "exact_unparsed": 1,
+                                   "both_unparsed": 1}
+    rows[2]["exact"]["parsed_pred"] = None  # now no pair has two letters but the first
+    rows[0]["parsed_pred"] = None
+    c = compare_exact("longvideobench", rows)
+    assert c["letter_pairs"] == 0 and c["letter_agreement"] is None
+    assert c["unparsed_pairs"] == {"total": 4, "mode_unparsed": 1, "exact_unparsed": 2,
+                                   "both_unparsed": 1}
+    assert letters_agree("A", "A") is True and letters_agree("A", "B") is False
+    assert letters_agree(None, None) is None and letters_agree("A", None) is None
+    rows[0]["parsed_pred"] = "A"
+    assert c["exact_scores"]["lvb_acc"] == pytest.approx(1 / 5)
+    assert (c["exact_scores"]["errors"], c["exact_scores"]["unparsed"]) == (1, 3)
 
 
 def test_results_document_is_lmms_eval_shaped() -> None:
