@@ -164,10 +164,15 @@ class ParallelConfig:
     """Process-group backend: auto = nccl with CUDA, gloo otherwise."""
     timeout_s: float = 600.0
     """Bound on every collective wait; a rank whose peer died fails after this."""
+    memory_gb: float | None = None
+    """Memory budget per rank in GiB, weights included, that a request's estimate must fit
+    (checked before the video is decoded). Default: the device's free memory on CUDA; on CPU
+    the host's available memory shared by the ranks on it."""
 
     def __post_init__(self) -> None:
         _one_of("parallel.backend", self.backend, DIST_BACKENDS)
         _number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S, optional=False)
+        _number("parallel.memory_gb", self.memory_gb)
 
 
 @dataclass
