@@ -123,6 +123,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from apbv import cost
+    from apbv.config import GenerateConfig
     from apbv.modes import get_mode
     from apbv.plan import make_plan
 
@@ -152,8 +153,13 @@ def _plan(args: argparse.Namespace) -> int:
     plan = make_plan(context_len, args.query_len, args.world_size,
                      anchor_len=args.anchor_len, passing_len=args.passing_len)
     print(plan.describe())
-    if args.model:
-        for line in cost.memory_estimate(plan, dims, dtype_bytes=args.dtype_bytes or 2):
+    if dims is not None:  # decode reserve: the default max_new_tokens
+        merge = dims.spatial_merge_size
+        for line in cost.memory_lines(
+                plan, dims, patches=frames // 2,
+                grid_hw=(grid[0] * merge, grid[1] * merge) if frames else (0, 0),
+                dtype_bytes=args.dtype_bytes or 2,
+                reserve_tokens=GenerateConfig().max_new_tokens):
             print(line)
     if not predicting:
         return 0

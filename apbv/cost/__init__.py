@@ -30,7 +30,7 @@ from apbv.cost.hardware import (
     h200,
     hardware,
 )
-from apbv.cost.memory import memory_estimate
+from apbv.cost.memory import MemoryEstimate, memory_lines, request_memory
 from apbv.cost.predict import Prediction, RankCost, predict, prediction_table
 from apbv.cost.schedule import Event, simulate
 from apbv.cost.work import (
@@ -65,6 +65,7 @@ __all__ = [
     "RELEASED_VIDEO_START",
     "Event",
     "Hardware",
+    "MemoryEstimate",
     "ModelDims",
     "Prediction",
     "RankCost",
@@ -75,7 +76,7 @@ __all__ = [
     "full_pairs",
     "h200",
     "hardware",
-    "memory_estimate",
+    "memory_lines",
     "model_dims",
     "predict",
     "prediction_table",
@@ -83,6 +84,7 @@ __all__ = [
     "query_pairs",
     "rank_pairs",
     "read_config",
+    "request_memory",
     "simulate",
     "split_window",
     "squarest_grid",

@@ -201,7 +201,8 @@ def _released_config(layers: int, hidden: int, heads: int, kv_heads: int, interm
     """The fields of a released Qwen2.5-VL config.json (flat form) that ModelDims reads."""
     return {
         "tie_word_embeddings": tied, "num_hidden_layers": layers, "hidden_size": hidden,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": intermediate, "vocab_size": vocab,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate, "vocab_size": vocab,
         "vision_config": {
             "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
             "in_chans": 3, "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2,
