@@ -187,7 +187,8 @@ def request_memory(
 def memory_lines(plan: Plan, dims: ModelDims, *, patches: int = 0,
                  grid_hw: tuple[int, int] = (0, 0), dtype_bytes: int = 2,
                  reserve_tokens: int = 0) -> list[str]:
-    """The ``plan`` command's per-rank memory estimate: a header and one line per rank.
+    """The ``plan`` command's per-rank memory estimate: a header and one line per rank (its
+    :meth:`MemoryEstimate.describe` and its prompt KV cache).
 
     ``patches`` is the whole video's temporal patches, split over the ranks as the engine
     splits them (:func:`apbv.plan.patch_ranges`)."""
@@ -200,5 +201,7 @@ def memory_lines(plan: Plan, dims: ModelDims, *, patches: int = 0,
     for rank in range(plan.world_size):
         est = request_memory(dims, plan, patches=shares[rank], grid_hw=grid_hw,
                              dtype_bytes=dtype_bytes, reserve_tokens=reserve_tokens, rank=rank)
-        lines.append("  " + est.describe())
+        cached = len(owned_local_index(plan, rank))
+        lines.append(f"  {est.describe()}; prompt KV cache "
+                     f"{_gib(est.parts['kv_cache'])} GiB ({cached} tokens)")
     return lines
