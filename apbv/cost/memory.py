@@ -202,6 +202,9 @@ def memory_lines(plan: Plan, dims: ModelDims, *, patches: int = 0,
         est = request_memory(dims, plan, patches=shares[rank], grid_hw=grid_hw,
                              dtype_bytes=dtype_bytes, reserve_tokens=reserve_tokens, rank=rank)
         cached = len(owned_local_index(plan, rank))
-        lines.append(f"  {est.describe()}; prompt KV cache "
-                     f"{_gib(est.parts['kv_cache'])} GiB ({cached} tokens)")
+        prompt_kv = dims.layers * cached * 2 * dims.kv_heads * dims.head_dim * dtype_bytes
+        reserve = (f" + {reserve_tokens} decode rows"
+                   if rank == QUERY_RANK and reserve_tokens else "")
+        lines.append(f"  {est.describe()}; prompt KV cache {_gib(prompt_kv)} GiB "
+                     f"({cached} tokens){reserve}")
     return lines
