@@ -125,6 +125,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from apbv import cost
+    from apbv.config import GenerateConfig
     from apbv.modes import get_mode
     from apbv.plan import make_plan
 
@@ -132,7 +133,7 @@ def _plan(args: argparse.Namespace) -> int:
     dims = None
     if args.preset is not None:
         dims = cost.preset_dims(args.preset)
-    elif args.model and predicting:
+    elif args.model:
         dims = cost.model_dims(cost.read_config(args.model))
     if predicting and dims is None:
         raise ValueError("a prediction needs the model's sizes: pass --model DIR or --preset "
@@ -148,12 +149,19 @@ def _plan(args: argparse.Namespace) -> int:
             patches, *grid = cost.video_grid(args.frames, args.height, args.width,
                                              patch_size=dims.patch_size)
         frames = 2 * patches
-        context_len = cost.VIDEO_START + patches * grid[0] * grid[1] + 1
+        if dims.video_start is None:  # a checkpoint: its own chat template says
+            dims = cost.checkpoint_dims(args.model)
+        context_len = dims.video_start + patches * grid[0] * grid[1] + 1  # 1: <|vision_end|>
     plan = make_plan(context_len, args.query_len, args.world_size,
                      anchor_len=args.anchor_len, passing_len=args.passing_len)
     print(plan.describe())
-    if args.model:
-        for line in cost.memory_estimate(plan, args.model, dtype_bytes=args.dtype_bytes or 2):
+    if dims is not None:  # decode reserve: the default max_new_tokens
+        merge = dims.spatial_merge_size
+        for line in cost.memory_lines(
+                plan, dims, patches=frames // 2,
+                grid_hw=(grid[0] * merge, grid[1] * merge) if frames else (0, 0),
+                dtype_bytes=args.dtype_bytes or 2,
+                reserve_tokens=GenerateConfig().max_new_tokens):
             print(line)
     if not predicting:
         return 0

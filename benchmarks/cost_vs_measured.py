@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 
 from apbv import cost
-from apbv.model.tiny import tiny_config
+from apbv.model.tiny import write_tiny_checkpoint
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,10 +20,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("jsonl", help="bench_ttft output")
     parser.add_argument("--size", default="medium", choices=("tiny", "medium"),
                         help="the random model the benchmark ran")
+    parser.add_argument("--model", help="the checkpoint the benchmark ran (config.json and chat "
+                        "template); default: the random model of --size, written to a "
+                        "temporary directory")
     parser.add_argument("--hardware", default="benchmarks/results/cpu_calibration.json")
     parser.add_argument("--min-tokens", type=int, default=16000)
     args = parser.parse_args(argv)
-    dims = cost.model_dims(tiny_config(args.size).to_dict())
+    if args.model:
+        dims = cost.checkpoint_dims(args.model)
+    else:
+        with tempfile.TemporaryDirectory(prefix="apbv-cost-") as tmp:
+            dims = cost.checkpoint_dims(write_tiny_checkpoint(Path(tmp) / "m", size=args.size))
     hw = cost.hardware(args.hardware)
     print("| mode | prompt tokens | measured TTFT s | predicted s | error |")
     print("|---|---:|---:|---:|---:|")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A model small enough to count by hand: q 8, k 4, v 4 per token; MLP 8 -> 16 -> 8.
 SMALL = ModelDims(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16,
                   vocab=10, vision_depth=2, vision_hidden=8, vision_intermediate=16,
-                  vision_heads=2, fullatt_blocks=1)
+                  vision_heads=2, fullatt_blocks=1, video_start=cost.RELEASED_VIDEO_START)
 UNIT = Hardware(name="unit", matmul_flops=1e9, conv_flops=1e9, attention_flops=1e9,
                 attention_pair_s=0.0, memory_bw=1e9, link_bw=1e9, link_latency_s=1e-5,
                 decode_s_per_pixel=1e-9, process_s_per_pixel=1e-9, preprocess_fixed_s=0.01,
@@ -47,7 +47,7 @@ RELEASED_7B = {
 
 def _video_prediction(mode: str, patches: int, tokens_per_patch: int, *, world_size: int = 8,
                       dims: ModelDims = QWEN_7B, hw: Hardware = H200) -> cost.Prediction:
-    context = cost.VIDEO_START + patches * tokens_per_patch + 1
+    context = dims.video_start + patches * tokens_per_patch + 1
     return predict(mode, dims, context_len=context, query_len=64, world_size=world_size,
                    frames=2 * patches, tokens_per_patch=tokens_per_patch, hw=hw)
 
@@ -55,7 +55,7 @@ def _video_prediction(mode: str, patches: int, tokens_per_patch: int, *, world_s
 def test_presets_and_both_config_forms() -> None:
     from apbv.model.tiny import tiny_config
 
-    assert cost.model_dims(RELEASED_7B) == QWEN_7B
+    assert cost.model_dims(RELEASED_7B, video_start=cost.RELEASED_VIDEO_START) == QWEN_7B
     assert (QWEN_7B.layers, QWEN_7B.hidden, QWEN_7B.heads, QWEN_7B.kv_heads,
             QWEN_7B.head_dim, QWEN_7B.intermediate) == (28, 3584, 28, 4, 128, 18944)
     small = cost.preset_dims("qwen2.5-vl-3b")
@@ -158,7 +158,7 @@ def test_embedding_transfer_bytes() -> None:
     assert [r.transfer_bytes for r in p.ranks] == [2 * 8 * 2, 0]
     # Larger: the sum over ranks is what apbv.engine.routing reports as moved.
     p = _video_prediction("spava", 24, 30, world_size=3, dims=SMALL, hw=UNIT)
-    span = VideoSpan(cost.VIDEO_START, 24 * 30, 30)
+    span = VideoSpan(SMALL.video_start, 24 * 30, 30)
     routes = embedding_routes(p.plan, span, [(0, 8), (8, 16), (16, 24)])
     moved, _ = transfer_bytes(routes, span.num_tokens, 8 * UNIT.dtype_bytes)
     assert sum(r.transfer_bytes for r in p.ranks) == moved > 0
@@ -275,3 +275,31 @@ def test_plan_command_prints_predictions(capsys: pytest.CaptureFixture[str],
     assert "--frames needs --height and --width" in capsys.readouterr().err
     assert main(["plan", "--hardware", "h200"]) == 2
     assert "pass --model DIR or --preset" in capsys.readouterr().err
+
+
+def test_video_start_comes_from_the_chat_template(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The tiny checkpoint ships the released Qwen2.5-VL chat template: the presets' stored
+    video_start is what rendering and tokenizing it gives, and checkpoint_dims reads it."""
+    from apbv.model.tiny import tiny_config
+
+    assert cost.template_video_start(tiny_model_dir) == cost.RELEASED_VIDEO_START
+    for name in cost.MODEL_PRESETS:
+        assert cost.preset_dims(name).video_start == cost.RELEASED_VIDEO_START
+    dims = cost.checkpoint_dims(tiny_model_dir)
+    assert dims == cost.model_dims(tiny_config().to_dict(), video_start=cost.RELEASED_VIDEO_START)
+    # A config.json without processor files: a clear error, not a guessed number.
+    (tmp_path / "config.json").write_text(json.dumps(RELEASED_7B))
+    with pytest.raises(ValueError, match="cannot load the processor"):
+        cost.checkpoint_dims(tmp_path)
+    # Predicting a video without knowing where it starts is refused.
+    no_template = dataclasses.replace(SMALL, video_start=None)
+    with pytest.raises(ValueError, match="needs video_start"):
+        predict("spava", no_template, context_len=40, query_len=4, world_size=2, frames=4,
+                tokens_per_patch=1, hw=UNIT)
+    assert predict("spava", no_template, context_len=40, query_len=4, world_size=2, frames=4,
+                   tokens_per_patch=1, hw=UNIT, video_start=15).ttft_s > 0
+
+
+def test_num_key_value_heads_defaults_to_the_attention_heads() -> None:
+    mha = {k: v for k, v in RELEASED_7B.items() if k != "num_key_value_heads"}
+    assert cost.model_dims(mha).kv_heads == 28

@@ -1,0 +1,93 @@
+"""Cost model of one request: counted work per rank, predicted stage times and TTFT, and the
+memory a rank needs.
+
+Layers, each usable on its own (docs/cost_model.md has the formulas and their limits):
+
+1. Counted work, exact and pure (:mod:`apbv.cost.work`): :func:`rank_pairs` counts the
+   query-key pairs a rank scores in one layer under a plan, :func:`full_pairs` those of
+   single-process causal attention; :class:`ModelDims` holds a checkpoint's sizes
+   (:func:`checkpoint_dims`, :func:`model_dims` of a config.json, or a preset of
+   :data:`MODEL_PRESETS`).
+2. What runs where (:mod:`apbv.cost.hardware`): :class:`Hardware`, a dozen throughput, bandwidth
+   and host-overhead constants; presets in :data:`HARDWARE_PRESETS`, or a calibration JSON
+   written by ``benchmarks/calibrate_cpu.py``.
+3. :func:`predict` (:mod:`apbv.cost.predict`, on the schedule of :mod:`apbv.cost.schedule`): for
+   one mode, per rank and per stage of the engine, the FLOPs, bytes moved and KV memory, and
+   from the hardware constants the seconds.
+4. :func:`request_memory` (:mod:`apbv.cost.memory`): the bytes one rank holds at its peak for
+   one request, by part, checked before any work.
+"""
+
+from apbv.cost.hardware import (
+    CPU,
+    H200_MATMUL_FLOPS,
+    HARDWARE_PRESETS,
+    HOST_CORES_PER_GPU,
+    HOST_SPEEDUP,
+    IB_NDR_BW,
+    NVLINK4_BW,
+    Hardware,
+    h200,
+    hardware,
+)
+from apbv.cost.memory import MemoryEstimate, memory_lines, request_memory
+from apbv.cost.predict import Prediction, RankCost, predict, prediction_table
+from apbv.cost.schedule import Event, simulate
+from apbv.cost.work import (
+    MODEL_PRESETS,
+    RELEASED_VIDEO_START,
+    ModelDims,
+    anchor_pairs,
+    attention_flops,
+    block_pairs,
+    checkpoint_dims,
+    full_pairs,
+    model_dims,
+    preset_dims,
+    query_pairs,
+    rank_pairs,
+    read_config,
+    split_window,
+    squarest_grid,
+    template_video_start,
+    video_grid,
+)
+
+__all__ = [
+    "CPU",
+    "H200_MATMUL_FLOPS",
+    "HARDWARE_PRESETS",
+    "HOST_CORES_PER_GPU",
+    "HOST_SPEEDUP",
+    "IB_NDR_BW",
+    "MODEL_PRESETS",
+    "NVLINK4_BW",
+    "RELEASED_VIDEO_START",
+    "Event",
+    "Hardware",
+    "MemoryEstimate",
+    "ModelDims",
+    "Prediction",
+    "RankCost",
+    "anchor_pairs",
+    "attention_flops",
+    "block_pairs",
+    "checkpoint_dims",
+    "full_pairs",
+    "h200",
+    "hardware",
+    "memory_lines",
+    "model_dims",
+    "predict",
+    "prediction_table",
+    "preset_dims",
+    "query_pairs",
+    "rank_pairs",
+    "read_config",
+    "request_memory",
+    "simulate",
+    "split_window",
+    "squarest_grid",
+    "template_video_start",
+    "video_grid",
+]

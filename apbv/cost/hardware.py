@@ -1,0 +1,207 @@
+"""Hardware constants of the cost model: :class:`Hardware` (a dozen throughput, bandwidth and
+host-overhead constants), its presets (:data:`HARDWARE_PRESETS`: the calibrated development CPU
+and H200s), :func:`hardware` to pick one or read a calibration JSON written by
+``benchmarks/calibrate_cpu.py``, and :class:`Machine`, which turns work into seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Per-rank throughput, bandwidth and host-overhead constants (SI units: s, bytes, FLOP)."""
+
+    name: str
+    matmul_flops: float
+    """FLOP/s of one rank's dense matmuls (linear layers)."""
+    conv_flops: float
+    """FLOP/s of the vision tower's patch embedding (a Conv3d whose stride is its kernel)."""
+    attention_flops: float
+    """FLOP/s of the fused attention kernel on its 4 * D FLOPs per query-key pair and head."""
+    attention_pair_s: float
+    """Seconds per pair and head on top of the FLOPs (softmax and bookkeeping; 0 where the
+    efficiency in ``attention_flops`` covers it)."""
+    memory_bw: float
+    """Bytes/s of memory-bound work (elementwise ops, copies, weight reads of small matmuls)."""
+    link_bw: float
+    """Bytes/s one rank receives in a collective."""
+    link_latency_s: float
+    """Fixed cost of one collective."""
+    decode_s_per_pixel: float
+    """Host seconds to decode and resize a sampled frame, per source pixel."""
+    process_s_per_pixel: float
+    """Host seconds of the video processor (normalise, patchify), per resized pixel."""
+    preprocess_fixed_s: float
+    """Host seconds per request besides the frames and the tokens (open and probe the file)."""
+    tokenize_s_per_token: float
+    """Host seconds per prompt token to tokenize the prompt with its video placeholders."""
+    layer_overhead_s: float
+    """Host seconds per decoder layer (Python and op dispatch of the layer and the APB-V op)."""
+    vision_layer_overhead_s: float
+    """Host seconds per vision block, besides its attention calls."""
+    call_overhead_s: float
+    """Host seconds per attention call of the vision tower (SDPA runs once per window)."""
+    host_overlaps_device: bool = False
+    """True on GPUs: the host queues work ahead, so a layer costs max(host, device) time; False
+    on CPUs: host and compute add up."""
+    full_uses_all_ranks: bool = False
+    """True where the single-process ``full`` baseline gets the compute of all H ranks (the
+    CPU benchmarks give it H threads); False where it gets one device."""
+    thread_efficiency: float = 1.0
+    """With ``full_uses_all_ranks``: its throughput is H * thread_efficiency times a rank's."""
+    dtype_bytes: int = 2
+    """Bytes per activation / KV element the runtime uses here (bf16 on GPUs, fp32 on CPUs)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, source: str | Path | Mapping[str, Any]) -> Hardware:
+        """From a JSON file or dict: the fields at the top level or under ``"hardware"``
+        (the form ``benchmarks/calibrate_cpu.py`` writes)."""
+        data: Any = source
+        if not isinstance(source, Mapping):
+            path = Path(source)
+            if not path.is_file():
+                raise ValueError(f"hardware file {str(path)!r} not found")
+            data = json.loads(path.read_text())
+        if isinstance(data, Mapping) and isinstance(data.get("hardware"), Mapping):
+            data = data["hardware"]
+        if not isinstance(data, Mapping):
+            raise ValueError("a hardware description must be a JSON object")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown hardware field(s) {unknown}; allowed: {', '.join(names)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"incomplete hardware description: {exc}") from None
+
+
+CPU = Hardware(
+    name="cpu",
+    matmul_flops=8.006e+10,
+    conv_flops=1.51e+10,
+    attention_flops=9.327e+10,
+    attention_pair_s=1.075e-09,
+    memory_bw=9.487e+09,
+    link_bw=4.097e+08,
+    link_latency_s=0.0003856,
+    decode_s_per_pixel=1.547e-08,
+    process_s_per_pixel=3.827e-08,
+    preprocess_fixed_s=0.008457,
+    tokenize_s_per_token=3.141e-06,
+    layer_overhead_s=0.004288,
+    vision_layer_overhead_s=0.002112,
+    call_overhead_s=3.149e-05,
+    host_overlaps_device=False,
+    full_uses_all_ranks=True,
+    thread_efficiency=0.9001,
+    dtype_bytes=4,
+)
+"""The 2-core development machine, one thread per rank: the values of
+benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
+
+H200_MATMUL_FLOPS = 790e12
+"""Dense bf16 matmul throughput measured on an H200 (989 TFLOP/s peak)."""
+NVLINK4_BW = 450e9
+"""NVLink 4 bandwidth per direction per GPU (18 links x 25 GB/s), within a node."""
+IB_NDR_BW = 50e9
+"""One 400 Gb/s InfiniBand NDR port per GPU, between nodes."""
+HOST_SPEEDUP = 1.5
+"""A GPU server's host core against one of the CPU development machine (host work per core)."""
+HOST_CORES_PER_GPU = 8
+"""Host cores decoding and preprocessing frames for each GPU rank."""
+
+
+def h200(*, attention_efficiency: float = 0.5, link_bw: float = NVLINK4_BW,
+         name: str = "h200") -> Hardware:
+    """One H200 per rank. ``attention_efficiency``: the attention kernel's share of the matmul
+    throughput (0.5 is flash-attn 2's forward at long sequences, which the reference uses;
+    flash-attn 3 reaches about 0.7). Host work: the :data:`CPU` calibration on a core
+    :data:`HOST_SPEEDUP` times faster, frame work spread over :data:`HOST_CORES_PER_GPU`."""
+    if not 0 < attention_efficiency <= 1:
+        raise ValueError(f"attention_efficiency must be in (0, 1], got {attention_efficiency}")
+    return Hardware(
+        name=name,
+        matmul_flops=H200_MATMUL_FLOPS,
+        conv_flops=0.5 * H200_MATMUL_FLOPS,
+        attention_flops=attention_efficiency * H200_MATMUL_FLOPS,
+        attention_pair_s=0.0,
+        memory_bw=4.8e12,
+        link_bw=link_bw,
+        link_latency_s=20e-6,
+        decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
+        process_s_per_pixel=CPU.process_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
+        preprocess_fixed_s=CPU.preprocess_fixed_s / HOST_SPEEDUP,
+        tokenize_s_per_token=CPU.tokenize_s_per_token / HOST_SPEEDUP,
+        layer_overhead_s=CPU.layer_overhead_s / HOST_SPEEDUP,
+        vision_layer_overhead_s=CPU.vision_layer_overhead_s / HOST_SPEEDUP,
+        call_overhead_s=CPU.call_overhead_s / HOST_SPEEDUP,
+        host_overlaps_device=True,
+        dtype_bytes=2,
+    )
+
+
+HARDWARE_PRESETS: dict[str, Hardware] = {
+    "h200": h200(),
+    "h200-ib": h200(link_bw=IB_NDR_BW, name="h200-ib"),
+    "cpu": CPU,
+}
+
+
+def hardware(name_or_path: str | Path) -> Hardware:
+    """A preset of :data:`HARDWARE_PRESETS` by name, or a JSON file (:meth:`Hardware.from_json`)."""
+    if str(name_or_path) in HARDWARE_PRESETS:
+        return HARDWARE_PRESETS[str(name_or_path)]
+    if not str(name_or_path).endswith(".json"):
+        raise ValueError(f"unknown hardware {str(name_or_path)!r}; allowed: "
+                         f"{', '.join(HARDWARE_PRESETS)} or a .json file")
+    return Hardware.from_json(name_or_path)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Seconds of each kind of work on one rank; ``scale`` multiplies the throughputs."""
+
+    hw: Hardware
+    dtype: int
+    scale: float = 1.0
+
+    def mem(self, num_bytes: float) -> float:
+        return num_bytes / (self.hw.memory_bw * self.scale)
+
+    def matmuls(self, rows: int, shapes: list[tuple[int, int]]) -> float:
+        """Roofline per matmul: the larger of its FLOP time and its memory time."""
+        total = 0.0
+        for d_in, d_out in shapes:
+            flops = 2.0 * rows * d_in * d_out
+            traffic = self.dtype * (rows * (d_in + d_out) + d_in * d_out)
+            total += max(flops / (self.hw.matmul_flops * self.scale), self.mem(traffic))
+        return total
+
+    def conv(self, flops: float) -> float:
+        return flops / (self.hw.conv_flops * self.scale)
+
+    def attention(self, pairs: int, heads: int, head_dim: int) -> float:
+        per_pair = 4.0 * head_dim / self.hw.attention_flops + self.hw.attention_pair_s
+        return pairs * heads * per_pair / self.scale
+
+    def collective(self, received_bytes: float, world_size: int) -> float:
+        if world_size == 1:  # apbv.comm completes at once without a process group
+            return 0.0
+        return self.hw.link_latency_s + received_bytes / self.hw.link_bw
+
+    def host(self, device_s: float, host_s: float) -> float:
+        """Time of work that needs ``device_s`` of compute and ``host_s`` of dispatch."""
+        if self.hw.host_overlaps_device:
+            return max(device_s, host_s)
+        return device_s + host_s
+
