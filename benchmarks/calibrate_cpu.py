@@ -140,9 +140,9 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
         out["process_s"][frames_per_rank] = _best(lambda frames=frames: processor.video_processor(
             videos=[frames], do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True,
             return_tensors="pt"), repeats=3)
-    context, query = split_prompt(processor, "What colour is the square in the last second?")
+    question = "What colour is the square in the last second?"
+    context, query = split_prompt(processor, question)
     out["tokenize_tokens"] = 20000
-    question = query[:query.index("<|im_end|>")]
     out["tokenize_s"] = _best(lambda: prompt_ids(processor.tokenizer, context, query, question,
                                                  20000))
 

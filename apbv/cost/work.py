@@ -240,8 +240,9 @@ def template_video_start(model_dir: str | Path) -> int:
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the processor (chat template and tokenizer) of "
                          f"{str(model_dir)!r}: {exc}") from None
-    context, query = split_prompt(processor, "What happens in the video?")
-    ids, _ = prompt_ids(processor.tokenizer, context, query, 1)
+    question = "What happens in the video?"
+    context, query = split_prompt(processor, question)
+    ids, _ = prompt_ids(processor.tokenizer, context, query, question, 1)
     return ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
 
 

@@ -18,18 +18,33 @@ on one rank while preprocessing or encoding is raised on every rank, naming that
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from apbv import comm
 from apbv.config import RuntimeConfig
+from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
 from apbv.distributed import DistInfo
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import raise_if_any_failed, run_prompt
 from apbv.model.qwen2_5_vl import QwenVL, load
-from apbv.plan import patch_ranges
+from apbv.plan import Range, patch_ranges
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
-from apbv.video import load_rank_frames
+from apbv.video import Sampling, load_rank_frames
+
+
+def _available_host_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux); elsewhere the physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -46,32 +61,35 @@ class Engine:
         self.info = info
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device))
+        self.dims: ModelDims = model_dims(read_config(cfg.model.path))
 
     def request(self, video: str, question: str, **overrides: object) -> Request:
         """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
         return Request.from_config(self.cfg, video, question, **overrides)
 
     def preprocess(self, request: Request) -> PromptInputs:
-        """Sample, decode and process this rank's frames; tokenize the prompt."""
+        """Sample the video, tokenize the prompt, check that the request fits (context and
+        memory) and only then decode and process this rank's frames."""
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
-        frames = load_rank_frames(request.video, rank if split else 0, world if split else 1)
+        ids: list[torch.Tensor] = []
+
+        def preflight(sampling: Sampling) -> None:
+            t, h, w = sampling.grid_thw
+            merge = self.qwen.spatial_merge_size
+            context_text, query_text = split_prompt(self.qwen.processor, request.question)
+            ids.extend(prompt_ids(self.qwen.processor.tokenizer, context_text, query_text,
+                                  request.question, t * (h // merge) * (w // merge)))
+            self.check_fits(request, len(ids[0]), len(ids[1]),
+                            patch_ranges(t, world)[rank] if split else (0, t), (h, w))
+
+        frames = load_rank_frames(request.video, rank if split else 0, world if split else 1,
+                                  before_decode=preflight)
         sampling = frames.sampling
+        context_ids, query_ids = ids
         pixel_values, local_grid = self.qwen.process_frames(frames.frames)
         t, h, w = sampling.grid_thw
         assert local_grid == (frames.patch_range[1] - frames.patch_range[0], h, w), local_grid
-        merge = self.qwen.spatial_merge_size
-        context_text, query_text = split_prompt(self.qwen.processor, request.question)
-        context_ids, query_ids = prompt_ids(self.qwen.processor.tokenizer, context_text,
-                                            query_text, request.question,
-                                            t * (h // merge) * (w // merge))
-        total = len(context_ids) + len(query_ids) + request.max_new_tokens
-        limit = self.qwen.max_positions
-        if total > limit:
-            raise ValueError(
-                f"the prompt ({len(context_ids) + len(query_ids)} tokens) plus max_new_tokens "
-                f"({request.max_new_tokens}) is {total} tokens, beyond the model's context of "
-                f"{limit}: sample fewer frames or pixels, or lower max_new_tokens")
         return PromptInputs(
             context_ids=context_ids,
             query_ids=query_ids,
@@ -81,6 +99,48 @@ class Engine:
             pixel_values=pixel_values,
             num_frames=sampling.num_frames,
         )
+
+    def check_fits(self, request: Request, context_len: int, query_len: int,
+                   patches: Range, grid_hw: tuple[int, int]) -> None:
+        """ValueError unless the prompt plus max_new_tokens fits the model's context and this
+        rank's memory estimate fits its budget (both named in the message)."""
+        total = context_len + query_len + request.max_new_tokens
+        limit = self.qwen.max_positions
+        if total > limit:
+            raise ValueError(
+                f"the prompt ({context_len + query_len} tokens) plus max_new_tokens "
+                f"({request.max_new_tokens}) is {total} tokens, beyond the model's context of "
+                f"{limit}: sample fewer frames or pixels, or lower max_new_tokens")
+        plan = request.plan(context_len, query_len, self.info.world_size)
+        estimate = request_memory(
+            self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
+            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=request.max_new_tokens,
+            rank=self.info.rank)
+        need, budget, source = self._memory_need_and_budget(estimate)
+        if need > budget:
+            raise ValueError(
+                f"the request does not fit in memory on rank {self.info.rank}: it needs about "
+                f"{need / 2**30:.2f} GiB ({estimate.describe()}; {context_len + query_len} "
+                f"prompt tokens) but {source} is {budget / 2**30:.2f} GiB: sample fewer frames "
+                f"(video.fps / video.nframes) or pixels (video.max_pixels), use more ranks, "
+                f"or raise parallel.memory_gb")
+
+    def _memory_need_and_budget(self, estimate: MemoryEstimate) -> tuple[int, int, str]:
+        """(bytes needed, bytes available, what the budget is): parallel.memory_gb counts the
+        weights; the free memory of a device or host does not (they are loaded already)."""
+        if self.cfg.parallel.memory_gb is not None:
+            return (estimate.total, int(self.cfg.parallel.memory_gb * 2**30),
+                    "the budget parallel.memory_gb")
+        weights = estimate.parts["weights"]
+        device = self.info.device
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return (estimate.device_total - weights, free + cached,
+                    f"the free memory of {device}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.info.world_size))
+        return (estimate.total - weights, _available_host_bytes() // max(1, local),
+                f"this rank's share (1/{local}) of the host's available memory")
 
     def check_same_request(self, request: Request) -> None:
         """ValueError on every rank, naming each differing field, unless every rank holds an

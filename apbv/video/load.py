@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -65,13 +65,18 @@ def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling)
     return out
 
 
-def load_rank_frames(spec: VideoSpec, rank: int, world_size: int) -> RankFrames:
+def load_rank_frames(
+    spec: VideoSpec, rank: int, world_size: int, *,
+    before_decode: Callable[[Sampling], None] | None = None,
+) -> RankFrames:
     """Decode and resize only the frames of ``rank``'s temporal patches (frame parallelism).
 
     Every rank probes the file and plans the sampling itself (same file, same result), so the
     resize target is the global one and the ranks' frames, concatenated in rank order, equal
     :func:`load_all_frames`. Errors are raised before any decoding and are the same on every
     rank: see :func:`probe`, :func:`plan_sampling`, and fewer temporal patches than ranks.
+    ``before_decode(sampling)`` runs once the sampling is known and before any frame is
+    decoded (the engine's preflight: prompt length and memory); its error stops the load.
     """
     check_int("world_size", world_size, 1)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -86,6 +91,8 @@ def load_rank_frames(spec: VideoSpec, rank: int, world_size: int) -> RankFrames:
                 f"video {spec.path!r}: {err} ({sampling.num_frames} frames sampled at "
                 f"{sampling.sample_fps:.4g} fps from {reader.meta.total_frames} frames)"
             ) from err
+        if before_decode is not None:
+            before_decode(sampling)
         first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
         frames = _decode_resized(reader, sampling.indices[first:last], sampling)
     finally:

@@ -63,6 +63,10 @@ def _requests(info: DistInfo, cfg: RuntimeConfig, videos: dict, good: str) -> li
                 cfg.video.spec(good), fps=None, nframes=8))),
     ]
     messages = [_outcome(call) for call in calls]
+    # A request that cannot fit the configured memory is refused before decoding.
+    engine.cfg.parallel.memory_gb = 0.05
+    messages.append(_outcome(lambda: ask(good)))
+    engine.cfg.parallel.memory_gb = None
     # An unexpected error on one rank only (not a ValueError) while preprocessing.
     real = engine.preprocess
 
@@ -96,6 +100,8 @@ def test_bad_requests_fail_cleanly_on_every_rank(
         ("ValueError", "different requests (question differ)", "rank 1 'What is drawn?'"),
         ("ValueError", "different requests (mode differ)", "rank 0 spava, rank 1 exact"),
         ("ValueError", "different requests (video.fps, video.nframes differ)", "rank 1 8"),
+        ("ValueError", "does not fit in memory on rank", "the budget parallel.memory_gb is 0.05 "
+         "GiB: sample fewer frames"),
     ]
     for rank, messages in enumerate(per_rank):
         for (kind, first, second), message in zip(expected, messages):
