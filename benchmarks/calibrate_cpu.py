@@ -137,9 +137,8 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
             lambda spec=spec: load_rank_frames(spec, info.rank, world), repeats=3)
         frames = load_rank_frames(spec, info.rank, world).frames
         assert frames.shape[0] == frames_per_rank, (frames.shape, frames_per_rank)
-        out["process_s"][frames_per_rank] = _best(lambda frames=frames: processor.video_processor(
-            videos=[frames], do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True,
-            return_tensors="pt"), repeats=3)
+        out["process_s"][frames_per_rank] = _best(
+            lambda frames=frames: qwen.process_frames(frames), repeats=3)
     context, query = split_prompt(processor, "What colour is the square in the last second?")
     out["tokenize_tokens"] = 20000
     out["tokenize_s"] = _best(lambda: prompt_ids(processor.tokenizer, context, query, 20000))
@@ -157,7 +156,7 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
     # One frame of 8x8 patches: one window, so each vision block makes one attention call.
     pixels, grid = torch.randn(64, 3 * 2 * 14 * 14), torch.tensor([[1, 8, 8]])
     with torch.inference_mode():
-        out["vision_s"] = _best(lambda: qwen.encode_video(pixels, grid))
+        out["vision_s"] = _best(lambda: qwen.vision_tower(pixels, grid))
     out["call_s"] = _call_s(qwen.model.model.visual.blocks[0].attn)
     patches = torch.randn(CONV_PATCHES, 3 * 2 * 14 * 14)
     with torch.inference_mode():

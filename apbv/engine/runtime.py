@@ -94,7 +94,7 @@ def run_prompt(
     with torch.inference_mode():
         with timer.stage("vision"):
             grid = torch.tensor([[patch_range[1] - patch_range[0], h, w]])
-            local_video = qwen.encode_video(inputs.pixel_values, grid)
+            local_video = qwen.vision_tower(inputs.pixel_values, grid)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
             if spec.vit_split:

