@@ -14,7 +14,7 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
   4.x the tensor itself (:meth:`QwenVL.vision_tower`);
 - RoPE settings: 5.x keeps them in ``rope_parameters`` (with ``rope_theta``), 4.x in
   ``rope_scaling`` (``mrope_section``) next to a ``rope_theta`` attribute (:func:`rope_config`,
-  :func:`rope_settings`);
+  :func:`rope_settings`); 5.x reads 4.x's keys, and :func:`load_config` makes 4.x read 5.x's;
 - tokenizer: 5.x loads ``Qwen2Tokenizer`` (tokenizers-backed), 4.x ``Qwen2TokenizerFast``
   (:data:`TOKENIZER_CLASS`);
 - video processor: 5.x takes ``cap_pixels_per_frame`` (and warns without it), 4.57 does not
@@ -38,7 +38,12 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
-from transformers import AttentionInterface, AutoProcessor, Qwen2_5_VLForConditionalGeneration
+from transformers import (
+    AttentionInterface,
+    AutoProcessor,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+)
 from transformers.utils import logging as hf_logging
 
 from apbv.context import current
@@ -244,6 +249,19 @@ def dtype_kwargs(dtype: torch.dtype) -> dict[str, torch.dtype]:
     return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56") else "torch_dtype": dtype}
 
 
+def load_config(path: str | Path) -> Qwen2_5_VLConfig:
+    """The checkpoint's config; on 4.x a config saved by 5.x (``rope_parameters``, no
+    ``rope_scaling``) gets its M-RoPE settings moved to the keys 4.x reads."""
+    config = Qwen2_5_VLConfig.from_pretrained(path, local_files_only=True)
+    text = config.text_config
+    params = getattr(text, "rope_parameters", None)
+    if not V5 and text.rope_scaling is None and isinstance(params, dict):
+        text.rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        text.rope_theta = params.get("rope_theta", text.rope_theta)
+        del text.rope_parameters
+    return config
+
+
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenVL:
     """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode.
 
@@ -258,6 +276,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenV
     hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         path,
+        config=load_config(path),
         local_files_only=True,
         attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
         **dtype_kwargs(dtype),

@@ -35,8 +35,8 @@ Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite
 Processing videos: add :func:`apbv.model.qwen2_5_vl.video_processor_kwargs` (qwen-vl-utils'
 per-frame pixel cap where the transformers version has the switch) and, for raw frame tensors,
 the real frame rate through ``video_metadata`` (otherwise 24 fps is assumed for
-``second_per_grid_ts``). The files written are the same under transformers 4.57 and 5.x except
-``config.json``, which holds each version's own RoPE keys.
+``second_per_grid_ts``). ``config.json`` holds the RoPE keys of the transformers version that
+wrote it; :func:`apbv.model.qwen2_5_vl.load` reads either on every supported version.
 """
 
 from __future__ import annotations

@@ -232,3 +232,34 @@ def test_version_helpers(qwen: QwenVL) -> None:
     assert set(keys) == ({"rope_parameters"} if qwen2_5_vl.V5 else {"rope_scaling", "rope_theta"})
     assert list(qwen2_5_vl.dtype_kwargs(torch.bfloat16).values()) == [torch.bfloat16]
     assert qwen.dtype == torch.float32
+
+
+def test_rope_keys_of_the_other_major_version_load(
+    tiny_model_dir: Path, tmp_path: Path, qwen: QwenVL
+) -> None:
+    """A config.json saved by transformers 5.x loads on 4.x and one saved by 4.x on 5.x, with
+    the same M-RoPE (same logits on a video prompt)."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    text = config["text_config"]
+    for key in ("rope_parameters", "rope_scaling", "rope_theta"):
+        text.pop(key, None)
+    if qwen2_5_vl.V5:  # write what 4.x saves
+        text.update(rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default"},
+                    rope_theta=1000000.0)
+    else:  # write what 5.x saves
+        text.update(rope_parameters={"mrope_section": [2, 3, 3], "rope_type": "default",
+                                     "rope_theta": 1000000.0})
+    ckpt = _copy(tiny_model_dir, tmp_path / "other")
+    (ckpt / "config.json").write_text(json.dumps(config))
+    other = load(ckpt, device=CPU, dtype=torch.float32)
+    assert qwen2_5_vl.rope_settings(other.text_config) == qwen2_5_vl.rope_settings(
+        qwen.text_config)
+    reference = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        tiny_model_dir, local_files_only=True, attn_implementation="sdpa").eval()
+    other.model.set_attn_implementation("sdpa")  # plain HF forward, outside an apbv step
+    ids = torch.tensor([[151652] + [VIDEO_PAD] * 8 + [151653, 3838]])
+    pixels, grid = qwen.process_frames(_frames(4))
+    with torch.inference_mode():
+        logits = [m(input_ids=ids, pixel_values_videos=pixels,
+                    video_grid_thw=torch.tensor([grid])).logits for m in (reference, other.model)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
