@@ -74,5 +74,6 @@ fi
 export PYTHONPATH="$PWD/$side:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$python" -c 'import tokenizers, huggingface_hub, transformers
 print(f"[compat] transformers {transformers.__version__} from {transformers.__file__}")
-print(f"[compat] tokenizers {tokenizers.__version__}, huggingface-hub {huggingface_hub.__version__}")'
+print(f"[compat] tokenizers {tokenizers.__version__},",
+      f"huggingface-hub {huggingface_hub.__version__}")'
 exec "$python" -m pytest -p no:cacheprovider "$@"
