@@ -4,7 +4,8 @@
 # transformers==VERSION (and the tokenizers / huggingface-hub it needs, when .venv's do not
 # fit its requirements) are installed with --no-deps into .cache/compat/VERSION, which goes
 # first on PYTHONPATH; torch and everything else come from .venv (APBV_PYTHON overrides the
-# interpreter). Default pytest targets: tests/unit tests/multirank/test_model_multirank.py.
+# interpreter). Test targets: tests/unit tests/multirank/test_model_multirank.py unless the
+# pytest args name their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [[ ! $1 =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]]; then
@@ -68,8 +69,12 @@ EOF
   done
   touch "$stamp"
 fi
-if [ $# -eq 0 ]; then
-  set -- tests/unit tests/multirank/test_model_multirank.py
+targets=0  # pytest arguments that name a test file or directory replace the default ones
+for arg in "$@"; do
+  [ -e "${arg%%::*}" ] && targets=1
+done
+if [ "$targets" = 0 ]; then
+  set -- tests/unit tests/multirank/test_model_multirank.py "$@"
 fi
 export PYTHONPATH="$PWD/$side:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$python" -c 'import tokenizers, huggingface_hub, transformers
