@@ -24,7 +24,8 @@ from apbv.modes import MODE_NAMES
 
 
 def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: int) -> None:
-    p.add_argument("--context-len", type=int, default=context_len, help="N, tokens before the query")
+    p.add_argument("--context-len", type=int, default=context_len,
+                   help="N, tokens before the query")
     p.add_argument("--query-len", type=int, default=64, help="Q, tokens of the query")
     p.add_argument("--world-size", type=int, default=world_size, help="H, number of ranks")
     p.add_argument("--anchor-len", type=int, default=None, help="A (default about N/64)")

@@ -23,8 +23,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from apbv.modes import MODE_NAMES
 from apbv.attention.kernels import BACKENDS
+from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
 

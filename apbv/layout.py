@@ -1,8 +1,9 @@
 """ZigZag sharding of any per-token tensor: token ids, embeddings, 3-D position ids, outputs.
 
 Rank r's local tensor is [anchor | its blocks | query] along ``dim``, for ZigZag
-[anchor | block r | block 2H-1-r | query] (see :mod:`apbv.plan`). The same index map is used for every tensor, so positions always travel with
-their tokens; masks are never derived from positions.
+[anchor | block r | block 2H-1-r | query] (see :mod:`apbv.plan`). The same index map is used
+for every tensor, so positions always travel with their tokens; masks are never derived from
+positions.
 """
 
 from __future__ import annotations

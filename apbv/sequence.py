@@ -2,8 +2,8 @@
 
 The chat template renders one user turn holding the video and the question:
 
-    <|im_start|>system ... <|im_end|>\\n<|im_start|>user\\n<|vision_start|><|video_pad|><|vision_end|>
-    QUESTION<|im_end|>\\n<|im_start|>assistant\\n
+    <|im_start|>system ... <|im_end|>\\n<|im_start|>user\\n
+    <|vision_start|><|video_pad|><|vision_end|>QUESTION<|im_end|>\\n<|im_start|>assistant\\n
 
 The context is everything before the question (N tokens, with the video placeholder expanded to
 one token per merged video patch, as the processor does); the query is the question and the

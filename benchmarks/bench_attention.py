@@ -54,7 +54,7 @@ def _rank_times(info: DistInfo, setup: Setup) -> dict[int, dict[str, float]]:
         q, k, v = _inputs(setup, plan.local_len(info.rank), seed=info.rank)
         times[n] = {
             mode: best_time(
-                lambda p=p: apbv_attention(q, k, v, p),
+                lambda q=q, k=k, v=v, p=p: apbv_attention(q, k, v, p),
                 setup.repeats,
                 warmup=setup.warmup,
             )
@@ -73,7 +73,7 @@ def run(setup: Setup) -> list[dict[str, float]]:
     for n in setup.context_lens:
         plan = make_plan(n, setup.query_len, setup.world_size)
         q, k, v = _inputs(setup, plan.total_len, seed=0)
-        full = best_time(lambda: attention(q, k, v, causal=True), setup.repeats,
+        full = best_time(lambda q=q, k=k, v=v: attention(q, k, v, causal=True), setup.repeats,
                          warmup=setup.warmup)
         spava_pairs = max(cost.rank_pairs(plan, r) for r in range(plan.world_size))
         exact_pairs = max(cost.rank_pairs(plan.exact(), r) for r in range(plan.world_size))

@@ -119,6 +119,10 @@ def _compare_with_exact(rows: list[dict]) -> None:
             r[f"ttft_over_{base}"] = None if other is None else r["ttft_s"] / other["ttft_s"]
 
 
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| mode | frames | size | prompt tokens | TTFT s | "
              + " | ".join(STAGES) + " | / full | / zigzag_ring | first token = exact | "
@@ -126,13 +130,12 @@ def markdown(rows: list[dict]) -> str:
              "|---|---:|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---:|---|---:|"]
     for r in rows:
         v = r["video"]
-        ratio = (lambda x: "-" if x is None else f"{x:.2f}")
         agree = {True: "yes", False: "no", None: "-"}[r["first_token_agrees_with_exact"]]
         lines.append(
             f"| {r['mode']} | {v['frames']} | {v['width']}x{v['height']} | "
             f"{r['context_len'] + r['query_len']} | {r['ttft_s']:.3f} | "
             + " | ".join(f"{r['seconds'].get(s, 0.0):.3f}" for s in STAGES)
-            + f" | {ratio(r['ttft_over_full'])} | {ratio(r['ttft_over_zigzag_ring'])} | {agree}"
+            + f" | {_ratio(r['ttft_over_full'])} | {_ratio(r['ttft_over_zigzag_ring'])} | {agree}"
             f" | {r['rss_peak_mib_max']:.0f} |")
     return "\n".join(lines)
 

@@ -111,9 +111,9 @@ def _call_s(module: torch.nn.Module, calls: int = 200) -> float:
 
 def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[str, Any]:
     """Every measurement of one rank; ``videos`` maps frames per rank to a video file."""
+    from apbv.engine.prefill import prefill
     from apbv.model.qwen2_5_vl import load
     from apbv.plan import make_plan
-    from apbv.engine.prefill import prefill
     from apbv.sequence import prompt_ids, split_prompt
     from apbv.video import VideoSpec, load_rank_frames
 

@@ -3,8 +3,8 @@
 Every rank runs the whole model on the new token (hidden states are replicated). In each layer
 the owning rank appends the token's KV, every rank attends the token to the KV it holds, and the
 H partials are gathered and merged by log-sum-exp: exact attention over the whole prompt and the
-tokens generated so far. The query rank picks the token; it is broadcast so every rank feeds the same
-one.
+tokens generated so far. The query rank picks the token; it is broadcast so every rank feeds the
+same one.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
-from apbv.plan import QUERY_RANK
 from apbv.model.qwen2_5_vl import QwenVL
+from apbv.plan import QUERY_RANK
 
 
 @dataclass

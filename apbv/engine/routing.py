@@ -68,7 +68,9 @@ def _count(ranges: list[Range]) -> int:
     return sum(e - s for s, e in ranges)
 
 
-def transfer_bytes(routes: list[list[list[Range]]], num_tokens: int, row_bytes: int) -> tuple[int, int]:
+def transfer_bytes(
+    routes: list[list[list[Range]]], num_tokens: int, row_bytes: int
+) -> tuple[int, int]:
     """(bytes our routing moves between ranks, bytes an all-gather of everything would move).
 
     An all-gather hands every rank the rows it did not encode: (H - 1) * num_tokens rows.

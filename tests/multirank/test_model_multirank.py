@@ -19,10 +19,10 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
+from apbv.engine.runtime import run_prompt
 from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
 from apbv.modes import MODE_NAMES
 from apbv.positions import mrope_positions
-from apbv.engine.runtime import run_prompt
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
 from apbv.video import load_all_frames

@@ -101,7 +101,8 @@ def test_rows_without_keys(backend):
 def test_default_backend_and_errors():
     q, k, v = _inputs(4, 4, 2, 2, 8, torch.float32)
     assert kernels.default_backend(q) == "sdpa"
-    with pytest.raises(ValueError, match="unknown attention backend 'triton'; allowed: flash, sdpa"):
+    with pytest.raises(ValueError,
+                       match="unknown attention backend 'triton'; allowed: flash, sdpa"):
         kernels.attention(q, k, v, causal=True, backend="triton")
     with pytest.raises(ValueError, match="backend 'flash' needs CUDA tensors and flash-attn"):
         kernels.attention(q, k, v, causal=True, backend="flash")
