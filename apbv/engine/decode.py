@@ -9,6 +9,7 @@ same one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,12 +69,16 @@ def greedy_continue(
     *,
     max_new_tokens: int,
     kernel: str | None = None,
+    on_token: Callable[[int], None] | None = None,
 ) -> list[int]:
-    """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included)."""
+    """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included);
+    ``on_token`` is called with each new one as soon as it is picked."""
     tokens = [first_token]
     eos = qwen.eos_token_ids
     ctx = DecodeContext(info, cache, kernel)
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         logits = decode_step(qwen, tokens[-1], next_position + len(tokens) - 1, ctx)
         tokens.append(pick_token(logits, info.group))
+        if on_token is not None:
+            on_token(tokens[-1])
     return tokens

@@ -19,6 +19,7 @@ on one rank while preprocessing or encoding is raised on every rank, naming that
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -158,13 +159,15 @@ class Engine:
         raise ValueError(f"the ranks were given different requests ({', '.join(differ)} "
                          f"differ): {details}")
 
-    def generate(self, request: Request) -> Result:
+    def generate(self, request: Request,
+                 on_token: Callable[[int], None] | None = None) -> Result:
         """Answer ``request`` (the same on every rank); call on every rank alike.
 
         Bad input (a missing or unreadable video, too few temporal patches for the ranks, a
         prompt beyond the model's context) raises ValueError on every rank; any error while
         one rank preprocesses or encodes is raised on every rank, naming that rank, before
-        the next collective of the model, so none is left waiting.
+        the next collective of the model, so none is left waiting. ``on_token``, when given,
+        is called on this rank with each token id as soon as it is known (first included).
         """
         group = self.info.group
         self.check_same_request(request)
@@ -176,4 +179,4 @@ class Engine:
             except Exception as exc:  # every error takes part in the agreement
                 error = exc
             raise_if_any_failed(error, group)
-        return run_prompt(self.qwen, inputs, request, self.info, timer)
+        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token)

@@ -8,6 +8,8 @@ per-stage timings. It is the same on every rank; ranks differ only in the data t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -47,12 +49,14 @@ def raise_if_any_failed(error: Exception | None, group: dist.ProcessGroup | None
 
 
 def run_prompt(
-    qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer
+    qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
+    on_token: Callable[[int], None] | None = None,
 ) -> Result:
     """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
 
     ``request.mode`` picks the plan, the attention overlap and whether the vision work is
-    split; the result is the same on every rank.
+    split; the result is the same on every rank. ``on_token`` (every rank) gets each token id
+    as soon as it is known, the first one included.
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
@@ -100,9 +104,12 @@ def run_prompt(
                                     reserve=request.max_new_tokens)
         with timer.stage("first_token"):
             first = pick_token(logits, group)
+    if on_token is not None:
+        on_token(first)
     with timer.stage("decode"):
         tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, info,
-                                 max_new_tokens=request.max_new_tokens, kernel=request.kernel)
+                                 max_new_tokens=request.max_new_tokens, kernel=request.kernel,
+                                 on_token=on_token)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
