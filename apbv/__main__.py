@@ -10,6 +10,7 @@
     torchrun --nproc_per_node 8 -m apbv eval --bench longvideobench --data /data/LongVideoBench \
         --model /ckpt/Qwen2.5-VL-7B-Instruct --mode spava [--limit N] [--compare exact]
     python -m apbv make-eval-fixtures --bench vnbench --out .cache/vnbench-fixture
+    python -m apbv serve --world-size 2 --media-root ~/videos    # OpenAI-style HTTP server
 """
 
 from __future__ import annotations
@@ -280,8 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     attn.add_argument("--seed", type=int, default=0)
     attn.add_argument("--json", action="store_true", help="also print one JSON line")
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over H Ray rank actors")
+    _add_config_args(serve, default_preset="tiny_cpu")
+    from apbv.serve.main import add_serve_args
+
+    add_serve_args(serve)
+
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            from apbv.serve.main import run_server
+
+            return run_server(_config_from_args(args), args)
         if args.command == "generate":
             return _generate(args)
         if args.command == "plan":

@@ -1,0 +1,217 @@
+"""OpenAI chat-completions requests in, engine Requests out; responses and stream chunks back.
+
+:func:`parse_chat` reads one ``POST /v1/chat/completions`` body (a user message with one
+``video_url`` part and text parts, ``max_tokens``, ``temperature`` 0 or absent, ``stream``, and
+apbv's own fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choices``, ``deadline_ms``)
+into a resolved :class:`apbv.engine.request.Request`; :func:`check_request` applies the limits
+that need the file (duration, frames, pixels, prompt tokens) without decoding a frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from apbv.engine.request import Request
+from apbv.serve.policy import ClientError, Limits, MediaPolicy, resolve_media
+
+KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                "stream", "mode", "fps", "nframes", "max_pixels", "choices", "deadline_ms",
+                "n", "user", "top_p", "stream_options"}
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """One parsed chat request: what the engine gets and how to answer."""
+
+    request: Request
+    stream: bool
+    model: str
+    deadline_ms: float | None = None
+
+
+def _number(body: dict, name: str, kind: type, low: float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (kind is int and not isinstance(value, int)) or value < low:
+        raise ClientError(400, f"{name} must be {'an integer' if kind is int else 'a number'} "
+                               f">= {low:g}, got {value!r}")
+    return value
+
+
+def _message_parts(body: dict) -> tuple[str, str]:
+    """(video URL, question text) of the request's user message."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ClientError(400, "messages must be a non-empty list")
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    others = {m.get("role") for m in messages if isinstance(m, dict)} - {"user", "system"}
+    if len(users) != 1 or others:
+        raise ClientError(400, f"exactly one user message is supported (got {len(users)} user "
+                               f"message(s) and roles {sorted(map(str, others))})")
+    content = users[0].get("content")
+    if not isinstance(content, list):
+        raise ClientError(400, "the user message's content must be a list of parts holding one "
+                               "video_url part and text")
+    urls, texts = [], []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "video_url" and isinstance(part.get("video_url"), dict):
+            urls.append(part["video_url"].get("url"))
+        elif kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise ClientError(400, f"unsupported content part {str(part)[:120]!r}: only "
+                                   "{'type': 'video_url'} and {'type': 'text'}")
+    if len(urls) != 1:
+        raise ClientError(400, f"exactly one video_url part is needed, got {len(urls)}")
+    question = "\n".join(texts)
+    if not question.strip():
+        raise ClientError(400, "the user message needs a non-empty text part (the question)")
+    return urls[0], question
+
+
+def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
+               model_name: str) -> ChatCall:
+    """The engine request of one chat body, or ClientError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise ClientError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(KNOWN_FIELDS)}")
+    temperature = body.get("temperature")
+    if temperature not in (None, 0, 0.0):
+        raise ClientError(400, f"temperature {temperature!r} is not supported: only greedy "
+                               "decoding (temperature 0 or absent)")
+    if body.get("n", 1) != 1:
+        raise ClientError(400, f"n={body.get('n')!r} is not supported: only n=1")
+    if body.get("model") not in (None, model_name):
+        raise ClientError(404, f"model {body.get('model')!r} is not served; this server "
+                               f"serves {model_name!r}")
+    url, question = _message_parts(body)
+    limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
+                 "the question's length in characters")
+    max_tokens = _number(body, "max_tokens", int, 1)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_completion_tokens", int, 1)
+    if max_tokens is not None:
+        limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens",
+                     "max_tokens")
+    fps = _number(body, "fps", float, 0)
+    nframes = _number(body, "nframes", int, 2)
+    if fps is not None and nframes is not None:
+        raise ClientError(400, f"fps ({fps}) and nframes ({nframes}) exclude each other")
+    max_pixels = _number(body, "max_pixels", int, 1)
+    deadline = _number(body, "deadline_ms", float, 0)
+    mode = body.get("mode")
+    if mode is not None and not isinstance(mode, str):
+        raise ClientError(400, f"mode must be a string, got {mode!r}")
+    path = resolve_media(url, policy)
+    try:
+        request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens)
+        video = request.video
+        if fps is not None or nframes is not None:
+            video = dataclasses.replace(video, fps=fps, nframes=nframes)
+        if max_pixels is not None:
+            video = dataclasses.replace(video, max_pixels=max_pixels)
+        request = dataclasses.replace(request, video=video)
+        choices = body.get("choices")
+        if choices is not None:
+            request = _with_choices(request, choices)
+    except ValueError as exc:
+        raise ClientError(400, str(exc)) from None
+    return ChatCall(request, bool(body.get("stream", False)), model_name, deadline)
+
+
+def _with_choices(request: Request, choices: object) -> Request:
+    if not isinstance(choices, list) or not choices or \
+            not all(isinstance(c, str) and c for c in choices):
+        raise ClientError(400, f"choices must be a non-empty list of strings, got {choices!r}")
+    if "choices" not in {f.name for f in dataclasses.fields(Request)}:
+        raise ClientError(400, "choices are not supported by this build")
+    return dataclasses.replace(request, choices=tuple(choices))
+
+
+def check_request(request: Request, limits: Limits, processor: Any) -> dict[str, int]:
+    """Duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
+    ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured."""
+    from apbv.sequence import prompt_ids, split_prompt
+    from apbv.video import plan_sampling, probe
+
+    try:
+        meta = probe(request.video)
+        sampling = plan_sampling(request.video, meta)
+    except ValueError as exc:
+        raise ClientError(400, str(exc)) from None
+    video = request.video
+    seconds = min(meta.duration, video.video_end or meta.duration) - (video.video_start or 0)
+    limits.check("duration", round(seconds, 3), limits.max_video_seconds, "max-video-seconds",
+                 "the video's duration in seconds")
+    limits.check("frames", sampling.num_frames, limits.max_frames, "max-frames",
+                 "the number of sampled frames")
+    pixels = sampling.resized_height * sampling.resized_width
+    limits.check("pixels", pixels, limits.max_pixels_per_frame, "max-pixels-per-frame",
+                 "pixels per sampled frame")
+    t, h, w = sampling.grid_thw
+    merge = getattr(processor.video_processor, "merge_size", 2)
+    context_text, query_text = split_prompt(processor, request.question)
+    context, query = prompt_ids(processor.tokenizer, context_text, query_text,
+                                request.question, t * (h // merge) * (w // merge))
+    tokens = len(context) + len(query)
+    limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
+                 "the prompt's token count")
+    return {"frames": sampling.num_frames, "prompt_tokens": tokens, "context_len": len(context),
+            "query_len": len(query), "pixels": pixels, "height": sampling.resized_height,
+            "width": sampling.resized_width}
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def usage(result: Any) -> dict[str, int]:
+    prompt = result.context_len + result.query_len
+    return {"prompt_tokens": prompt, "completion_tokens": len(result.token_ids),
+            "total_tokens": prompt + len(result.token_ids)}
+
+
+def apbv_block(result: Any, queue_wait_s: float) -> dict[str, Any]:
+    out = {"ttft_s": result.ttft_s, "seconds": result.seconds, "mode": result.mode,
+           "world_size": result.world_size, "context_len": result.context_len,
+           "query_len": result.query_len, "anchor_len": result.anchor_len,
+           "passing_len": result.passing_len, "frames": result.frames,
+           "token_ids": list(result.token_ids), "queue_wait_s": queue_wait_s}
+    for name in ("vision_cache_hit", "choices"):
+        value = getattr(result, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def finish_reason(result: Any, max_new_tokens: int) -> str:
+    return "length" if len(result.token_ids) >= max_new_tokens else "stop"
+
+
+def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float) -> dict[str, Any]:
+    return {
+        "id": cid, "object": "chat.completion", "created": int(time.time()),
+        "model": call.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
+                     "finish_reason": finish_reason(result, call.request.max_new_tokens),
+                     "logprobs": None}],
+        "usage": usage(result),
+        "apbv": apbv_block(result, queue_wait_s),
+    }
+
+
+def chunk(call: ChatCall, cid: str, delta: dict[str, Any], finish: str | None = None,
+          **extra: Any) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": call.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            **extra}

@@ -1,0 +1,263 @@
+"""The HTTP front end: FastAPI routes, API key, the bounded admission queue, metrics.
+
+One :class:`Server` owns the queue and the rank group: requests are validated here (media
+policy, limits) before anything reaches a rank, wait in a bounded queue (FIFO; earliest
+deadline first for those with ``deadline_ms``), and one worker task hands them to the group one
+at a time. A lost rank fails the in-flight request (503 naming the rank), the group is rebuilt,
+and the queue is then served; nothing is answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from apbv.serve import api
+from apbv.serve.admission import Admission, Job
+from apbv.serve.group import RankLost
+from apbv.serve.policy import ClientError, Limits, MediaPolicy
+
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("apbv_ttft_seconds", "Time to first token", buckets=BUCKETS,
+                              registry=r)
+        self.queue_wait = Histogram("apbv_queue_wait_seconds", "Time queued before the ranks",
+                                    buckets=BUCKETS, registry=r)
+        self.stage = Histogram("apbv_stage_seconds", "Seconds per engine stage", ["stage"],
+                               buckets=BUCKETS, registry=r)
+        self.requests = Counter("apbv_requests", "Requests by outcome", ["outcome"], registry=r)
+        self.cache_hits = Counter("apbv_vision_cache_hits", "Vision-embedding cache hits",
+                                  registry=r)
+        self.rebuilds = Counter("apbv_group_rebuilds", "Rank-group rebuilds", registry=r)
+
+
+@dataclass
+class ServerOptions:
+    model_name: str
+    limits: Limits = field(default_factory=Limits)
+    policy: MediaPolicy = field(default_factory=MediaPolicy)
+    api_key: str | None = None
+    max_queue: int = 16
+
+
+class Server:
+    """The queue, the worker and the routes around one rank group."""
+
+    def __init__(self, cfg: Any, group: Any, processor: Any, options: ServerOptions,
+                 admission: Admission | None = None):
+        self.cfg, self.group, self.processor, self.opt = cfg, group, processor, options
+        self.admission = admission or Admission(options.max_queue)
+        self.metrics = Metrics()
+        self.status = "starting"
+        self.worker: asyncio.Task | None = None
+        self.app = self._routes()
+
+    async def boot(self) -> None:
+        """Start the group (actors, process group, model), then serve the queue."""
+        try:
+            await asyncio.to_thread(self.group.start)
+        except Exception:
+            self.status = "failed"
+            raise
+        self.status = "ready"
+        await self.run_worker()
+
+    @asynccontextmanager
+    async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        self.worker = asyncio.ensure_future(self.boot())
+        try:
+            yield
+        finally:
+            self.worker.cancel()
+            await asyncio.gather(self.worker, return_exceptions=True)
+            await asyncio.to_thread(self.group.stop)
+
+    # --- the worker: one request at a time across the group ---------------------------------
+    async def run_worker(self) -> None:
+        while True:
+            job = await self.admission.next()
+            job.started = time.monotonic()
+            wait = job.started - job.enqueued
+            self.metrics.queue_wait.observe(wait)
+            on_token = job.tokens.put_nowait if job.tokens is not None else None
+            try:
+                result = await self.group.generate(job.call.request, on_token)
+                self._observe(result)
+                self.metrics.requests.labels("ok").inc()
+                job.future.set_result((result, wait))
+            except RankLost as exc:
+                self.metrics.requests.labels("rank_lost").inc()
+                job.future.set_exception(ClientError(503, str(exc)))
+                await self._rebuild()
+            except ValueError as exc:
+                self.metrics.requests.labels("rejected").inc()
+                job.future.set_exception(ClientError(400, str(exc)))
+            except Exception as exc:
+                self.metrics.requests.labels("error").inc()
+                job.future.set_exception(ClientError(500, f"{type(exc).__name__}: {exc}"))
+            finally:
+                self.admission.done(job)
+
+    async def _rebuild(self) -> None:
+        self.status = "degraded"
+        self.metrics.rebuilds.inc()
+        while True:
+            try:
+                await asyncio.to_thread(self.group.rebuild)
+                self.status = "ready"
+                return
+            except Exception:  # keep trying: the queue waits for a whole group
+                await asyncio.sleep(2.0)
+
+    def _observe(self, result: Any) -> None:
+        self.metrics.ttft.observe(result.ttft_s)
+        for stage, seconds in result.seconds.items():
+            self.metrics.stage.labels(stage).observe(seconds)
+        if getattr(result, "vision_cache_hit", False):
+            self.metrics.cache_hits.inc()
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    def _authorize(self, request: Request) -> None:
+        key = self.opt.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), key.encode()):
+            raise ClientError(401, "missing or wrong API key (Authorization: Bearer KEY; "
+                                   "set with --api-key or APBV_API_KEY)")
+
+    async def _read_json(self, request: Request) -> Any:
+        limit = self.opt.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit():
+            self.opt.limits.check("body", int(declared), limit, "max-body-bytes",
+                                  "the request body in bytes")
+        body = b""
+        async for piece in request.stream():
+            body += piece
+            self.opt.limits.check("body", len(body), limit, "max-body-bytes",
+                                  "the request body in bytes")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise ClientError(400, f"the request body is not JSON: {exc}") from None
+
+    async def chat(self, request: Request) -> Response:
+        self._authorize(request)
+        body = await self._read_json(request)
+        call = api.parse_chat(body, self.cfg, self.opt.limits, self.opt.policy,
+                              self.opt.model_name)
+        measured = await asyncio.to_thread(api.check_request, call.request, self.opt.limits,
+                                           self.processor)
+        if self.status in ("starting", "failed"):
+            raise ClientError(503, f"the engine group is {self.status}; retry shortly")
+        job = self.admission.admit(call, measured, stream=call.stream)
+        cid = api.completion_id()
+        if call.stream:
+            return StreamingResponse(self._sse(job, cid, request), media_type="text/event-stream")
+        result, wait = await self._wait(job, request)
+        return JSONResponse(api.completion(call, cid, result, wait))
+
+    async def _wait(self, job: Job, request: Request) -> tuple[Any, float]:
+        """The job's outcome; a client gone while its job is still queued drops the job."""
+        while True:
+            done, _ = await asyncio.wait([job.future], timeout=0.25)
+            if done:
+                return job.future.result()
+            if job.started is None and await request.is_disconnected():
+                if self.admission.drop(job):
+                    self.metrics.requests.labels("disconnected").inc()
+                    raise ClientError(499, "the client disconnected while queued")
+
+    async def _sse(self, job: Job, cid: str, request: Request) -> AsyncIterator[bytes]:
+        call, tokenizer = job.call, self.processor.tokenizer
+        ids: list[int] = []
+        sent = ""
+
+        def event(payload: dict) -> bytes:
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        yield event(api.chunk(call, cid, {"role": "assistant", "content": ""}))
+        waiter = asyncio.ensure_future(self._wait(job, request))
+        try:
+            while True:
+                getter = asyncio.ensure_future(job.tokens.get())
+                await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                ids.append(getter.result())
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                if text.startswith(sent) and len(text) > len(sent) and \
+                        not text.endswith("\ufffd"):
+                    yield event(api.chunk(call, cid, {"content": text[len(sent):]}))
+                    sent = text
+            result, wait = await waiter
+        except ClientError as exc:
+            yield event({"error": {"message": exc.message, "code": exc.status}})
+            yield b"data: [DONE]\n\n"
+            return
+        if result.answer.startswith(sent) and len(result.answer) > len(sent):
+            yield event(api.chunk(call, cid, {"content": result.answer[len(sent):]}))
+        yield event(api.chunk(call, cid, {},
+                              api.finish_reason(result, call.request.max_new_tokens),
+                              usage=api.usage(result), apbv=api.apbv_block(result, wait)))
+        yield b"data: [DONE]\n\n"
+
+    def _routes(self) -> FastAPI:
+        app = FastAPI(title="apbv", docs_url=None, redoc_url=None, openapi_url=None,
+                      lifespan=self.lifespan)
+
+        @app.exception_handler(ClientError)
+        async def client_error(_: Request, exc: ClientError) -> JSONResponse:
+            if exc.status < 500 or exc.status == 503:
+                self.metrics.requests.labels(f"refused_{exc.status}").inc()
+            return JSONResponse({"error": {"message": exc.message, "type": "invalid_request"
+                                           if exc.status < 500 else "server_error",
+                                           "code": exc.status}}, status_code=exc.status)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return await self.chat(request)
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> dict:
+            self._authorize(request)
+            return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
+                                                "created": 0, "owned_by": "apbv"}]}
+
+        @app.get("/health")
+        async def health() -> JSONResponse:
+            return JSONResponse({"status": self.status, "world_size": self.group.world_size,
+                                 "queued": len(self.admission)},
+                                status_code=200 if self.status == "ready" else 503)
+
+        @app.get("/metrics")
+        async def metrics(request: Request) -> Response:
+            self._authorize(request)
+            return Response(generate_latest(self.metrics.registry),
+                            media_type=CONTENT_TYPE_LATEST)
+
+        return app

@@ -1,0 +1,219 @@
+"""The H engine ranks as Ray actors in one placement group, one torch.distributed group.
+
+:class:`RankGroup` reserves a placement group of H bundles (1 CPU each, or 1 GPU each on GPU
+nodes; STRICT_PACK when one node holds them all, SPREAD otherwise), starts one
+:class:`RankActor` per bundle, and has every actor join the process group (rank 0's node and a
+free port rank 0 picks) and load the engine once. :meth:`RankGroup.generate` hands the same
+request to every actor and returns rank 0's result; rank 0 streams each token id as soon as it
+is known (a Ray streaming generator fed by the engine's ``on_token`` hook). A dead actor makes
+the request fail with :class:`RankLost` naming the rank; :meth:`RankGroup.rebuild` then starts
+new actors, a new process group and reloads the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+class RankLost(RuntimeError):
+    """A rank's actor died during a request; the group must be rebuilt."""
+
+    def __init__(self, ranks: list[int], detail: str = ""):
+        self.ranks = ranks
+        super().__init__(f"rank(s) {', '.join(map(str, ranks))} of the engine group were lost "
+                         f"(actor died){': ' + detail if detail else ''}; the request failed "
+                         "and the group is being rebuilt")
+
+
+class RankActor:
+    """One engine rank (wrapped with ``ray.remote`` by :class:`RankGroup`)."""
+
+    def __init__(self, cfg: Any, rank: int, world_size: int, threads: int):
+        import torch
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.engine: Any = None
+        torch.set_num_threads(threads)
+
+    def address(self) -> tuple[str, int, int]:
+        """(this node's IP, a free port on it, this process id)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port, os.getpid()
+
+    def setup(self, master_addr: str, master_port: int, local_rank: int) -> int:
+        from apbv.distributed import init_distributed
+        from apbv.engine.engine import Engine
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                          RANK=str(self.rank), WORLD_SIZE=str(self.world_size),
+                          LOCAL_RANK=str(local_rank))
+        backend = None if self.cfg.parallel.backend == "auto" else self.cfg.parallel.backend
+        info = init_distributed(backend=backend, timeout_s=self.cfg.parallel.timeout_s)
+        self.engine = Engine(self.cfg, info)
+        return os.getpid()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def generate(self, request: Any) -> Any:
+        result = self.engine.generate(request)
+        result.first_logits = None
+        return result
+
+    def generate_stream(self, request: Any) -> Iterator[Any]:
+        """Yield each token id as soon as it is known, then the Result."""
+        items: queue.Queue = queue.Queue()
+
+        def work() -> None:
+            try:
+                items.put(("result", self.generate_with(request, items.put)))
+            except BaseException as exc:  # handed to the caller below
+                items.put(("error", exc))
+
+        threading.Thread(target=work, daemon=True).start()
+        while True:
+            item = items.get()
+            if isinstance(item, int):
+                yield item
+            elif item[0] == "result":
+                yield item[1]
+                return
+            else:
+                raise item[1]
+
+    def generate_with(self, request: Any, on_token: Callable[[int], None]) -> Any:
+        result = self.engine.generate(request, on_token=on_token)
+        result.first_logits = None
+        return result
+
+
+class RankGroup:
+    """H rank actors in one placement group; one request at a time."""
+
+    def __init__(self, cfg: Any, world_size: int, *, use_gpu: bool, threads: int = 1,
+                 env: dict[str, str] | None = None, local: bool = True):
+        self.cfg, self.world_size, self.use_gpu = cfg, world_size, use_gpu
+        self.threads, self.env, self.local = threads, env or {}, local
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self.pg: Any = None
+
+    def _strategy(self) -> str:
+        key = "GPU" if self.use_gpu else "CPU"
+        one_node = any(n["Resources"].get(key, 0) >= self.world_size
+                       for n in ray.nodes() if n.get("Alive"))
+        return "STRICT_PACK" if one_node else "SPREAD"
+
+    def start(self) -> None:
+        """Reserve the bundles, start the actors, join the process group, load the model."""
+        bundle = {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
+        self.pg = placement_group([dict(bundle)] * self.world_size, strategy=self._strategy())
+        ray.get(self.pg.ready(), timeout=600)
+        cls = ray.remote(RankActor)
+        self.actors = [
+            cls.options(
+                num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_concurrency=2,
+                max_restarts=0, runtime_env={"env_vars": dict(self.env)},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=r),
+            ).remote(self.cfg, r, self.world_size, self.threads)
+            for r in range(self.world_size)
+        ]
+        addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
+        ip, port, _ = addresses[0]
+        master = "127.0.0.1" if self.local else ip
+        local_ranks, seen = [], {}
+        for node_ip, _, _ in addresses:  # GPU index on its node: bundles in rank order
+            local_ranks.append(seen.get(node_ip, 0))
+            seen[node_ip] = local_ranks[-1] + 1
+        self.pids = ray.get([a.setup.remote(master, port, lr)
+                             for a, lr in zip(self.actors, local_ranks)], timeout=1800)
+
+    def stop(self) -> None:
+        """Kill every actor and release the placement group."""
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.actors = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # already removed
+                pass
+            self.pg = None
+
+    def rebuild(self) -> None:
+        self.stop()
+        self.start()
+
+    def lost_ranks(self, timeout_s: float = 5.0) -> list[int]:
+        """Ranks whose actor does not answer a ping (dead, or hung past ``timeout_s``)."""
+        lost = []
+        refs = [a.ping.remote() for a in self.actors]
+        for r, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except (RayActorError, GetTimeoutError):
+                lost.append(r)
+        return lost
+
+    async def generate(self, request: Any, on_token: Callable[[int], None] | None = None) -> Any:
+        """Rank 0's Result for ``request`` handed to every rank; ``on_token`` (in the event
+        loop) gets each token id from rank 0 as soon as it is known.
+
+        Raises :class:`RankLost` when an actor died, the engine's ValueError when the request
+        was refused on the ranks, RuntimeError for other failures.
+        """
+        gen = self.actors[0].generate_stream.options(num_returns="streaming").remote(request)
+        others = [a.generate.remote(request) for a in self.actors[1:]]
+
+        async def rank0() -> Any:
+            async for ref in gen:
+                item = await ref
+                if isinstance(item, int):
+                    if on_token is not None:
+                        on_token(item)
+                else:
+                    return item
+            raise RuntimeError("rank 0 returned no result")
+
+        async def tagged(rank: int, ref: Any) -> Any:
+            try:
+                return await ref
+            except RayActorError as exc:
+                raise RankLost([rank], type(exc).__name__) from exc
+
+        tasks = [asyncio.ensure_future(rank0())] + [asyncio.ensure_future(tagged(r + 1, ref))
+                                                    for r, ref in enumerate(others)]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if t.exception() is not None]
+        if not failed:
+            return tasks[0].result()
+        lost = await asyncio.to_thread(self.lost_ranks)
+        if lost:
+            for t in pending:
+                t.cancel()
+            raise RankLost(lost)
+        await asyncio.gather(*pending, return_exceptions=True)  # the ranks agree on failure
+        error = failed[0].exception()
+        if isinstance(error, RankLost):
+            raise error
+        cause = error.cause if isinstance(error, RayTaskError) else error
+        if isinstance(cause, ValueError):
+            raise ValueError(str(cause)) from None
+        raise RuntimeError(f"the request failed: {type(cause).__name__}: {cause}")

@@ -1,0 +1,100 @@
+"""``python -m apbv serve``: Ray, the rank group, and the HTTP front end in this process.
+
+The front end runs in the driver (uvicorn + FastAPI): one process owns the queue and the
+admission decisions, and the H ranks are one group of Ray actors that must all take every
+request. uvicorn handles SIGINT/SIGTERM: it stops accepting, the app's shutdown kills the rank
+actors and releases their placement group, and Ray is shut down (or, with ``--address``,
+disconnected from); nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any
+
+from apbv.serve.policy import Limits, MediaPolicy
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, default=2, help="H, engine ranks (Ray actors)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--address", help="join this Ray cluster (default: start a local one)")
+    p.add_argument("--media-root", action="append", default=[], metavar="DIR",
+                   help="directory whose files requests may name (file:// URLs; repeatable; "
+                        "none: every local video is refused)")
+    p.add_argument("--allow-media-domain", action="append", default=[], metavar="HOST",
+                   help="remote host whose http(s) video URLs are not refused outright "
+                        "(downloading is not implemented yet)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting at most")
+    p.add_argument("--api-key", default=os.environ.get("APBV_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: env APBV_API_KEY)")
+    p.add_argument("--vision-cache-gb", type=float,
+                   help="per-rank vision-embedding cache in GiB (cache.vision_gb; 0 = off)")
+    p.add_argument("--hardware", help="cost-model preset for deadline admission (default: cpu "
+                                      "on CPU ranks, h200 on GPUs)")
+    p.add_argument("--served-model-name", help="model id of /v1/models (default: the "
+                                               "checkpoint directory's name)")
+    p.add_argument("--threads-per-rank", type=int, default=1, help="torch threads per rank")
+    defaults = Limits()
+    for f in dataclasses.fields(Limits):
+        p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float,
+                       default=getattr(defaults, f.name), help="(default: %(default)s)")
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(**{f.name: (int if f.type == "int" else float)(getattr(args, f.name))
+                     for f in dataclasses.fields(Limits)})
+
+
+def run_server(cfg: Any, args: argparse.Namespace) -> int:
+    import ray
+    import uvicorn
+    from transformers import AutoProcessor
+
+    from apbv.serve.admission import Admission, cost_predictor
+    from apbv.serve.app import Server, ServerOptions
+    from apbv.serve.group import RankGroup
+
+    if args.world_size < 1:
+        raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    path = os.path.abspath(cfg.model.path)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
+    if args.vision_cache_gb is not None:
+        cache = getattr(cfg, "cache", None)
+        if cache is None:
+            raise ValueError("--vision-cache-gb needs the vision cache (cache.vision_gb), "
+                             "which this build does not have")
+        cfg = dataclasses.replace(
+            cfg, cache=dataclasses.replace(cache, vision_gb=args.vision_cache_gb))
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    env = {k: os.environ[k] for k in ("PYTHONPATH", "RAY_AUTH_MODE") if k in os.environ}
+    local = args.address is None
+    if local:
+        ray.init(num_cpus=args.world_size, include_dashboard=False, log_to_driver=True,
+                 object_store_memory=128 << 20, _node_ip_address="127.0.0.1")
+    else:
+        ray.init(address=args.address, log_to_driver=True)
+    try:
+        use_gpu = cfg.parallel.backend != "gloo" and ray.cluster_resources().get("GPU", 0) >= 1
+        group = RankGroup(cfg, args.world_size, use_gpu=use_gpu, threads=args.threads_per_rank,
+                          env=env, local=local)
+        predictor = cost_predictor(path, args.world_size,
+                                   args.hardware or ("h200" if use_gpu else "cpu"))
+        options = ServerOptions(
+            model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
+            limits=_limits(args),
+            policy=MediaPolicy(tuple(args.media_root), tuple(h.lower() for h in
+                                                             args.allow_media_domain)),
+            api_key=args.api_key or None, max_queue=args.max_queue)
+        server = Server(cfg, group, processor, options, Admission(args.max_queue, predictor))
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        ray.shutdown()
+    return 0

@@ -1,0 +1,107 @@
+"""Media policy and request limits of the server: pure checks, default deny.
+
+Nothing here touches a rank. :func:`resolve_media` turns a client's video URL into a local path
+or refuses it; :class:`Limits` holds the numbers a request must stay within, each with a default
+and a ``serve`` flag. Every refusal is a :class:`ClientError` (an HTTP status and a message that
+names the problem, the limit and the value).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+
+class ClientError(Exception):
+    """A request the server refuses: ``status`` (4xx, or 503 for admission) and the message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (the serve flags of the same names set them)."""
+
+    max_body_bytes: int = 1 << 20
+    """Request body size in bytes (--max-body-bytes)."""
+    max_video_seconds: float = 3600.0
+    """Duration of the video (or of its clip) in seconds, probed without decoding."""
+    max_frames: int = 768
+    """Frames sampled from the video (plan_sampling)."""
+    max_pixels_per_frame: int = 768 * 28 * 28
+    """Pixels of one sampled frame after resizing."""
+    max_prompt_tokens: int = 131072
+    """Prompt tokens (video placeholders included)."""
+    max_question_chars: int = 8192
+    """Characters of the question."""
+    max_tokens: int = 1024
+    """max_tokens of one request."""
+
+    def check(self, name: str, value: float, limit: float, flag: str, what: str = "") -> None:
+        if value > limit:
+            raise ClientError(413 if name == "body" else 400,
+                              f"{what or name} is {value:g}, over the limit of {limit:g} "
+                              f"(--{flag})")
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Which videos a request may name: local files under ``roots`` (real paths), and remote
+    hosts in ``allow_domains`` (downloading them is not implemented yet)."""
+
+    roots: tuple[str, ...] = ()
+    allow_domains: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roots", tuple(os.path.realpath(r) for r in self.roots))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_media(url: object, policy: MediaPolicy) -> str:
+    """The real local path of a ``file://`` URL under one of the media roots, or ClientError.
+
+    Refused: anything but a string, schemes other than file (http(s) unless its host is
+    allowed, and then 501 since downloading is not implemented), a host in a file URL, a path
+    with a ``..`` component, a path whose real path (symlinks followed) leaves every root, and
+    a path that is not a regular file.
+    """
+    if not isinstance(url, str) or not url:
+        raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        host = (parts.hostname or "").lower()
+        if host not in policy.allow_domains:
+            raise ClientError(400, f"remote media is off: {scheme} URL of host {host!r} refused "
+                                   "(--allow-media-domain HOST allows a host)")
+        raise ClientError(501, f"downloading remote media ({host}) is not implemented yet; "
+                               "put the file under a --media-root and use a file:// URL")
+    if scheme != "file":
+        raise ClientError(400, f"unsupported video URL scheme {parts.scheme or '(none)'!r} in "
+                               f"{url[:200]!r}: only file:// URLs under a --media-root")
+    if parts.netloc not in ("", "localhost"):
+        raise ClientError(400, f"file URL with host {parts.netloc!r} refused: use file:///PATH")
+    path = unquote(parts.path)
+    if "\x00" in path or not os.path.isabs(path):
+        raise ClientError(400, f"the video path {path[:200]!r} must be absolute")
+    if ".." in path.split("/"):
+        raise ClientError(400, f"the video path {path[:200]!r} holds '..', which is refused")
+    if not policy.roots:
+        raise ClientError(403, "no --media-root is configured, so no local video is allowed")
+    if not any(_under(os.path.normpath(path), root) for root in policy.roots):
+        raise ClientError(403, f"the video path {path[:200]!r} is outside the media roots "
+                               f"({', '.join(policy.roots)})")
+    real = os.path.realpath(path)
+    if not any(_under(real, root) for root in policy.roots):
+        raise ClientError(403, f"the video path {path[:200]!r} resolves (symlinks followed) to "
+                               f"{real!r}, outside the media roots ({', '.join(policy.roots)})")
+    if not os.path.isfile(real):
+        raise ClientError(404, f"no video file at {path[:200]!r}")
+    return real
