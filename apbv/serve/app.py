@@ -251,7 +251,7 @@ class Server:
         @app.get("/health")
         async def health() -> JSONResponse:
             return JSONResponse({"status": self.status, "world_size": self.group.world_size,
-                                 "queued": len(self.admission)},
+                                 "queued": len(self.admission), "rank_pids": self.group.pids},
                                 status_code=200 if self.status == "ready" else 503)
 
         @app.get("/metrics")

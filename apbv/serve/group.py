@@ -149,7 +149,7 @@ class RankGroup:
                 ray.kill(actor, no_restart=True)
             except Exception:  # already gone
                 pass
-        self.actors = []
+        self.actors, self.pids = [], []
         if self.pg is not None:
             try:
                 remove_placement_group(self.pg)
