@@ -202,29 +202,40 @@ class Server:
         yield event(api.chunk(call, cid, {"role": "assistant", "content": ""}))
         waiter = asyncio.ensure_future(self._wait(job, request))
         try:
-            while True:
-                getter = asyncio.ensure_future(job.tokens.get())
-                await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    break
-                ids.append(getter.result())
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                if text.startswith(sent) and len(text) > len(sent) and \
-                        not text.endswith("\ufffd"):
-                    yield event(api.chunk(call, cid, {"content": text[len(sent):]}))
-                    sent = text
+            async for piece in self._deltas(job, waiter, ids, tokenizer):
+                sent += piece
+                yield event(api.chunk(call, cid, {"content": piece}))
             result, wait = await waiter
         except ClientError as exc:
             yield event({"error": {"message": exc.message, "code": exc.status}})
             yield b"data: [DONE]\n\n"
             return
+        finally:  # the client went away: a job still waiting is dropped
+            if job.started is None and self.admission.drop(job):
+                self.metrics.requests.labels("disconnected").inc()
         if result.answer.startswith(sent) and len(result.answer) > len(sent):
             yield event(api.chunk(call, cid, {"content": result.answer[len(sent):]}))
         yield event(api.chunk(call, cid, {},
                               api.finish_reason(result, call.request.max_new_tokens),
                               usage=api.usage(result), apbv=api.apbv_block(result, wait)))
         yield b"data: [DONE]\n\n"
+
+    @staticmethod
+    async def _deltas(job: Job, waiter: asyncio.Future, ids: list[int],
+                      tokenizer: Any) -> AsyncIterator[str]:
+        """New text as tokens arrive (held back while it ends inside a UTF-8 sequence)."""
+        sent = ""
+        while True:
+            getter = asyncio.ensure_future(job.tokens.get())
+            await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                return
+            ids.append(getter.result())
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
+                yield text[len(sent):]
+                sent = text
 
     def _routes(self) -> FastAPI:
         app = FastAPI(title="apbv", docs_url=None, redoc_url=None, openapi_url=None,

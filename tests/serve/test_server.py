@@ -55,6 +55,7 @@ def media(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, media: Path):
+    """(base URL, the process, the reference answer computed while the server starts)."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
                RAY_AUTH_MODE="disabled")
@@ -68,6 +69,8 @@ def server(tiny_model_dir: Path, media: Path):
     threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
     base = f"http://127.0.0.1:{port}"
     try:
+        reference = spawn_local(_reference, 2, (str(tiny_model_dir), str(media / "clip.mp4"),
+                                                QUESTION, 6), timeout_s=120)[0]
         deadline = time.monotonic() + 90
         while True:
             assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
@@ -78,7 +81,7 @@ def server(tiny_model_dir: Path, media: Path):
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        yield base, proc
+        yield base, proc, reference
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -88,12 +91,6 @@ def server(tiny_model_dir: Path, media: Path):
             proc.wait()
             pytest.fail("the server did not stop on SIGINT:\n" + "".join(log[-40:]))
     assert proc.returncode == 0, "".join(log[-40:])
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path, media: Path) -> tuple[str, list[int]]:
-    return spawn_local(_reference, 2, (str(tiny_model_dir), str(media / "clip.mp4"), QUESTION,
-                                       6), timeout_s=120)[0]
 
 
 def _client(base: str, key: str = KEY) -> openai.OpenAI:
@@ -111,9 +108,8 @@ def _metric(base: str, name: str, label: str = "") -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_completion_and_stream_equal_the_engine(server, media, reference):
-    base, _ = server
-    answer, token_ids = reference
+def test_completion_and_stream_equal_the_engine(server, media):
+    base, _, (answer, token_ids) = server
     client = _client(base)
     url = (media / "clip.mp4").as_uri()
     before = _metric(base, "apbv_requests_total", '{outcome="ok"}')
@@ -133,7 +129,7 @@ def test_completion_and_stream_equal_the_engine(server, media, reference):
 
 
 def test_health_and_models(server):
-    base, _ = server
+    base = server[0]
     health = httpx.get(base + "/health").json()
     assert health["status"] == "ready" and len(health["rank_pids"]) == 2
     assert [m.id for m in _client(base).models.list().data] == ["tiny-qwen2.5-vl"]
@@ -141,7 +137,7 @@ def test_health_and_models(server):
 
 
 def test_refusals_never_reach_the_ranks(server, media, tmp_path):
-    base, _ = server
+    base = server[0]
     client = _client(base)
     clip = (media / "clip.mp4").as_uri()
     outside = tmp_path / "other.mp4"
@@ -170,8 +166,8 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
     assert _metric(base, "apbv_queue_wait_seconds_count") == reached
 
 
-def test_killed_rank_fails_the_request_and_the_group_is_rebuilt(server, media, reference):
-    base, _ = server
+def test_killed_rank_fails_the_request_and_the_group_is_rebuilt(server, media):
+    base, _, reference = server
     url = (media / "clip.mp4").as_uri()
     client = _client(base)
     pids = httpx.get(base + "/health").json()["rank_pids"]
