@@ -67,7 +67,7 @@ class Server:
     def __init__(self, cfg: Any, group: Any, processor: Any, options: ServerOptions,
                  admission: Admission | None = None):
         self.cfg, self.group, self.processor, self.opt = cfg, group, processor, options
-        self.admission = admission or Admission(options.max_queue)
+        self.admission = admission if admission is not None else Admission(options.max_queue)
         self.metrics = Metrics()
         self.status = "starting"
         self.worker: asyncio.Task | None = None

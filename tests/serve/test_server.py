@@ -91,6 +91,15 @@ def server(tiny_model_dir: Path, media: Path):
             proc.wait()
             pytest.fail("the server did not stop on SIGINT:\n" + "".join(log[-40:]))
     assert proc.returncode == 0, "".join(log[-40:])
+    for _ in range(40):  # Ray's processes went with it
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.25)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("processes of the server's group were left running")
 
 
 def _client(base: str, key: str = KEY) -> openai.OpenAI:
@@ -153,6 +162,8 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
         (dict(messages=_messages(clip), extra_body={"nframes": 24}), 400,
          "sampled frames is 24, over the limit of 16 (--max-frames)"),
         (dict(messages=_messages(clip), max_tokens=5000), 400, "5000, over the limit of 1024"),
+        (dict(messages=_messages(clip), extra_body={"deadline_ms": 0.01}), 503,
+         "the deadline of 0.01 ms cannot be met: the predicted TTFT is"),
     ]
     for kwargs, status, text in cases:
         with pytest.raises(openai.APIStatusError) as err:
@@ -190,3 +201,25 @@ def test_killed_rank_fails_the_request_and_the_group_is_rebuilt(server, media):
     health = httpx.get(base + "/health").json()
     assert health["status"] == "ready" and pids[1] not in health["rank_pids"]
     assert _metric(base, "apbv_group_rebuilds_total") == 1
+
+
+def test_a_client_gone_while_queued_is_dropped(server, media):
+    base = server[0]
+    url = (media / "clip.mp4").as_uri()
+    client = _client(base)
+    ok = _metric(base, "apbv_requests_total", '{outcome="ok"}')
+    stream = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
+                                            max_tokens=150, stream=True)
+    next(iter(stream))  # running now
+    body = {"model": "tiny-qwen2.5-vl", "messages": _messages(url), "max_tokens": 6}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/chat/completions", json=body, timeout=1.0,
+                   headers={"Authorization": f"Bearer {KEY}"})
+    for _ in range(20):
+        if _metric(base, "apbv_requests_total", '{outcome="disconnected"}') == 1:
+            break
+        time.sleep(0.25)
+    assert _metric(base, "apbv_requests_total", '{outcome="disconnected"}') == 1
+    assert httpx.get(base + "/health").json()["queued"] == 0
+    assert sum(len(c.choices[0].delta.content or "") for c in stream if c.choices) > 0
+    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == ok + 1
