@@ -39,8 +39,10 @@ def _reference(info, model_dir: str, video: str, question: str, max_new_tokens: 
     from apbv.engine.engine import Engine
 
     engine = Engine(load_config("tiny_cpu", [f"model.path={model_dir!r}"]), info)
-    result = engine.generate(engine.request(video, question, max_new_tokens=max_new_tokens))
-    return result.answer, result.token_ids
+    seen: list[int] = []
+    result = engine.generate(engine.request(video, question, max_new_tokens=max_new_tokens),
+                             on_token=seen.append)
+    return result.answer, result.token_ids, seen
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +71,11 @@ def server(tiny_model_dir: Path, media: Path):
     threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
     base = f"http://127.0.0.1:{port}"
     try:
-        reference = spawn_local(_reference, 2, (str(tiny_model_dir), str(media / "clip.mp4"),
-                                                QUESTION, 6), timeout_s=120)[0]
+        ranks = spawn_local(_reference, 2, (str(tiny_model_dir), str(media / "clip.mp4"),
+                                            QUESTION, 6), timeout_s=120)
+        for _, token_ids, seen in ranks:  # the on_token hook: every token, on every rank
+            assert seen == token_ids == ranks[0][1] and len(seen) == 6
+        reference = ranks[0][:2]
         deadline = time.monotonic() + 90
         while True:
             assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
