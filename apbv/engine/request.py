@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -131,10 +132,16 @@ class PromptInputs:
     patch_ranges: tuple[Range, ...]
     """The frame split: per rank, the temporal patches [p0, p1) it encodes ((0, t) everywhere
     when the mode does not split the vision work)."""
-    pixel_values: torch.Tensor
-    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
+    pixel_values: torch.Tensor | None
+    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14); None when
+    ``vision_embeds`` came from the vision cache."""
     num_frames: int
     """Frames sampled from the video (all ranks together)."""
+    vision_embeds: torch.Tensor | None = None
+    """This rank's vision tower output, from the vision cache (then the tower is skipped)."""
+    vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,
+                                                                compare=False)
+    """Called with this rank's vision tower output when it was computed (fills the cache)."""
 
 
 @dataclass
@@ -159,6 +166,8 @@ class Result:
     """What an all-gather of every embedding to every rank would have moved."""
     kv_cache_bytes_max: int
     """The largest per-rank prompt KV cache."""
+    vision_cache_hit: bool = False
+    """True when every rank took its vision embeddings from its vision cache."""
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     """(vocab,) fp32 logits of the first token (not part of the JSON)."""
 

@@ -68,13 +68,17 @@ def run_prompt(
 
     with torch.inference_mode():
         with timer.stage("vision"):
-            error, local_video = None, None
+            error, local_video = None, inputs.vision_embeds  # set: a vision cache hit
             try:
-                grid = (patch_range[1] - patch_range[0], h, w)
-                local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                if local_video is None:
+                    grid = (patch_range[1] - patch_range[0], h, w)
+                    local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                    if inputs.vision_store is not None:
+                        inputs.vision_store(local_video)
             except Exception as exc:  # e.g. out of memory on this rank only
                 error = exc
-            raise_if_any_failed(error, group)
+            raise_if_any_failed(error, group)  # reached on every rank, hit or miss
+            cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
             if mode.vit_split:
@@ -121,5 +125,6 @@ def run_prompt(
         embedding_bytes=moved if mode.vit_split else 0,
         allgather_bytes=allgather,
         kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), group)),
+        vision_cache_hit=cache_hit,
         first_logits=logits,
     )
