@@ -10,7 +10,7 @@ The answer comes back with its TTFT breakdown (max over ranks; :data:`apbv.timin
     transfer     video embeddings to the ranks that own their tokens
     prefill      embeddings, positions, the decoder over the local shard
     first_token  greedy choice on the query rank and its broadcast     -> TTFT ends here
-    decode       the remaining greedy tokens (exact attention)
+    decode       the remaining greedy tokens (exact attention), or scoring the choices
 
 Before any model collective the ranks check that they were given the same request (a
 mismatch is a ValueError naming the field, on every rank), and they agree on failure: an error
@@ -28,6 +28,7 @@ from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
 from apbv.distributed import DistInfo
+from apbv.engine.decode import decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import raise_if_any_failed, run_prompt
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
@@ -135,19 +136,21 @@ class Engine:
 
     def check_fits(self, request: Request, context_len: int, query_len: int,
                    patches: Range, grid_hw: tuple[int, int]) -> None:
-        """ValueError unless the prompt plus max_new_tokens fits the model's context and this
-        rank's memory estimate fits its budget (both named in the message)."""
-        total = context_len + query_len + request.max_new_tokens
+        """ValueError unless the prompt plus max_new_tokens (with choices: the longest choice's
+        tokens) fits the model's context and this rank's memory estimate fits its budget (both
+        named in the message)."""
+        reserve, what = decode_reserve(self.qwen.processor.tokenizer, request)
+        total = context_len + query_len + reserve
         limit = self.qwen.max_positions
         if total > limit:
             raise ValueError(
-                f"the prompt ({context_len + query_len} tokens) plus max_new_tokens "
-                f"({request.max_new_tokens}) is {total} tokens, beyond the model's context of "
-                f"{limit}: sample fewer frames or pixels, or lower max_new_tokens")
+                f"the prompt ({context_len + query_len} tokens) plus {what} "
+                f"({reserve}) is {total} tokens, beyond the model's context of "
+                f"{limit}: sample fewer frames or pixels, or lower {what}")
         plan = request.plan(context_len, query_len, self.info.world_size)
         estimate = request_memory(
             self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
-            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=request.max_new_tokens,
+            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=reserve,
             rank=self.info.rank)
         need, budget, source = self._memory_need_and_budget(estimate)
         if need > budget:
