@@ -68,6 +68,9 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 
 def _print_result(result: Any, *, as_json: bool) -> None:
     print(f"answer: {result.answer!r}")
+    for choice in result.choices or ():
+        print(f"  choice {choice['text']!r}: p={choice['prob']:.4f} "
+              f"(logprob {choice['logprob']:.4f}, {choice['tokens']} tokens)")
     stages = "  ".join(f"{k} {v:.3f}s" for k, v in result.seconds.items())
     print(f"TTFT {result.ttft_s:.3f} s on {result.world_size} rank(s), mode {result.mode} "
           f"({result.context_len}+{result.query_len} prompt tokens, {result.frames} frames)")
@@ -86,7 +89,8 @@ def _generate(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
     if not cfg.model.path:
         raise ValueError("no model: pass --model DIR or set model.path in the config")
-    request = Request.from_config(cfg, args.video, args.question)  # checked before any work
+    request = Request.from_config(cfg, args.video, args.question,  # checked before any work
+                                  choices=args.choices)
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
     try:
@@ -197,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(gen, default_preset=None)
     gen.add_argument("--video", required=True, help="video file")
     gen.add_argument("--question", required=True, help="question about the video")
+    gen.add_argument("--choices", action="append", metavar="TEXT",
+                     help="a closed-vocabulary answer; repeat for each (2 .. 64): every choice "
+                          "is scored by its exact log-probability and the likeliest is the "
+                          "answer, nothing is generated")
     gen.add_argument("--json", action="store_true", help="also print one JSON line")
 
     demo = sub.add_parser("demo", help="the whole pipeline on local CPU ranks, spava vs exact")

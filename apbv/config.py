@@ -3,8 +3,8 @@
 Presets live in apbv/configs/ (shipped in the wheel); the source tree's configs/ points there.
 
 Precedence: command-line overrides > the TOML preset > the defaults below. A TOML file has one
-table per section ([model], [video], [parallel], [attention], [generate]) whose keys are the
-field names; an override is ``section.key=value`` with the value parsed as TOML
+table per section ([model], [video], [parallel], [attention], [generate], [cache]) whose keys
+are the field names; an override is ``section.key=value`` with the value parsed as TOML
 (``attention.passing_len=256``, ``video.fps=1.0``, ``model.path="/ckpt/Qwen2.5-VL-7B"``, or a
 bare word for a string: ``attention.mode=exact``).
 """
@@ -206,12 +206,24 @@ class GenerateConfig:
 
 
 @dataclass
+class CacheConfig:
+    vision_gb: float = 0.0
+    """Vision embeddings kept per rank for reuse, in GiB (0: off): a later request about the
+    same video file with the same sampling skips decoding and the vision tower on that rank
+    (least recently used entries are evicted; see apbv/engine/vision_cache.py)."""
+
+    def __post_init__(self) -> None:
+        _number("cache.vision_gb", self.vision_gb, low_open=False, optional=False)
+
+
+@dataclass
 class RuntimeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
 
 def _section_types() -> dict[str, type]:

@@ -9,8 +9,9 @@ same one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,10 @@ from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
+from apbv.engine.request import Request
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import QUERY_RANK
+from apbv.sequence import text_ids
 
 
 @dataclass
@@ -82,3 +85,73 @@ def greedy_continue(
         if on_token is not None:
             on_token(tokens[-1])
     return tokens
+
+
+def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:
+    """Each choice's token ids, as plain text (special-token strings are text)."""
+    return [text_ids(tokenizer, choice) for choice in choices]
+
+
+def score_choices(
+    qwen: QwenVL,
+    first_logits: torch.Tensor,
+    choice_ids: list[list[int]],
+    next_position: int,
+    cache: RankKVCache,
+    info: DistInfo,
+    *,
+    kernel: str | None = None,
+) -> list[float]:
+    """log p(choice | prompt) per choice: teacher-forced, exact, over the distributed cache.
+
+    A choice's first token is scored by the prompt's ``first_logits``; each later token by the
+    logits of a decode step fed the choice's previous token (the same exact LSE attention as
+    decode; every rank runs the same steps, as they depend on the token ids only). Choices are
+    visited in token order so a shared prefix is fed once: the cache is truncated back to the
+    longest prefix the next choice shares, and to the prompt at the end. Single-token choices
+    need no step. The values come from the query rank, so every rank returns the same ones.
+    """
+    first = torch.log_softmax(first_logits.float(), dim=-1)
+    logprobs = [float(first[ids[0]]) for ids in choice_ids]
+    scored = [1] * len(choice_ids)  # tokens counted per choice, checked at the end
+    ctx = DecodeContext(info, cache, kernel)
+    marks = [cache.lengths()]  # marks[j]: the cache with j choice tokens fed after the prompt
+    fed: list[int] = []
+    for i in sorted(range(len(choice_ids)), key=lambda i: choice_ids[i]):
+        ids = choice_ids[i]
+        keep = 0
+        while keep < min(len(fed), len(ids) - 1) and fed[keep] == ids[keep]:
+            keep += 1
+        if keep < len(fed):
+            cache.truncate(marks[keep])
+            del fed[keep:], marks[keep + 1:]
+        for token in ids[len(fed):-1]:
+            logits = decode_step(qwen, token, next_position + len(fed), ctx)
+            fed.append(token)
+            marks.append(cache.lengths())
+            row = torch.log_softmax(logits, dim=-1)
+            n = len(fed)
+            for m, other in enumerate(choice_ids):  # every choice continuing this prefix
+                if len(other) > n and other[:n] == fed:
+                    logprobs[m] += float(row[other[n]])
+                    scored[m] += 1
+    cache.truncate(marks[0])
+    assert scored == [len(ids) for ids in choice_ids], (scored, choice_ids)
+    return comm.broadcast_object(logprobs, src=QUERY_RANK, group=info.group)
+
+
+def choice_table(texts: Sequence[str], choice_ids: list[list[int]],
+                 logprobs: list[float]) -> list[dict[str, Any]]:
+    """Per choice {"text", "tokens", "logprob", "prob"}: prob is the softmax over the choices'
+    sequence log-probabilities."""
+    probs = torch.softmax(torch.tensor(logprobs, dtype=torch.float64), dim=0).tolist()
+    return [{"text": t, "tokens": len(ids), "logprob": lp, "prob": p}
+            for t, ids, lp, p in zip(texts, choice_ids, logprobs, probs, strict=True)]
+
+
+def decode_reserve(tokenizer: Any, request: Request) -> tuple[int, str]:
+    """(tokens decode may add after the prompt, what they are): ``max_new_tokens``, or with
+    choices the longest choice's token count."""
+    if request.choices is None:
+        return request.max_new_tokens, "max_new_tokens"
+    return max(map(len, choice_token_ids(tokenizer, request.choices))), "the longest choice"

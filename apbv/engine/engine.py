@@ -5,11 +5,12 @@ one :class:`apbv.engine.request.Request` and calls :meth:`Engine.generate` with 
 The answer comes back with its TTFT breakdown (max over ranks; :data:`apbv.timing.STAGES`):
 
     preprocess   decode this rank's frames + the video processor + tokenization
-    vision       the vision tower on this rank's temporal patches
+    vision       the vision tower on this rank's temporal patches (both skipped on a rank
+                 whose vision cache holds its share of the video: cache.vision_gb)
     transfer     video embeddings to the ranks that own their tokens
     prefill      embeddings, positions, the decoder over the local shard
     first_token  greedy choice on the query rank and its broadcast     -> TTFT ends here
-    decode       the remaining greedy tokens (exact attention)
+    decode       the remaining greedy tokens (exact attention), or scoring the choices
 
 Before any model collective the ranks check that they were given the same request (a
 mismatch is a ValueError naming the field, on every rank), and they agree on failure: an error
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -27,8 +29,10 @@ from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
 from apbv.distributed import DistInfo
+from apbv.engine.decode import decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import raise_if_any_failed, run_prompt
+from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.plan import Range, patch_ranges
 from apbv.sequence import prompt_ids, split_prompt
@@ -63,6 +67,8 @@ class Engine:
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device))
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
+        self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
+        """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""
 
     def request(self, video: str, question: str, **overrides: object) -> Request:
         """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
@@ -70,7 +76,11 @@ class Engine:
 
     def preprocess(self, request: Request) -> PromptInputs:
         """Sample the video, tokenize the prompt, check that the request fits (context and
-        memory) and only then decode and process this rank's frames."""
+        memory) and only then decode and process this rank's frames.
+
+        With the vision cache on, a hit (same file, sampling, model and place in the frame
+        split) gives this rank's vision embeddings and sampling instead: only the prompt is
+        built and checked. A miss carries ``vision_store``, which keeps the tower's output."""
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
         ids: list[torch.Tensor] = []
@@ -84,13 +94,26 @@ class Engine:
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             patch_ranges(t, world)[rank] if split else (0, t), (h, w))
 
-        frames = load_rank_frames(request.video, rank if split else 0, world if split else 1,
-                                  before_decode=preflight)
-        sampling = frames.sampling
+        key, entry = None, None
+        if self.vision_cache.enabled:
+            key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
+                             split)
+            entry = self.vision_cache.get(key)
+        store = None
+        if entry is not None:  # no probe, no decoding, no processor; the preflight still runs
+            preflight(entry.sampling)
+            sampling, pixel_values = entry.sampling, None
+        else:
+            frames = load_rank_frames(request.video, rank if split else 0,
+                                      world if split else 1, before_decode=preflight)
+            sampling = frames.sampling
+            pixel_values, local_grid = self.qwen.process_frames(frames.frames)
+            t, h, w = sampling.grid_thw
+            assert local_grid == (frames.patch_range[1] - frames.patch_range[0], h, w), local_grid
+            if key is not None:
+                store = partial(self._store_vision, key, sampling, frames.patch_range)
         context_ids, query_ids = ids
-        pixel_values, local_grid = self.qwen.process_frames(frames.frames)
         t, h, w = sampling.grid_thw
-        assert local_grid == (frames.patch_range[1] - frames.patch_range[0], h, w), local_grid
         return PromptInputs(
             context_ids=context_ids,
             query_ids=query_ids,
@@ -99,23 +122,36 @@ class Engine:
             patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
             pixel_values=pixel_values,
             num_frames=sampling.num_frames,
+            vision_embeds=None if entry is None else entry.embeddings,
+            vision_store=store,
         )
+
+    def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,
+                      embeddings: torch.Tensor) -> None:
+        """Keep this rank's vision tower output (exactly its own bytes: a view is copied)."""
+        embeddings = embeddings.detach()
+        if embeddings.untyped_storage().nbytes() != embeddings.numel() * \
+                embeddings.element_size():
+            embeddings = embeddings.clone()
+        self.vision_cache.put(key, VisionEntry(embeddings, sampling, patches))
 
     def check_fits(self, request: Request, context_len: int, query_len: int,
                    patches: Range, grid_hw: tuple[int, int]) -> None:
-        """ValueError unless the prompt plus max_new_tokens fits the model's context and this
-        rank's memory estimate fits its budget (both named in the message)."""
-        total = context_len + query_len + request.max_new_tokens
+        """ValueError unless the prompt plus max_new_tokens (with choices: the longest choice's
+        tokens) fits the model's context and this rank's memory estimate fits its budget (both
+        named in the message)."""
+        reserve, what = decode_reserve(self.qwen.processor.tokenizer, request)
+        total = context_len + query_len + reserve
         limit = self.qwen.max_positions
         if total > limit:
             raise ValueError(
-                f"the prompt ({context_len + query_len} tokens) plus max_new_tokens "
-                f"({request.max_new_tokens}) is {total} tokens, beyond the model's context of "
-                f"{limit}: sample fewer frames or pixels, or lower max_new_tokens")
+                f"the prompt ({context_len + query_len} tokens) plus {what} "
+                f"({reserve}) is {total} tokens, beyond the model's context of "
+                f"{limit}: sample fewer frames or pixels, or lower {what}")
         plan = request.plan(context_len, query_len, self.info.world_size)
         estimate = request_memory(
             self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
-            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=request.max_new_tokens,
+            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=reserve,
             rank=self.info.rank)
         need, budget, source = self._memory_need_and_budget(estimate)
         if need > budget:

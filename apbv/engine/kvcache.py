@@ -63,6 +63,18 @@ class RankKVCache:
     def num_tokens(self, layer: int = 0) -> int:
         return self._len[layer]
 
+    def lengths(self) -> tuple[int, ...]:
+        """Cached tokens per layer: a mark that :meth:`truncate` can return to."""
+        return tuple(self._len)
+
+    def truncate(self, lengths: tuple[int, ...]) -> None:
+        """Forget the tokens appended after ``lengths`` (a :meth:`lengths` mark): the cache is
+        then what it was at the mark; the rows stay allocated for the next appends."""
+        assert len(lengths) == len(self._len), (len(lengths), len(self._len))
+        for layer, n in enumerate(lengths):
+            assert 0 <= n <= self._len[layer], f"layer {layer}: mark {n} > {self._len[layer]}"
+            self._len[layer] = n
+
     def nbytes(self) -> int:
         """Bytes of the cached tokens (not counting the reservation)."""
         total = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 MAX_QUESTION_CHARS = 32768
 """Longest question accepted (characters); longer text is refused naming this limit."""
+MIN_CHOICES, MAX_CHOICES = 2, 64
+"""How many closed-vocabulary choices a request may hold."""
+MAX_CHOICE_CHARS = 256
+"""Longest choice accepted (characters)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class Request:
     """Passed tokens per block P (None: the mode's default)."""
     kernel: str | None = None
     """Attention kernel backend (None: the best available)."""
+    choices: tuple[str, ...] | None = None
+    """Closed-vocabulary answers: score each (plain text) by its exact log-probability after
+    the prompt instead of generating; None: greedy generation."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -59,14 +67,17 @@ class Request:
         for name in ("anchor_len", "passing_len"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 0)
+        if self.choices is not None:
+            object.__setattr__(self, "choices", check_choices(self.choices))
 
     @classmethod
     def from_config(
         cls, cfg: RuntimeConfig, video: str, question: str, *, mode: str | None = None,
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | None = None, choices: Sequence[str] | None = None,
     ) -> Request:
         """The request the config describes for ``video`` and ``question``; ``mode`` and
-        ``max_new_tokens`` replace the config's when given."""
+        ``max_new_tokens`` replace the config's when given; ``choices`` makes it a
+        closed-vocabulary request."""
         att = cfg.attention
         return cls(
             video=cfg.video.spec(video),
@@ -77,6 +88,7 @@ class Request:
             anchor_len=att.anchor_len,
             passing_len=att.passing_len,
             kernel=att.kernel,
+            choices=choices,  # type: ignore[arg-type]  # checked and made a tuple on init
         )
 
     def plan(self, context_len: int, query_len: int, world_size: int) -> Plan:
@@ -101,6 +113,29 @@ class Request:
             else:
                 out[f.name] = repr(value)
         return out
+
+
+def check_choices(choices: Sequence[str]) -> tuple[str, ...]:
+    """``choices`` as a tuple, or ValueError naming what is wrong and the allowed range."""
+    if isinstance(choices, str) or not isinstance(choices, Sequence):
+        raise ValueError(f"choices must be a sequence of {MIN_CHOICES} .. {MAX_CHOICES} strings, "
+                         f"got {type(choices).__name__}")
+    if not MIN_CHOICES <= len(choices) <= MAX_CHOICES:
+        raise ValueError(f"choices must hold {MIN_CHOICES} .. {MAX_CHOICES} choices, got "
+                         f"{len(choices)}")
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, str) or not choice or len(choice) > MAX_CHOICE_CHARS:
+            what = (type(choice).__name__ if not isinstance(choice, str) else
+                    "empty" if not choice else f"{len(choice)} characters long")
+            raise ValueError(f"choice {i} is {what}; each choice must be a string of 1 .. "
+                             f"{MAX_CHOICE_CHARS} characters")
+    seen: dict[str, int] = {}
+    for i, choice in enumerate(choices):
+        if choice in seen:
+            raise ValueError(f"choice {i} ({choice[:40]!r}) duplicates choice {seen[choice]}; "
+                             f"the choices must be distinct")
+        seen[choice] = i
+    return tuple(choices)
 
 
 def _file_size(path: str) -> str:
@@ -131,10 +166,16 @@ class PromptInputs:
     patch_ranges: tuple[Range, ...]
     """The frame split: per rank, the temporal patches [p0, p1) it encodes ((0, t) everywhere
     when the mode does not split the vision work)."""
-    pixel_values: torch.Tensor
-    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14)."""
+    pixel_values: torch.Tensor | None
+    """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14); None when
+    ``vision_embeds`` came from the vision cache."""
     num_frames: int
     """Frames sampled from the video (all ranks together)."""
+    vision_embeds: torch.Tensor | None = None
+    """This rank's vision tower output, from the vision cache (then the tower is skipped)."""
+    vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,
+                                                                compare=False)
+    """Called with this rank's vision tower output when it was computed (fills the cache)."""
 
 
 @dataclass
@@ -159,6 +200,12 @@ class Result:
     """What an all-gather of every embedding to every rank would have moved."""
     kv_cache_bytes_max: int
     """The largest per-rank prompt KV cache."""
+    vision_cache_hit: bool = False
+    """True when every rank took its vision embeddings from its vision cache."""
+    choices: list[dict[str, Any]] | None = None
+    """With ``Request.choices``: per choice, in the request's order, {"text", "tokens" (count),
+    "logprob" (of its tokens after the prompt, exact), "prob" (softmax over the choices'
+    logprobs)}; ``answer`` is then the most probable choice and ``token_ids`` its tokens."""
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     """(vocab,) fp32 logits of the first token (not part of the JSON)."""
 

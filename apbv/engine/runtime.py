@@ -15,7 +15,15 @@ import torch.distributed as dist
 
 from apbv import comm
 from apbv.distributed import DistInfo
-from apbv.engine.decode import greedy_continue, pick_token
+from apbv.engine.decode import (
+    choice_table,
+    choice_token_ids,
+    decode_reserve,
+    greedy_continue,
+    pick_token,
+    score_choices,
+)
+from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result
 from apbv.engine.routing import (
@@ -72,13 +80,17 @@ def run_prompt(
 
     with torch.inference_mode():
         with timer.stage("vision"):
-            error, local_video = None, None
+            error, local_video = None, inputs.vision_embeds  # set: a vision cache hit
             try:
-                grid = (patch_range[1] - patch_range[0], h, w)
-                local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                if local_video is None:
+                    grid = (patch_range[1] - patch_range[0], h, w)
+                    local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                    if inputs.vision_store is not None:
+                        inputs.vision_store(local_video)
             except Exception as exc:  # e.g. out of memory on this rank only
                 error = exc
-            raise_if_any_failed(error, group)
+            raise_if_any_failed(error, group)  # reached on every rank, hit or miss
+            cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
             if mode.vit_split:
@@ -101,20 +113,30 @@ def run_prompt(
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
-                                    reserve=request.max_new_tokens)
+                                    reserve=decode_reserve(
+                                        qwen.processor.tokenizer, request)[0])
         with timer.stage("first_token"):
             first = pick_token(logits, group)
-    if on_token is not None:
-        on_token(first)
-    with timer.stage("decode"):
-        tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, info,
-                                 max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-                                 on_token=on_token)
+    choices = None
+    if request.choices is not None:  # closed vocabulary: score every choice, generate nothing
+        with timer.stage("decode"):
+            tokens, choices = answer_choices(qwen, logits, request, int(positions.max()) + 1,
+                                             cache, info)
+        for token in tokens if on_token is not None else ():  # the chosen answer's tokens
+            on_token(token)
+    else:
+        if on_token is not None:
+            on_token(first)
+        with timer.stage("decode"):
+            tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, info,
+                                     max_new_tokens=request.max_new_tokens,
+                                     kernel=request.kernel, on_token=on_token)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
     return Result(
-        answer=qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True),
+        answer=qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True)
+        if choices is None else max(choices, key=lambda c: c["logprob"])["text"],
         token_ids=tokens,
         ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
         seconds=seconds,
@@ -128,5 +150,21 @@ def run_prompt(
         embedding_bytes=moved if mode.vit_split else 0,
         allgather_bytes=allgather,
         kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), group)),
+        vision_cache_hit=cache_hit,
         first_logits=logits,
+        choices=choices,
     )
+
+
+def answer_choices(
+    qwen: QwenVL, first_logits: torch.Tensor, request: Request, next_position: int,
+    cache: RankKVCache, info: DistInfo,
+) -> tuple[list[int], list[dict]]:
+    """(the most probable choice's tokens, the per-choice table of :class:`Result`): every
+    choice scored exactly over the cache, which is back to the prompt afterwards."""
+    assert request.choices is not None
+    ids = choice_token_ids(qwen.processor.tokenizer, request.choices)
+    logprobs = score_choices(qwen, first_logits, ids, next_position, cache, info,
+                             kernel=request.kernel)
+    best = max(range(len(ids)), key=lambda i: logprobs[i])
+    return ids[best], choice_table(request.choices, ids, logprobs)

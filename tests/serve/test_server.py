@@ -64,7 +64,7 @@ def server(tiny_model_dir: Path, media: Path):
     cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
            str(tiny_model_dir), "--world-size", "2", "--port", str(port), "--media-root",
            str(media), "--api-key", KEY, "--max-frames", "16", "--max-queue", "4",
-           "--set", "parallel.timeout_s=20"]
+           "--vision-cache-gb", "0.25", "--set", "parallel.timeout_s=20"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     log: list[str] = []
@@ -138,8 +138,24 @@ def test_completion_and_stream_equal_the_engine(server, media):
         model="tiny-qwen2.5-vl", messages=_messages(url), max_tokens=6, stream=True)
         if c.choices and c.choices[0].delta.content]
     assert len(pieces) >= 2 and "".join(pieces) == answer
-    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == before + 2
-    assert _metric(base, "apbv_ttft_seconds_count") >= 2
+    again = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
+                                           max_tokens=6)
+    assert extra["vision_cache_hit"] is False and again.model_extra["apbv"]["vision_cache_hit"]
+    assert again.model_extra["apbv"]["token_ids"] == token_ids
+    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == before + 3
+    assert _metric(base, "apbv_ttft_seconds_count") >= 3
+    assert _metric(base, "apbv_vision_cache_hits_total") >= 1
+
+
+def test_choices(server, media):
+    base = server[0]
+    out = _client(base).chat.completions.create(
+        model="tiny-qwen2.5-vl", messages=_messages((media / "clip.mp4").as_uri()),
+        extra_body={"choices": ["red square", "blue", "green"]})
+    table = out.model_extra["apbv"]["choices"]
+    assert [c["text"] for c in table] == ["red square", "blue", "green"]
+    assert abs(sum(c["prob"] for c in table) - 1) < 1e-6
+    assert out.choices[0].message.content == max(table, key=lambda c: c["prob"])["text"]
 
 
 def test_health_and_models(server):

@@ -1,0 +1,120 @@
+"""Closed-vocabulary answers on the tiny Qwen2.5-VL, on 1 and 2 gloo ranks, in exact mode.
+
+- each choice's log-probability equals the one from HF's own single-process forward over the
+  prompt ids followed by the choice's tokens (same pixel values and M-RoPE positions; the
+  choice's tokens continue at max(prompt positions) + 1 on all three axes);
+- after scoring, the cache is the prompt's again: greedy decode on that same cache gives the
+  tokens of a plain greedy request;
+- the choice probabilities are a softmax over the choices, the answer is the likeliest, and
+  every rank returns the same table.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from apbv.config import RuntimeConfig
+from apbv.distributed import DistInfo, spawn_local
+from apbv.engine import runtime
+from apbv.engine.decode import greedy_continue, pick_token
+from apbv.engine.engine import Engine
+from apbv.model.qwen2_5_vl import load
+from apbv.positions import mrope_positions
+from apbv.sequence import prompt_ids, split_prompt, text_ids
+from apbv.video import load_all_frames
+
+QUESTION = "Which colour comes after the blue one?"
+# Single-token choices (yes, no, red) and multi-token ones sharing a prefix with another
+# ("red square" after "red"), and special-token text scored as plain text.
+CHOICES = ("yes", "no", "red square", "red", "<|im_end|>", "blue circle")
+NEW_TOKENS = 6
+LOGPROB_TOL = 1e-4  # fp32 end to end, summed over up to 6 tokens (measured 1.3e-5 on 1 rank,
+# 7.6e-6 on 2)
+
+
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    engine = Engine(cfg, info)
+    after: dict = {}
+    score = runtime.score_choices
+
+    def score_then_decode(qwen, first_logits, ids, next_position, cache, info, **kw):
+        before = cache.lengths()
+        out = score(qwen, first_logits, ids, next_position, cache, info, **kw)
+        after["lengths_equal"] = cache.lengths() == before
+        first = pick_token(first_logits, info.group)  # greedy on the very same cache
+        after["tokens"] = greedy_continue(qwen, first, next_position, cache, info,
+                                          max_new_tokens=NEW_TOKENS, **kw)
+        return out
+
+    runtime.score_choices = score_then_decode
+    try:
+        scored = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                                choices=CHOICES))
+    finally:
+        runtime.score_choices = score
+    plain = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                           max_new_tokens=NEW_TOKENS))
+    return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict[str, float]:
+    """Per choice, log p(choice | prompt) from HF's forward (SDPA) over prompt + choice."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    qwen = load(tiny_config.model.path, device=torch.device("cpu"), dtype=torch.float32)
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        tiny_config.model.path, local_files_only=True, attn_implementation="sdpa"
+    ).eval()
+    frames = load_all_frames(tiny_config.video.spec(str(short_video)))
+    pixels, (t, h, w) = qwen.process_frames(frames.frames)
+    context_text, query_text = split_prompt(qwen.processor, QUESTION)
+    ids = torch.cat(prompt_ids(qwen.processor.tokenizer, context_text, query_text, QUESTION,
+                               t * h * w // 4))
+    positions = mrope_positions(ids, [(t, h, w)], [frames.sampling.second_per_grid_t],
+                                video_token_id=qwen.video_token_id, spatial_merge_size=2,
+                                tokens_per_second=qwen.tokens_per_second)
+    out = {}
+    with torch.inference_mode():
+        for choice in CHOICES:
+            tokens = torch.tensor(text_ids(qwen.processor.tokenizer, choice))
+            extra = torch.arange(len(tokens)) + int(positions.max()) + 1
+            pos = torch.cat([positions, extra.view(1, 1, -1).expand(3, 1, -1)], dim=2)
+            logits = hf(input_ids=torch.cat([ids, tokens]).unsqueeze(0),
+                        pixel_values_videos=pixels, video_grid_thw=torch.tensor([[t, h, w]]),
+                        position_ids=pos).logits[0].float()
+            rows = torch.log_softmax(logits[len(ids) - 1 : len(ids) - 1 + len(tokens)], -1)
+            out[choice] = float(rows.gather(1, tokens.view(-1, 1)).sum())
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_choices_match_hf_and_leave_the_prompt_cache(
+    world_size: int, tiny_config: RuntimeConfig, short_video: Path, reference: dict
+) -> None:
+    per_rank = spawn_local(_rank_job, world_size, (tiny_config, str(short_video)),
+                           timeout_s=600, collective_timeout_s=120)
+    table = per_rank[0]["scored"]["choices"]
+    assert [c["text"] for c in table] == list(CHOICES)
+    assert [c["tokens"] for c in table] == [1, 1, 2, 1, 6, 2], table
+    errors = {c["text"]: abs(c["logprob"] - reference[c["text"]]) for c in table}
+    worst = max(errors.values())
+    assert worst <= LOGPROB_TOL, (
+        f"{world_size} rank(s): choice logprobs vs HF forward (fp32): max err {worst:.2e} > "
+        f"{LOGPROB_TOL:g}: {errors}")
+    print(f"\n{world_size} rank(s): max |logprob - HF| = {worst:.2e}")
+    total = sum(math.exp(c["logprob"]) for c in table)
+    for c in table:
+        assert c["prob"] == pytest.approx(math.exp(c["logprob"]) / total, rel=1e-9), c
+    best = max(table, key=lambda c: c["logprob"])
+    scored = per_rank[0]["scored"]
+    assert scored["answer"] == best["text"] and len(scored["token_ids"]) == best["tokens"]
+    for rank, r in enumerate(per_rank):
+        assert r["scored"]["choices"] == table, f"rank {rank} returned another table"
+        assert r["after"]["lengths_equal"], f"rank {rank}: the cache was not truncated back"
+        assert r["after"]["tokens"] == r["plain"], (rank, r["after"]["tokens"], r["plain"])
+    assert len(set(per_rank[0]["plain"])) > 1, per_rank[0]["plain"]  # not a degenerate check
