@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from apbv.engine.request import Request
-from apbv.serve.policy import ClientError, Limits, MediaPolicy, resolve_media
+from apbv.serve.download import discard, fetch_media
+from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 
 KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "stream", "mode", "fps", "nframes", "max_pixels", "choices", "deadline_ms",
@@ -31,6 +32,8 @@ class ChatCall:
     stream: bool
     model: str
     deadline_ms: float | None = None
+    downloaded: str | None = None
+    """The local copy of a remote video (deleted when the request is over)."""
 
 
 def _number(body: dict, name: str, kind: type, low: float) -> Any:
@@ -78,7 +81,9 @@ def _message_parts(body: dict) -> tuple[str, str]:
 
 def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
                model_name: str) -> ChatCall:
-    """The engine request of one chat body, or ClientError naming what is wrong."""
+    """The engine request of one chat body, or ClientError naming what is wrong. A remote
+    video is downloaded here (blocking: call it off the event loop); the caller deletes
+    ``downloaded`` once the request is over."""
     if not isinstance(body, dict):
         raise ClientError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - KNOWN_FIELDS)
@@ -111,7 +116,9 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     mode = body.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise ClientError(400, f"mode must be a string, got {mode!r}")
-    path = resolve_media(url, policy)
+    remote = remote_url(url, policy)
+    path = resolve_media(url, policy) if remote is None else fetch_media(remote, policy)
+    downloaded = path if remote is not None else None
     try:
         request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens)
         video = request.video
@@ -124,8 +131,12 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
         if choices is not None:
             request = _with_choices(request, choices)
     except ValueError as exc:
+        discard(downloaded)
         raise ClientError(400, str(exc)) from None
-    return ChatCall(request, bool(body.get("stream", False)), model_name, deadline)
+    except BaseException:
+        discard(downloaded)
+        raise
+    return ChatCall(request, bool(body.get("stream", False)), model_name, deadline, downloaded)
 
 
 def _with_choices(request: Request, choices: object) -> Request:
@@ -180,9 +191,9 @@ def usage(result: Any) -> dict[str, int]:
             "total_tokens": prompt + len(result.token_ids)}
 
 
-def apbv_block(result: Any, queue_wait_s: float) -> dict[str, Any]:
-    out = {"ttft_s": result.ttft_s, "seconds": result.seconds, "mode": result.mode,
-           "world_size": result.world_size, "context_len": result.context_len,
+def apbv_block(result: Any, queue_wait_s: float, replica: int = 0) -> dict[str, Any]:
+    out = {"replica": replica, "ttft_s": result.ttft_s, "seconds": result.seconds,
+           "mode": result.mode, "world_size": result.world_size, "context_len": result.context_len,
            "query_len": result.query_len, "anchor_len": result.anchor_len,
            "passing_len": result.passing_len, "frames": result.frames,
            "token_ids": list(result.token_ids), "queue_wait_s": queue_wait_s}
@@ -197,7 +208,8 @@ def finish_reason(result: Any, max_new_tokens: int) -> str:
     return "length" if len(result.token_ids) >= max_new_tokens else "stop"
 
 
-def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float) -> dict[str, Any]:
+def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float,
+               replica: int = 0) -> dict[str, Any]:
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()),
         "model": call.model,
@@ -205,7 +217,7 @@ def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float) -> di
                      "finish_reason": finish_reason(result, call.request.max_new_tokens),
                      "logprobs": None}],
         "usage": usage(result),
-        "apbv": apbv_block(result, queue_wait_s),
+        "apbv": apbv_block(result, queue_wait_s, replica),
     }
 
 

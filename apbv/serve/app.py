@@ -1,10 +1,12 @@
 """The HTTP front end: FastAPI routes, API key, the bounded admission queue, metrics.
 
-One :class:`Server` owns the queue and the rank group: requests are validated here (media
-policy, limits) before anything reaches a rank, wait in a bounded queue (FIFO; earliest
-deadline first for those with ``deadline_ms``), and one worker task hands them to the group one
-at a time. A lost rank fails the in-flight request (503 naming the rank), the group is rebuilt,
-and the queue is then served; nothing is answered twice.
+One :class:`Server` owns the replicas (:mod:`apbv.serve.replicas`: R rank groups, each with a
+bounded queue and one worker): requests are validated here (media policy, limits; remote media
+downloaded) before anything reaches a rank, routed to a replica (the one whose vision cache
+holds the video, else the least loaded), wait in its queue (FIFO; earliest deadline first for
+those with ``deadline_ms``), and its worker hands them to its group one at a time. A lost rank
+fails that replica's in-flight request (503 naming the rank), its group is rebuilt, and its
+queue is then served; nothing is answered twice.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,14 +25,16 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
 
 from apbv.serve import api
 from apbv.serve.admission import Admission, Job
-from apbv.serve.group import RankLost
+from apbv.serve.download import discard
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
+from apbv.serve.replicas import Replica, overall_status, pick
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -50,6 +53,12 @@ class Metrics:
         self.cache_hits = Counter("apbv_vision_cache_hits", "Vision-embedding cache hits",
                                   registry=r)
         self.rebuilds = Counter("apbv_group_rebuilds", "Rank-group rebuilds", registry=r)
+        self.queue_depth = Gauge("apbv_replica_queue_depth", "Requests waiting per replica",
+                                 ["replica"], registry=r)
+        self.running = Gauge("apbv_replica_running", "Requests running per replica (0 or 1)",
+                             ["replica"], registry=r)
+        self.replica_ready = Gauge("apbv_replica_ready", "1 while the replica is ready",
+                                   ["replica"], registry=r)
 
 
 @dataclass
@@ -62,73 +71,35 @@ class ServerOptions:
 
 
 class Server:
-    """The queue, the worker and the routes around one rank group."""
+    """The routes, the router and the replicas (each a rank group with its queue and worker)."""
 
-    def __init__(self, cfg: Any, group: Any, processor: Any, options: ServerOptions,
-                 admission: Admission | None = None):
-        self.cfg, self.group, self.processor, self.opt = cfg, group, processor, options
-        self.admission = admission if admission is not None else Admission(options.max_queue)
+    def __init__(self, cfg: Any, groups: list[Any], processor: Any, options: ServerOptions,
+                 admissions: list[Admission] | None = None):
+        self.cfg, self.processor, self.opt = cfg, processor, options
         self.metrics = Metrics()
-        self.status = "starting"
-        self.worker: asyncio.Task | None = None
+        if admissions is None:
+            admissions = [Admission(options.max_queue) for _ in groups]
+        self.replicas = [Replica(i, g, a, self.metrics, self._observe)
+                         for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
+        cache = getattr(cfg, "cache", None)
+        self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
+        self.workers: list[asyncio.Task] = []
         self.app = self._routes()
 
-    async def boot(self) -> None:
-        """Start the group (actors, process group, model), then serve the queue."""
-        try:
-            await asyncio.to_thread(self.group.start)
-        except Exception:
-            self.status = "failed"
-            raise
-        self.status = "ready"
-        await self.run_worker()
+    @property
+    def status(self) -> str:
+        return overall_status(self.replicas)
 
     @asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        self.worker = asyncio.ensure_future(self.boot())
+        self.workers = [asyncio.ensure_future(r.boot()) for r in self.replicas]
         try:
             yield
         finally:
-            self.worker.cancel()
-            await asyncio.gather(self.worker, return_exceptions=True)
-            await asyncio.to_thread(self.group.stop)
-
-    # --- the worker: one request at a time across the group ---------------------------------
-    async def run_worker(self) -> None:
-        while True:
-            job = await self.admission.next()
-            job.started = time.monotonic()
-            wait = job.started - job.enqueued
-            self.metrics.queue_wait.observe(wait)
-            on_token = job.tokens.put_nowait if job.tokens is not None else None
-            try:
-                result = await self.group.generate(job.call.request, on_token)
-                self._observe(result)
-                self.metrics.requests.labels("ok").inc()
-                job.future.set_result((result, wait))
-            except RankLost as exc:
-                self.metrics.requests.labels("rank_lost").inc()
-                job.future.set_exception(ClientError(503, str(exc)))
-                await self._rebuild()
-            except ValueError as exc:
-                self.metrics.requests.labels("rejected").inc()
-                job.future.set_exception(ClientError(400, str(exc)))
-            except Exception as exc:
-                self.metrics.requests.labels("error").inc()
-                job.future.set_exception(ClientError(500, f"{type(exc).__name__}: {exc}"))
-            finally:
-                self.admission.done(job)
-
-    async def _rebuild(self) -> None:
-        self.status = "degraded"
-        self.metrics.rebuilds.inc()
-        while True:
-            try:
-                await asyncio.to_thread(self.group.rebuild)
-                self.status = "ready"
-                return
-            except Exception:  # keep trying: the queue waits for a whole group
-                await asyncio.sleep(2.0)
+            for worker in self.workers:
+                worker.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+            await asyncio.gather(*(asyncio.to_thread(r.group.stop) for r in self.replicas))
 
     def _observe(self, result: Any) -> None:
         self.metrics.ttft.observe(result.ttft_s)
@@ -136,6 +107,14 @@ class Server:
             self.metrics.stage.labels(stage).observe(seconds)
         if getattr(result, "vision_cache_hit", False):
             self.metrics.cache_hits.inc()
+
+    def _drop(self, job: Job) -> bool:
+        """Drop a job still waiting (its download deleted); False if it already started."""
+        if job.replica.admission.drop(job):
+            discard(job.call.downloaded)
+            self.metrics.requests.labels("disconnected").inc()
+            return True
+        return False
 
     # --- HTTP ---------------------------------------------------------------------------------
     def _authorize(self, request: Request) -> None:
@@ -167,18 +146,22 @@ class Server:
     async def chat(self, request: Request) -> Response:
         self._authorize(request)
         body = await self._read_json(request)
-        call = api.parse_chat(body, self.cfg, self.opt.limits, self.opt.policy,
-                              self.opt.model_name)
-        measured = await asyncio.to_thread(api.check_request, call.request, self.opt.limits,
-                                           self.processor)
-        if self.status in ("starting", "failed"):
-            raise ClientError(503, f"the engine group is {self.status}; retry shortly")
-        job = self.admission.admit(call, measured, stream=call.stream)
+        call = await asyncio.to_thread(api.parse_chat, body, self.cfg, self.opt.limits,
+                                       self.opt.policy, self.opt.model_name)
+        try:
+            measured = await asyncio.to_thread(api.check_request, call.request,
+                                               self.opt.limits, self.processor)
+            replica = pick(self.replicas, call.request, self.affinity)
+            job = replica.admission.admit(call, measured, stream=call.stream)
+        except BaseException:
+            discard(call.downloaded)
+            raise
+        job.replica = replica
         cid = api.completion_id()
         if call.stream:
             return StreamingResponse(self._sse(job, cid, request), media_type="text/event-stream")
         result, wait = await self._wait(job, request)
-        return JSONResponse(api.completion(call, cid, result, wait))
+        return JSONResponse(api.completion(call, cid, result, wait, replica.index))
 
     async def _wait(self, job: Job, request: Request) -> tuple[Any, float]:
         """The job's outcome; a client gone while its job is still queued drops the job."""
@@ -187,8 +170,7 @@ class Server:
             if done:
                 return job.future.result()
             if job.started is None and await request.is_disconnected():
-                if self.admission.drop(job):
-                    self.metrics.requests.labels("disconnected").inc()
+                if self._drop(job):
                     raise ClientError(499, "the client disconnected while queued")
 
     async def _sse(self, job: Job, cid: str, request: Request) -> AsyncIterator[bytes]:
@@ -211,13 +193,14 @@ class Server:
             yield b"data: [DONE]\n\n"
             return
         finally:  # the client went away: a job still waiting is dropped
-            if job.started is None and self.admission.drop(job):
-                self.metrics.requests.labels("disconnected").inc()
+            if job.started is None:
+                self._drop(job)
         if result.answer.startswith(sent) and len(result.answer) > len(sent):
             yield event(api.chunk(call, cid, {"content": result.answer[len(sent):]}))
         yield event(api.chunk(call, cid, {},
                               api.finish_reason(result, call.request.max_new_tokens),
-                              usage=api.usage(result), apbv=api.apbv_block(result, wait)))
+                              usage=api.usage(result),
+                              apbv=api.apbv_block(result, wait, job.replica.index)))
         yield b"data: [DONE]\n\n"
 
     @staticmethod
@@ -261,8 +244,12 @@ class Server:
 
         @app.get("/health")
         async def health() -> JSONResponse:
-            return JSONResponse({"status": self.status, "world_size": self.group.world_size,
-                                 "queued": len(self.admission), "rank_pids": self.group.pids},
+            replicas = [r.describe() for r in self.replicas]
+            return JSONResponse({"status": self.status,
+                                 "world_size": self.replicas[0].group.world_size,
+                                 "queued": sum(r["queued"] for r in replicas),
+                                 "rank_pids": [p for r in replicas for p in r["rank_pids"]],
+                                 "replicas": replicas},
                                 status_code=200 if self.status == "ready" else 503)
 
         @app.get("/metrics")

@@ -12,13 +12,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from apbv.serve.policy import Limits, MediaPolicy
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=int, default=2, help="H, engine ranks (Ray actors)")
+    p.add_argument("--world-size", type=int, default=2,
+                   help="H, engine ranks (Ray actors) of one replica")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="R independent rank groups, each with its own queue (R x H actors)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="join this Ray cluster (default: start a local one)")
@@ -26,8 +31,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="directory whose files requests may name (file:// URLs; repeatable; "
                         "none: every local video is refused)")
     p.add_argument("--allow-media-domain", action="append", default=[], metavar="HOST",
-                   help="remote host whose http(s) video URLs are not refused outright "
-                        "(downloading is not implemented yet)")
+                   help="host whose http(s) video URLs the server downloads (repeatable; none: "
+                        "remote media is off)")
+    p.add_argument("--max-download-mb", type=float, default=512,
+                   help="largest remote video in MiB (default: %(default)s)")
+    p.add_argument("--download-timeout-s", type=float, default=120,
+                   help="time limit of one download (default: %(default)s)")
+    p.add_argument("--download-dir", help="where the private download directory is made "
+                                          "(default: the system temp dir; must be visible to "
+                                          "every rank's node)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting at most")
     p.add_argument("--api-key", default=os.environ.get("APBV_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: env APBV_API_KEY)")
@@ -60,6 +72,11 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
 
     if args.world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.max_download_mb <= 0 or args.download_timeout_s <= 0:
+        raise ValueError("--max-download-mb and --download-timeout-s must be > 0, got "
+                         f"{args.max_download_mb} and {args.download_timeout_s}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     path = os.path.abspath(cfg.model.path)
@@ -76,25 +93,33 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     env = {k: os.environ[k] for k in ("PYTHONPATH", "RAY_AUTH_MODE") if k in os.environ}
     local = args.address is None
     if local:
-        ray.init(num_cpus=args.world_size, include_dashboard=False, log_to_driver=True,
-                 object_store_memory=128 << 20, _node_ip_address="127.0.0.1")
+        ray.init(num_cpus=args.world_size * args.replicas, include_dashboard=False,
+                 log_to_driver=True, object_store_memory=128 << 20, _node_ip_address="127.0.0.1")
     else:
         ray.init(address=args.address, log_to_driver=True)
+    domains = tuple(h.lower() for h in args.allow_media_domain)
+    download_dir = None
     try:
+        if domains:  # private (mode 0700), removed on the way out
+            download_dir = tempfile.mkdtemp(prefix="apbv-media-", dir=args.download_dir)
         use_gpu = cfg.parallel.backend != "gloo" and ray.cluster_resources().get("GPU", 0) >= 1
-        group = RankGroup(cfg, args.world_size, use_gpu=use_gpu, threads=args.threads_per_rank,
-                          env=env, local=local)
+        groups = [RankGroup(cfg, args.world_size, use_gpu=use_gpu,
+                            threads=args.threads_per_rank, env=env, local=local)
+                  for _ in range(args.replicas)]
         predictor = cost_predictor(path, args.world_size,
                                    args.hardware or ("h200" if use_gpu else "cpu"))
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
             limits=_limits(args),
-            policy=MediaPolicy(tuple(args.media_root), tuple(h.lower() for h in
-                                                             args.allow_media_domain)),
+            policy=MediaPolicy(tuple(args.media_root), domains, download_dir,
+                               int(args.max_download_mb * 2**20), args.download_timeout_s),
             api_key=args.api_key or None, max_queue=args.max_queue)
-        server = Server(cfg, group, processor, options, Admission(args.max_queue, predictor))
+        server = Server(cfg, groups, processor, options,
+                        [Admission(args.max_queue, predictor) for _ in groups])
         uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=5)
     finally:
         ray.shutdown()
+        if download_dir is not None:
+            shutil.rmtree(download_dir, ignore_errors=True)
     return 0

@@ -1,9 +1,11 @@
 """Media policy and request limits of the server: pure checks, default deny.
 
-Nothing here touches a rank. :func:`resolve_media` turns a client's video URL into a local path
-or refuses it; :class:`Limits` holds the numbers a request must stay within, each with a default
-and a ``serve`` flag. Every refusal is a :class:`ClientError` (an HTTP status and a message that
-names the problem, the limit and the value).
+Nothing here touches a rank. :func:`remote_url` decides whether an http(s) URL may be
+downloaded (:mod:`apbv.serve.download` does that), :func:`resolve_media` turns a client's
+``file://`` URL into a local path or refuses it; :class:`Limits` holds the numbers a request
+must stay within, each with a default and a ``serve`` flag. Every refusal is a
+:class:`ClientError` (an HTTP status and a message that names the problem, the limit and the
+value).
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ class Limits:
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    """Which videos a request may name: local files under ``roots`` (real paths), and remote
-    hosts in ``allow_domains`` (downloading them is not implemented yet)."""
+    """Which videos a request may name: local files under ``roots`` (real paths), and http(s)
+    URLs of the hosts in ``allow_domains``, downloaded into ``download_dir`` under
+    ``max_download_bytes`` and ``download_timeout_s``."""
 
     roots: tuple[str, ...] = ()
     allow_domains: tuple[str, ...] = field(default=())
+    download_dir: str | None = None
+    max_download_bytes: int = 512 << 20
+    download_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roots", tuple(os.path.realpath(r) for r in self.roots))
@@ -64,28 +70,44 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def remote_url(url: object, policy: MediaPolicy) -> str | None:
+    """``url`` when it is an http(s) URL of an allowed host (to download), None when it is not
+    an http(s) URL; ClientError for an http(s) URL of any other host (or with no host)."""
+    if not isinstance(url, str) or not url:
+        raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        return None
+    try:
+        host = (parts.hostname or "").lower()
+        _ = parts.port  # a bad port raises ValueError
+    except ValueError as exc:
+        raise ClientError(400, f"bad {scheme} URL {url[:200]!r}: {exc}") from None
+    if not policy.allow_domains:
+        raise ClientError(400, f"remote media is off: {scheme} URL of host {host!r} refused "
+                               "(--allow-media-domain HOST allows a host)")
+    if host not in policy.allow_domains:
+        raise ClientError(400, f"host {host!r} is not in --allow-media-domain "
+                               f"({', '.join(policy.allow_domains)}): {scheme} URL refused")
+    return url
+
+
 def resolve_media(url: object, policy: MediaPolicy) -> str:
     """The real local path of a ``file://`` URL under one of the media roots, or ClientError.
 
-    Refused: anything but a string, schemes other than file (http(s) unless its host is
-    allowed, and then 501 since downloading is not implemented), a host in a file URL, a path
-    with a ``..`` component, a path whose real path (symlinks followed) leaves every root, and
-    a path that is not a regular file.
+    Refused: anything but a string, schemes other than file (http(s) is :func:`remote_url`'s),
+    a host in a file URL, a path with a ``..`` component, a path whose real path (symlinks
+    followed) leaves every root, and a path that is not a regular file.
     """
     if not isinstance(url, str) or not url:
         raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme in ("http", "https"):
-        host = (parts.hostname or "").lower()
-        if host not in policy.allow_domains:
-            raise ClientError(400, f"remote media is off: {scheme} URL of host {host!r} refused "
-                                   "(--allow-media-domain HOST allows a host)")
-        raise ClientError(501, f"downloading remote media ({host}) is not implemented yet; "
-                               "put the file under a --media-root and use a file:// URL")
     if scheme != "file":
         raise ClientError(400, f"unsupported video URL scheme {parts.scheme or '(none)'!r} in "
-                               f"{url[:200]!r}: only file:// URLs under a --media-root")
+                               f"{url[:200]!r}: only file:// URLs under a --media-root "
+                               "(and http(s) URLs of --allow-media-domain hosts)")
     if parts.netloc not in ("", "localhost"):
         raise ClientError(400, f"file URL with host {parts.netloc!r} refused: use file:///PATH")
     path = unquote(parts.path)

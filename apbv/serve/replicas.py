@@ -1,0 +1,152 @@
+"""R independent replicas behind one front end, and the rule that picks one per request.
+
+A :class:`Replica` is one rank group (H actors in its own placement group) with its own bounded
+queue and one worker task that runs one request at a time on it; a lost rank fails that
+replica's in-flight request, the replica rebuilds its group (status ``degraded``, no new
+requests while another replica is ready) and then serves its queue again.
+
+:func:`pick` routes a request: to a ready replica that answered the same video recently (its
+ranks' vision caches hold the embeddings; the identity is the resolved path, size, mtime in ns
+and every sampling field, kept in a bounded LRU per replica, only when the vision cache is on),
+otherwise to the least loaded ready replica (queued + running; ties to the lowest index).
+Degraded replicas are used only when none is ready (the request waits for the rebuild).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from apbv.serve.admission import Admission
+from apbv.serve.download import discard
+from apbv.serve.group import RankLost
+from apbv.serve.policy import ClientError
+
+RECENT_VIDEOS = 256
+"""Video identities remembered per replica (least recently answered forgotten first)."""
+
+
+def video_identity(spec: Any) -> tuple | None:
+    """(resolved path, size, mtime_ns, sampling fields) of a VideoSpec; None if not stat-able."""
+    path = os.path.realpath(spec.path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sampling = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
+                     if f.name != "path")
+    return path, st.st_size, st.st_mtime_ns, sampling
+
+
+class Replica:
+    """One rank group, its queue and its worker."""
+
+    def __init__(self, index: int, group: Any, admission: Admission, metrics: Any,
+                 observe: Callable[[Any], None]):
+        self.index, self.group, self.admission = index, group, admission
+        self.metrics, self.observe = metrics, observe
+        self.status = "starting"
+        self.recent: OrderedDict[tuple, None] = OrderedDict()
+        label = str(index)
+        metrics.queue_depth.labels(label).set_function(lambda: len(self.admission))
+        metrics.running.labels(label).set_function(
+            lambda: int(self.admission.running is not None))
+        metrics.replica_ready.labels(label).set_function(lambda: int(self.status == "ready"))
+
+    @property
+    def load(self) -> int:
+        return len(self.admission) + (self.admission.running is not None)
+
+    def holds(self, identity: tuple | None) -> bool:
+        return identity is not None and identity in self.recent
+
+    def remember(self, identity: tuple | None) -> None:
+        if identity is None:
+            return
+        self.recent[identity] = None
+        self.recent.move_to_end(identity)
+        while len(self.recent) > RECENT_VIDEOS:
+            self.recent.popitem(last=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {"replica": self.index, "status": self.status, "queued": len(self.admission),
+                "running": self.admission.running is not None, "rank_pids": self.group.pids}
+
+    async def boot(self) -> None:
+        """Start the group (actors, process group, model), then serve the queue."""
+        try:
+            await asyncio.to_thread(self.group.start)
+        except Exception:
+            self.status = "failed"
+            raise
+        self.status = "ready"
+        await self.run()
+
+    async def run(self) -> None:
+        while True:
+            job = await self.admission.next()
+            job.started = time.monotonic()
+            wait = job.started - job.enqueued
+            self.metrics.queue_wait.observe(wait)
+            on_token = job.tokens.put_nowait if job.tokens is not None else None
+            try:
+                result = await self.group.generate(job.call.request, on_token)
+                self.observe(result)
+                self.metrics.requests.labels("ok").inc()
+                if job.call.downloaded is None:
+                    self.remember(video_identity(job.call.request.video))
+                job.future.set_result((result, wait))
+            except RankLost as exc:
+                self.metrics.requests.labels("rank_lost").inc()
+                job.future.set_exception(ClientError(503, f"replica {self.index}: {exc}"))
+                await self._rebuild()
+            except ValueError as exc:
+                self.metrics.requests.labels("rejected").inc()
+                job.future.set_exception(ClientError(400, str(exc)))
+            except Exception as exc:
+                self.metrics.requests.labels("error").inc()
+                job.future.set_exception(ClientError(500, f"{type(exc).__name__}: {exc}"))
+            finally:
+                self.admission.done(job)
+                discard(job.call.downloaded)
+
+    async def _rebuild(self) -> None:
+        self.status = "degraded"
+        self.recent.clear()  # the new ranks' vision caches are empty
+        self.metrics.rebuilds.inc()
+        while True:
+            try:
+                await asyncio.to_thread(self.group.rebuild)
+                self.status = "ready"
+                return
+            except Exception:  # keep trying: the queue waits for a whole group
+                await asyncio.sleep(2.0)
+
+
+def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:
+    """The replica for ``request`` (see the module docstring), or 503 when none can take it."""
+    usable = [r for r in replicas if r.status == "ready"] or \
+        [r for r in replicas if r.status == "degraded"]
+    if not usable:
+        states = ", ".join(f"{r.index}: {r.status}" for r in replicas)
+        raise ClientError(503, f"no engine group is ready (replicas {states}); retry shortly")
+    if affinity:
+        identity = video_identity(request.video)
+        holders = [r for r in usable if r.holds(identity)
+                   and len(r.admission) < r.admission.max_queue]
+        if holders:
+            return min(holders, key=lambda r: (r.load, r.index))
+    return min(usable, key=lambda r: (r.load, r.index))
+
+
+def overall_status(replicas: list[Replica]) -> str:
+    states = {r.status for r in replicas}
+    for status in ("ready", "degraded", "starting"):
+        if status in states:
+            return status
+    return "failed"

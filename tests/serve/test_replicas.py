@@ -1,0 +1,166 @@
+"""The real server with two replicas of one CPU rank each (--replicas 2 --world-size 1) and remote
+media from a local http.server (--allow-media-domain 127.0.0.1): concurrent requests on two
+replicas, cache-affinity routing, per-replica health and metrics, downloads under a limit."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from tests.serve.test_server import KEY, _client, _free_port, _messages, _metric  # noqa: E402
+
+MODEL = "tiny-qwen2.5-vl"
+LIMIT_MB = 1
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Files of the media directory, plus /redirect (to another host) and /endless (2 MiB
+    without a Content-Length)."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_port}/a.mp4")
+            self.end_headers()
+        elif self.path == "/endless.mp4":
+            self.send_response(200)
+            self.send_header("Content-Type", "video/mp4")
+            self.end_headers()
+            for _ in range(32):
+                self.wfile.write(b"\0" * (1 << 16))
+        else:
+            super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    shutil.copy(short_video, root / "a.mp4")
+    shutil.copy(short_video, root / "b.mp4")
+    (root / "big.mp4").write_bytes(b"\0" * ((LIMIT_MB << 20) + 1))
+    return root
+
+
+@pytest.fixture(scope="module")
+def files(media: Path):
+    """A local http.server on 127.0.0.1 serving ``media``: its base URL."""
+    handler = lambda *a: _Handler(*a, directory=str(media))  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, media: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(base URL, the directory holding the server's private download directory)."""
+    port = _free_port()
+    downloads = tmp_path_factory.mktemp("downloads")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+               RAY_AUTH_MODE="disabled")
+    cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
+           str(tiny_model_dir), "--replicas", "2", "--world-size", "1", "--port", str(port),
+           "--media-root", str(media), "--api-key", KEY, "--max-frames", "16",
+           "--vision-cache-gb", "0.25", "--allow-media-domain", "127.0.0.1",
+           "--max-download-mb", str(LIMIT_MB), "--download-dir", str(downloads)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
+            assert time.monotonic() < deadline, "server not ready:\n" + "".join(log[-40:])
+            try:
+                health = httpx.get(base + "/health").json()
+                if all(r["status"] == "ready" for r in health["replicas"]):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield base, downloads
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail("the server did not stop on SIGINT:\n" + "".join(log[-40:]))
+    assert proc.returncode == 0, "".join(log[-40:])
+    assert list(downloads.iterdir()) == [], "the download directory was left behind"
+
+
+def _ask(base: str, url: str) -> dict:
+    out = _client(base).chat.completions.create(model=MODEL, messages=_messages(url),
+                                                max_tokens=6)
+    return out.model_extra["apbv"]
+
+
+def test_two_replicas_serve_concurrently_and_repeats_follow_the_cache(server, media):
+    base = server[0]
+    health = httpx.get(base + "/health").json()
+    assert health["status"] == "ready" and [r["replica"] for r in health["replicas"]] == [0, 1]
+    assert [len(r["rank_pids"]) for r in health["replicas"]] == [1, 1]
+    urls = [(media / "a.mp4").as_uri(), (media / "b.mp4").as_uri()]
+    with ThreadPoolExecutor(2) as pool:
+        first = list(pool.map(lambda u: _ask(base, u), urls))
+    assert sorted(b["replica"] for b in first) == [0, 1]
+    assert not any(b["vision_cache_hit"] for b in first)
+    # Concurrent, not one after the other: neither waited for the other's prefill.
+    assert max(b["queue_wait_s"] for b in first) < min(b["ttft_s"] for b in first), first
+    # The least loaded replica would be 0 (both idle): the video replica 1 answered goes there.
+    on_one = urls[[b["replica"] for b in first].index(1)]
+    again = _ask(base, on_one)
+    assert again["replica"] == 1 and again["vision_cache_hit"] is True
+    assert again["token_ids"] == first[[b["replica"] for b in first].index(1)]["token_ids"]
+    for replica in ("0", "1"):
+        assert _metric(base, "apbv_replica_queue_depth", f'{{replica="{replica}"}}') == 0
+        assert _metric(base, "apbv_replica_ready", f'{{replica="{replica}"}}') == 1
+
+
+def test_remote_media(server, files, media):
+    base, downloads = server
+    client = _client(base)
+    local = _ask(base, (media / "a.mp4").as_uri())
+    remote = _ask(base, files + "/a.mp4")
+    assert remote["token_ids"] == local["token_ids"] and remote["frames"] == local["frames"]
+    assert [list(d.iterdir()) for d in downloads.iterdir()] == [[]]  # deleted after the answer
+    port = files.rsplit(":", 1)[1]
+    cases = [
+        (f"http://localhost:{port}/a.mp4", 400,
+         "host 'localhost' is not in --allow-media-domain (127.0.0.1)"),
+        (files + "/redirect", 400, "redirects to another host are refused"),
+        (files + "/big.mp4", 413,
+         f"declares 1.00 MB, over the limit of {LIMIT_MB} MB (--max-download-mb)"),
+        (files + "/endless.mp4", 413, f"over the limit of {LIMIT_MB} MB (--max-download-mb)"),
+        (files + "/missing.mp4", 502, "HTTP 404"),
+        ("ftp://127.0.0.1/a.mp4", 400, "unsupported video URL scheme 'ftp'"),
+    ]
+    for url, status, text in cases:
+        with pytest.raises(openai.APIStatusError) as err:
+            client.chat.completions.create(model=MODEL, messages=_messages(url), max_tokens=2)
+        assert err.value.status_code == status, (url, err.value.message)
+        assert text in err.value.message, (text, err.value.message)
+    assert [list(d.iterdir()) for d in downloads.iterdir()] == [[]]

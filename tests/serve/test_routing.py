@@ -1,0 +1,65 @@
+"""The replica router and the remote-media policy, without a server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from apbv.serve.admission import Admission  # noqa: E402
+from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
+from apbv.serve.replicas import Replica, overall_status, pick, video_identity  # noqa: E402
+from apbv.video import VideoSpec  # noqa: E402
+
+
+def _replicas(n: int) -> list[Replica]:
+    metrics = Metrics()
+    group = SimpleNamespace(pids=[], world_size=1)
+    replicas = [Replica(i, group, Admission(2), metrics, lambda _: None) for i in range(n)]
+    for r in replicas:
+        r.status = "ready"
+    return replicas
+
+
+def test_cache_affinity_then_least_loaded_then_degraded(tmp_path: Path):
+    video = tmp_path / "v.mp4"
+    video.write_bytes(b"x")
+    request = SimpleNamespace(video=VideoSpec(str(video), nframes=8))
+    a, b, c = _replicas(3)
+    a.admission.running = object()  # a runs one, b one waiting: c is the least loaded
+    b.admission.heap.append(((0.0, 0), None))
+    assert pick([a, b, c], request, affinity=True) is c
+    b.remember(video_identity(request.video))
+    assert pick([a, b, c], request, affinity=True) is b  # its vision cache holds the video
+    assert pick([a, b, c], request, affinity=False) is c
+    other = SimpleNamespace(video=VideoSpec(str(video), nframes=16))  # other sampling: no hit
+    assert pick([a, b, c], other, affinity=True) is c
+    os.utime(video, ns=(1, 1))  # a rewritten file is another identity
+    assert pick([a, b, c], request, affinity=True) is c
+    c.status = "degraded"
+    assert pick([a, b, c], other, affinity=True) is a  # a, b: load 1 each, the lower index
+    assert overall_status([a, b, c]) == "ready"
+    a.status = b.status = "degraded"
+    assert pick([a, b, c], other, affinity=True) is c and overall_status([a, b, c]) == "degraded"
+    a.status, b.status, c.status = "starting", "failed", "starting"
+    with pytest.raises(ClientError, match="no engine group is ready .*0: starting, 1: failed"):
+        pick([a, b, c], other, affinity=True)
+
+
+def test_remote_url_policy():
+    off, on = MediaPolicy(), MediaPolicy(allow_domains=("media.example",))
+    with pytest.raises(ClientError, match="remote media is off: https URL of host 'x.org'"):
+        remote_url("https://x.org/v.mp4", off)
+    with pytest.raises(ClientError, match="host 'media.example.evil' is not in "
+                                          "--allow-media-domain"):
+        remote_url("http://media.example.evil/v.mp4", on)
+    assert remote_url("https://MEDIA.example:8443/v.mp4", on) == \
+        "https://MEDIA.example:8443/v.mp4"
+    assert remote_url("file:///v.mp4", on) is None
+    with pytest.raises(ClientError, match="bad http URL"):
+        remote_url("http://media.example:99999/v.mp4", on)
