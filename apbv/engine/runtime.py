@@ -119,7 +119,11 @@ def run_prompt(
             first = pick_token(logits, group)
     choices = None
     if request.choices is not None:  # closed vocabulary: score every choice, generate nothing
-        with timer.stage("decode"):
+        # Single-token choices are scored by the first token's logits alone: no decode stage,
+        # the answer is ready with the first token.
+        single = all(len(ids) == 1 for ids in
+                     choice_token_ids(qwen.processor.tokenizer, request.choices))
+        with timer.stage("first_token" if single else "decode"):
             tokens, choices = answer_choices(qwen, logits, request, int(positions.max()) + 1,
                                              cache, info)
         for token in tokens if on_token is not None else ():  # the chosen answer's tokens

@@ -64,6 +64,7 @@ def server(tiny_model_dir: Path, media: Path):
     cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
            str(tiny_model_dir), "--world-size", "2", "--port", str(port), "--media-root",
            str(media), "--api-key", KEY, "--max-frames", "16", "--max-queue", "4",
+           "--max-body-bytes", "65536", "--max-prompt-tokens", "1000",
            "--vision-cache-gb", "0.25", "--set", "parallel.timeout_s=20"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -183,6 +184,13 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
         (dict(messages=_messages(clip), extra_body={"nframes": 24}), 400,
          "sampled frames is 24, over the limit of 16 (--max-frames)"),
         (dict(messages=_messages(clip), max_tokens=5000), 400, "5000, over the limit of 1024"),
+        # 16 frames make 1193 prompt tokens (12 frames, what the other tests ask: 905).
+        (dict(messages=_messages(clip), extra_body={"nframes": 16}), 400,
+         "token count is 1193, over the limit of 1000 (--max-prompt-tokens)"),
+        (dict(messages=_messages(clip, "x" * 9000)), 400,
+         "is 9000, over the limit of 8192 (--max-question-chars)"),
+        (dict(messages=_messages(clip, "x" * 70000)), 413,
+         "over the limit of 65536 (--max-body-bytes)"),
         (dict(messages=_messages(clip), extra_body={"deadline_ms": 0.01}), 503,
          "the deadline of 0.01 ms cannot be met: the predicted TTFT is"),
     ]

@@ -104,3 +104,23 @@ def test_generate_with_choices_json(capsys, tiny_model_dir, short_video) -> None
     assert main(args[:-7] + ["--choices", "yes"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: choices must hold 2 .. 64 choices, got 1"]
+
+
+def test_single_token_choices_need_no_decode_stage(tiny_config: RuntimeConfig,
+                                                    short_video) -> None:
+    """Probabilities sum to 1, the argmax is the greedy first token (included among the
+    choices), and no decode stage runs: the answer is ready with the first token."""
+    engine = Engine(tiny_config, DistInfo(0, 1, 0, torch.device("cpu"), None))
+    greedy = engine.generate(engine.request(str(short_video), "What is shown?",
+                                            mode="exact", max_new_tokens=1))
+    tokenizer = engine.qwen.processor.tokenizer
+    first = tokenizer.decode(greedy.token_ids)
+    others = [w for w in ("yes", "no", "red", "blue") if w != first][:3]
+    choices = (*others, first)
+    assert all(len(tokenizer(c, add_special_tokens=False)["input_ids"]) == 1 for c in choices)
+    result = engine.generate(engine.request(str(short_video), "What is shown?", mode="exact",
+                                            max_new_tokens=1, choices=choices))
+    assert "decode" not in result.seconds, result.seconds
+    probs = [c["prob"] for c in result.choices]
+    assert abs(sum(probs) - 1.0) <= 1e-9, f"sum of probabilities {sum(probs)!r}"
+    assert result.answer == first and result.token_ids == greedy.token_ids, (result.answer, first)
