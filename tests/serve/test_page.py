@@ -83,13 +83,14 @@ def test_routes_on_the_app(media: Path):
 
 
 @pytest.fixture(scope="module")
-def browser_server(tiny_model_dir: Path, media: Path):
+def browser_server(request: pytest.FixtureRequest, media: Path):
     pytest.importorskip("playwright.sync_api", reason="the python playwright package is not "
                                                        "installed")
     chromium = _chromium()
     if chromium is None:
         pytest.skip("no Chromium binary (install chromium or set APBV_CHROMIUM)")
     pytest.importorskip("ray")
+    tiny_model_dir = request.getfixturevalue("tiny_model_dir")  # only once nothing is missing
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
