@@ -30,7 +30,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from apbv.serve import api
+from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
@@ -258,4 +258,5 @@ class Server:
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 
+        page.register(app, self)
         return app

@@ -1,0 +1,185 @@
+"""The page (``GET /``) and the media listing (``GET /v1/media``).
+
+The listing and the page's route are checked on the FastAPI app without ranks; the page itself
+is driven headless by playwright in a system Chromium against the real server (2 CPU rank
+actors, the tiny model): its streamed answer must equal the API's answer to the same request,
+and its stage bar must name the response's stages. That test skips, saying why, where
+playwright or a Chromium binary is missing (``APBV_CHROMIUM`` names one explicitly).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from apbv.serve.page import list_media  # noqa: E402
+from apbv.serve.policy import MediaPolicy  # noqa: E402
+
+KEY = "page-key-456"
+QUESTION = "What colour is the square?"
+
+
+def _chromium() -> str | None:
+    explicit = os.environ.get("APBV_CHROMIUM")
+    if explicit:
+        return explicit if os.path.isfile(explicit) else None
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    shutil.copy(short_video, root / "clip.mp4")
+    (root / "sub").mkdir()
+    shutil.copy(short_video, root / "sub" / "other clip.mp4")
+    (root / "notes.txt").write_text("not a video")
+    outside = tmp_path_factory.mktemp("outside")
+    shutil.copy(short_video, outside / "secret.mp4")
+    os.symlink(outside / "secret.mp4", root / "escape.mp4")
+    os.symlink(outside, root / "linked")
+    return root
+
+
+def test_listing_names_only_what_a_request_may_name(media: Path):
+    listed = list_media(MediaPolicy((str(media),)))
+    assert [e["name"] for e in listed["data"]] == ["clip.mp4", "sub/other clip.mp4"]
+    assert listed["data"][1]["url"] == (media / "sub" / "other clip.mp4").resolve().as_uri()
+    assert "%20" in listed["data"][1]["url"] and not listed["truncated"]
+    assert list_media(MediaPolicy())["data"] == []
+    assert list_media(MediaPolicy((str(media),)), limit=1)["truncated"]
+
+
+def test_routes_on_the_app(media: Path):
+    from fastapi.testclient import TestClient
+
+    from apbv.serve.app import Server, ServerOptions
+
+    server = Server(None, None, None, ServerOptions("m", policy=MediaPolicy((str(media),)),
+                                                    api_key=KEY))
+    client = TestClient(server.app)  # no lifespan: no group is started
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="stages"' in page.text and "src=" not in page.text and "href=" not in page.text
+    assert client.get("/v1/media").status_code == 401
+    listed = client.get("/v1/media", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert [e["name"] for e in listed["data"]] == ["clip.mp4", "sub/other clip.mp4"]
+
+
+@pytest.fixture(scope="module")
+def browser_server(request: pytest.FixtureRequest, media: Path):
+    pytest.importorskip("playwright.sync_api", reason="the python playwright package is not "
+                                                       "installed")
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium binary (install chromium or set APBV_CHROMIUM)")
+    pytest.importorskip("ray")
+    tiny_model_dir = request.getfixturevalue("tiny_model_dir")  # only once nothing is missing
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+        RAY_AUTH_MODE="disabled")
+    cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
+           str(tiny_model_dir), "--world-size", "2", "--port", str(port), "--media-root",
+           str(media), "--api-key", KEY, "--max-frames", "16", "--set",
+           "parallel.timeout_s=20"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
+            assert time.monotonic() < deadline, "server not ready:\n" + "".join(log[-40:])
+            try:
+                if httpx.get(base + "/health").json()["status"] == "ready":
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield base, chromium
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _api(base: str, url: str, choices: list[str] | None = None) -> dict:
+    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    extra = {"choices": choices} if choices else {}
+    out = client.chat.completions.create(
+        messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                               {"type": "text", "text": QUESTION}]}],
+        model="tiny-qwen2.5-vl", max_tokens=8, extra_body=extra)
+    return {"answer": out.choices[0].message.content, "apbv": out.model_extra["apbv"]}
+
+
+def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Path):
+    from playwright.sync_api import sync_playwright
+
+    base, chromium = browser_server
+    url = (media / "clip.mp4").as_uri()
+    plain = _api(base, url)
+    picked = _api(base, url, ["red", "blue"])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(base + "/")
+            assert page.locator("#status").get_attribute("data-state") in ("idle", "error")
+            page.fill("#key", KEY)
+            page.click("#reload")
+            page.wait_for_selector("#video option", state="attached")
+            names = page.locator("#video option").all_text_contents()
+            assert names == ["clip.mp4", "sub/other clip.mp4"]  # no symlink out, no .txt
+            page.select_option("#video", label="clip.mp4")
+            page.fill("#question", QUESTION)
+            page.fill("#maxtokens", "8")
+            page.click("#ask")
+            page.wait_for_selector('#status[data-state="done"]')
+            assert page.text_content("#answer") == plain["answer"]
+            stages = page.locator("#stages .stage").evaluate_all(
+                "segs => segs.map(s => s.dataset.stage)")
+            assert stages == list(plain["apbv"]["seconds"]) and len(stages) >= 2
+            assert page.locator("#legend").text_content().startswith(stages[0])
+
+            page.fill("#choices", "red, blue")
+            page.click("#ask")
+            page.wait_for_selector('#status[data-state="done"]')
+            assert page.text_content("#answer") == picked["answer"]
+            rows = page.locator("#probtable tr").evaluate_all(
+                "rows => rows.map(r => [r.dataset.choice, r.cells[2].textContent])")
+            assert rows == [[c["text"], f"{100 * c['prob']:.1f} %"]
+                            for c in picked["apbv"]["choices"]]
+
+            page.fill("#key", "wrong")
+            page.click("#ask")
+            page.wait_for_selector('#status[data-state="error"]')
+            assert "API key" in page.text_content("#status")
+        finally:
+            browser.close()
