@@ -71,7 +71,7 @@ def test_routes_on_the_app(media: Path):
 
     from apbv.serve.app import Server, ServerOptions
 
-    server = Server(None, None, None, ServerOptions("m", policy=MediaPolicy((str(media),)),
+    server = Server(None, [], None, ServerOptions("m", policy=MediaPolicy((str(media),)),
                                                     api_key=KEY))
     client = TestClient(server.app)  # no lifespan: no group is started
     page = client.get("/")
