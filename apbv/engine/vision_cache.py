@@ -17,7 +17,6 @@ have evicted what another kept); the engine's collectives run the same either wa
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from apbv.plan import Range
-from apbv.video import Sampling, VideoSpec
+from apbv.video import Sampling, VideoSpec, video_identity
 
 
 @dataclass(frozen=True)
@@ -50,15 +49,12 @@ def vision_key(spec: VideoSpec, model_path: str, dtype: torch.dtype | str, rank:
                world_size: int, vit_split: bool) -> VisionKey | None:
     """The key of ``spec`` on this rank, or None when the file cannot be stat'ed (a miss: the
     loader then raises its own error naming the file)."""
-    path = os.path.realpath(spec.path)
-    try:
-        st = os.stat(path)
-    except OSError:
+    identity = video_identity(spec)
+    if identity is None:
         return None
-    sampling = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
-                     if f.name != "path")
-    return VisionKey(path=path, file=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),
-                     sampling=sampling, model=(os.path.realpath(model_path), str(dtype)),
+    path, file, sampling = identity
+    return VisionKey(path=path, file=file, sampling=sampling,
+                     model=(os.path.realpath(model_path), str(dtype)),
                      rank=rank, world_size=world_size, vit_split=bool(vit_split))
 
 

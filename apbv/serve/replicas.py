@@ -15,8 +15,6 @@ Degraded replicas are used only when none is ready (the request waits for the re
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -26,21 +24,10 @@ from apbv.serve.admission import Admission
 from apbv.serve.download import discard
 from apbv.serve.group import RankLost
 from apbv.serve.policy import ClientError
+from apbv.video import video_identity
 
 RECENT_VIDEOS = 256
 """Video identities remembered per replica (least recently answered forgotten first)."""
-
-
-def video_identity(spec: Any) -> tuple | None:
-    """(resolved path, size, mtime_ns, sampling fields) of a VideoSpec; None if not stat-able."""
-    path = os.path.realpath(spec.path)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    sampling = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
-                     if f.name != "path")
-    return path, st.st_size, st.st_mtime_ns, sampling
 
 
 class Replica:

@@ -42,7 +42,13 @@ Layout: :mod:`apbv.video.sampling` (the data types and the pure sampling rules),
 :mod:`apbv.video.load` (probe and frame-parallel loading). The public names are re-exported here.
 """
 
-from apbv.video.load import load_all_frames, load_rank_frames, probe
+from apbv.video.load import (
+    VideoIdentity,
+    load_all_frames,
+    load_rank_frames,
+    probe,
+    video_identity,
+)
 from apbv.video.sampling import (
     BACKENDS,
     TEMPORAL_PATCH_SIZE,
@@ -54,6 +60,7 @@ from apbv.video.sampling import (
 )
 
 __all__ = [
-    "BACKENDS", "TEMPORAL_PATCH_SIZE", "RankFrames", "Sampling", "VideoMeta", "VideoSpec",
-    "load_all_frames", "load_rank_frames", "plan_sampling", "probe",
+    "BACKENDS", "TEMPORAL_PATCH_SIZE", "RankFrames", "Sampling", "VideoIdentity", "VideoMeta",
+    "VideoSpec", "load_all_frames", "load_rank_frames", "plan_sampling", "probe",
+    "video_identity",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +28,23 @@ def _resize_fn() -> Any:
     """torchvision's tensor resize and its bicubic mode, as qwen-vl-utils calls them."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
     return functional.resize, functional.InterpolationMode.BICUBIC
+
+
+VideoIdentity = tuple[str, tuple[int, int, int, int], tuple[tuple[str, Any], ...]]
+
+
+def video_identity(spec: VideoSpec) -> VideoIdentity | None:
+    """What decides the sampled frames of ``spec``, without opening the file: (resolved path,
+    (st_dev, st_ino, st_size, st_mtime_ns), (name, value) of every other VideoSpec field);
+    None when the file cannot be stat'ed (loading it then raises its own error)."""
+    path = os.path.realpath(spec.path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sampling = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
+                     if f.name != "path")
+    return path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), sampling
 
 
 def probe(spec: VideoSpec) -> VideoMeta:

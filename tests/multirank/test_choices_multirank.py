@@ -22,10 +22,8 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runtime
 from apbv.engine.decode import greedy_continue, pick_token
 from apbv.engine.engine import Engine
-from apbv.model.qwen2_5_vl import load
-from apbv.positions import mrope_positions
-from apbv.sequence import prompt_ids, split_prompt, text_ids
-from apbv.video import load_all_frames
+from apbv.sequence import text_ids
+from tests.hf_reference import hf_reference
 
 QUESTION = "Which colour comes after the blue one?"
 # Single-token choices (yes, no, red) and multi-token ones sharing a prefix with another
@@ -64,31 +62,13 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
 @pytest.fixture(scope="module")
 def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict[str, float]:
     """Per choice, log p(choice | prompt) from HF's forward (SDPA) over prompt + choice."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    qwen = load(tiny_config.model.path, device=torch.device("cpu"), dtype=torch.float32)
-    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        tiny_config.model.path, local_files_only=True, attn_implementation="sdpa"
-    ).eval()
-    frames = load_all_frames(tiny_config.video.spec(str(short_video)))
-    pixels, (t, h, w) = qwen.process_frames(frames.frames)
-    context_text, query_text = split_prompt(qwen.processor, QUESTION)
-    ids = torch.cat(prompt_ids(qwen.processor.tokenizer, context_text, query_text, QUESTION,
-                               t * h * w // 4))
-    positions = mrope_positions(ids, [(t, h, w)], [frames.sampling.second_per_grid_t],
-                                video_token_id=qwen.video_token_id, spatial_merge_size=2,
-                                tokens_per_second=qwen.tokens_per_second)
+    ref = hf_reference(tiny_config, str(short_video), QUESTION)
     out = {}
-    with torch.inference_mode():
-        for choice in CHOICES:
-            tokens = torch.tensor(text_ids(qwen.processor.tokenizer, choice))
-            extra = torch.arange(len(tokens)) + int(positions.max()) + 1
-            pos = torch.cat([positions, extra.view(1, 1, -1).expand(3, 1, -1)], dim=2)
-            logits = hf(input_ids=torch.cat([ids, tokens]).unsqueeze(0),
-                        pixel_values_videos=pixels, video_grid_thw=torch.tensor([[t, h, w]]),
-                        position_ids=pos).logits[0].float()
-            rows = torch.log_softmax(logits[len(ids) - 1 : len(ids) - 1 + len(tokens)], -1)
-            out[choice] = float(rows.gather(1, tokens.view(-1, 1)).sum())
+    for choice in CHOICES:
+        tokens = torch.tensor(text_ids(ref.qwen.processor.tokenizer, choice))
+        n = len(ref.ids)
+        rows = torch.log_softmax(ref.logits(tokens.tolist())[n - 1 : n - 1 + len(tokens)], -1)
+        out[choice] = float(rows.gather(1, tokens.view(-1, 1)).sum())
     return out
 
 

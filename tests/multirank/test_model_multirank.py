@@ -20,12 +20,10 @@ from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.runtime import run_prompt
-from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
+from apbv.model.qwen2_5_vl import QwenVL, video_processor_kwargs
 from apbv.modes import MODE_NAMES
-from apbv.positions import mrope_positions
-from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
-from apbv.video import load_all_frames
+from tests.hf_reference import hf_reference
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 8
@@ -55,35 +53,17 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, long_video: str) -
 def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict:
     """HF's single-process forward (SDPA) on the same inputs and positions, greedy by full
     recomputation, plus the whole-video vision tower output."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    qwen = load(tiny_config.model.path, device=torch.device("cpu"), dtype=torch.float32)
-    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        tiny_config.model.path, local_files_only=True, attn_implementation="sdpa"
-    ).eval()
-    frames = load_all_frames(tiny_config.video.spec(str(short_video)))
-    pixels, (t, h, w) = qwen.process_frames(frames.frames)
-    grid = torch.tensor([[t, h, w]])
-    context_text, query_text = split_prompt(qwen.processor, QUESTION)
-    context, query = prompt_ids(qwen.processor.tokenizer, context_text, query_text, QUESTION,
-                                t * h * w // 4)
-    ids = torch.cat([context, query])
-    official = qwen.processor(text=[context_text + query_text], videos=[frames.frames],
+    ref = hf_reference(tiny_config, str(short_video), QUESTION)
+    qwen, frames, pixels, grid, ids = ref.qwen, ref.frames, ref.pixels, ref.grid, ref.ids
+    official = qwen.processor(text=[ref.context_text + ref.query_text], videos=[frames.frames],
                               do_resize=False, do_sample_frames=False, return_tensors="pt",
                               **video_processor_kwargs(qwen.processor.video_processor))
-    positions = mrope_positions(ids, [(t, h, w)], [frames.sampling.second_per_grid_t],
-                                video_token_id=qwen.video_token_id, spatial_merge_size=2,
-                                tokens_per_second=qwen.tokens_per_second)
     tokens: list[int] = []
     first_logits = None
     with torch.inference_mode():
-        vision = QwenVL(hf, qwen.processor).vision_tower(pixels, grid)  # hf's own tower
+        vision = QwenVL(ref.hf, qwen.processor).vision_tower(pixels, grid)  # hf's own tower
         for _ in range(NEW_TOKENS):
-            seq = torch.cat([ids, torch.tensor(tokens, dtype=torch.long)])
-            extra = torch.arange(len(tokens)) + int(positions.max()) + 1
-            pos = torch.cat([positions, extra.view(1, 1, -1).expand(3, 1, -1)], dim=2)
-            logits = hf(input_ids=seq.unsqueeze(0), pixel_values_videos=pixels,
-                        video_grid_thw=grid, position_ids=pos).logits[0, -1]
+            logits = ref.logits(tokens)[-1]
             first_logits = logits if first_logits is None else first_logits
             tokens.append(int(logits.argmax()))
     return {"ids": ids, "official_ids": official["input_ids"][0], "pixels": pixels,

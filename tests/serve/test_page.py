@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("fastapi")
@@ -27,6 +20,7 @@ openai = pytest.importorskip("openai")
 
 from apbv.serve.page import list_media  # noqa: E402
 from apbv.serve.policy import MediaPolicy  # noqa: E402
+from tests.serve.server import serving  # noqa: E402
 
 KEY = "page-key-456"
 QUESTION = "What colour is the square?"
@@ -91,40 +85,10 @@ def browser_server(request: pytest.FixtureRequest, media: Path):
         pytest.skip("no Chromium binary (install chromium or set APBV_CHROMIUM)")
     pytest.importorskip("ray")
     tiny_model_dir = request.getfixturevalue("tiny_model_dir")  # only once nothing is missing
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
-        RAY_AUTH_MODE="disabled")
-    cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
-           str(tiny_model_dir), "--world-size", "2", "--port", str(port), "--media-root",
-           str(media), "--api-key", KEY, "--max-frames", "16", "--set",
-           "parallel.timeout_s=20"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
-            assert time.monotonic() < deadline, "server not ready:\n" + "".join(log[-40:])
-            try:
-                if httpx.get(base + "/health").json()["status"] == "ready":
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield base, chromium
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with serving(tiny_model_dir, "--world-size", "2", "--media-root", str(media), "--api-key",
+                 KEY, "--max-frames", "16", "--set", "parallel.timeout_s=20") as srv:
+        srv.wait_ready()
+        yield srv.base, chromium
 
 
 def _api(base: str, url: str, choices: list[str] | None = None) -> dict:

@@ -5,13 +5,8 @@ replicas, cache-affinity routing, per-replica health and metrics, downloads unde
 from __future__ import annotations
 
 import http.server
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +17,8 @@ pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from tests.serve.test_server import KEY, _client, _free_port, _messages, _metric  # noqa: E402
+from tests.serve.server import serving  # noqa: E402
+from tests.serve.test_server import KEY, _client, _messages, _metric  # noqa: E402
 
 MODEL = "tiny-qwen2.5-vl"
 LIMIT_MB = 1
@@ -73,42 +69,13 @@ def files(media: Path):
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, media: Path, tmp_path_factory: pytest.TempPathFactory):
     """(base URL, the directory holding the server's private download directory)."""
-    port = _free_port()
     downloads = tmp_path_factory.mktemp("downloads")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
-               RAY_AUTH_MODE="disabled")
-    cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
-           str(tiny_model_dir), "--replicas", "2", "--world-size", "1", "--port", str(port),
-           "--media-root", str(media), "--api-key", KEY, "--max-frames", "16",
-           "--vision-cache-gb", "0.25", "--allow-media-domain", "127.0.0.1",
-           "--max-download-mb", str(LIMIT_MB), "--download-dir", str(downloads)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "server exited:\n" + "".join(log[-40:])
-            assert time.monotonic() < deadline, "server not ready:\n" + "".join(log[-40:])
-            try:
-                health = httpx.get(base + "/health").json()
-                if all(r["status"] == "ready" for r in health["replicas"]):
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield base, downloads
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail("the server did not stop on SIGINT:\n" + "".join(log[-40:]))
-    assert proc.returncode == 0, "".join(log[-40:])
+    with serving(tiny_model_dir, "--replicas", "2", "--world-size", "1", "--media-root",
+                 str(media), "--api-key", KEY, "--max-frames", "16", "--vision-cache-gb", "0.25",
+                 "--allow-media-domain", "127.0.0.1", "--max-download-mb", str(LIMIT_MB),
+                 "--download-dir", str(downloads)) as srv:
+        srv.wait_ready()
+        yield srv.base, downloads
     assert list(downloads.iterdir()) == [], "the download directory was left behind"
 
 

@@ -13,8 +13,11 @@ pytest.importorskip("prometheus_client")
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.app import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
-from apbv.serve.replicas import Replica, overall_status, pick, video_identity  # noqa: E402
-from apbv.video import VideoSpec  # noqa: E402
+from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
+from apbv.video import (
+    VideoSpec,  # noqa: E402
+    video_identity,  # noqa: E402
+)
 
 
 def _replicas(n: int) -> list[Replica]:
