@@ -149,9 +149,9 @@ def choice_table(texts: Sequence[str], choice_ids: list[list[int]],
             for t, ids, lp, p in zip(texts, choice_ids, logprobs, probs, strict=True)]
 
 
-def decode_reserve(tokenizer: Any, request: Request) -> tuple[int, str]:
+def decode_reserve(request: Request, choice_ids: list[list[int]] | None) -> tuple[int, str]:
     """(tokens decode may add after the prompt, what they are): ``max_new_tokens``, or with
-    choices the longest choice's token count."""
-    if request.choices is None:
+    choices (``choice_ids``: :func:`choice_token_ids` of them) the longest choice's count."""
+    if choice_ids is None:
         return request.max_new_tokens, "max_new_tokens"
-    return max(map(len, choice_token_ids(tokenizer, request.choices))), "the longest choice"
+    return max(map(len, choice_ids)), "the longest choice"

@@ -29,7 +29,7 @@ from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
 from apbv.distributed import DistInfo
-from apbv.engine.decode import decode_reserve
+from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import raise_if_any_failed, run_prompt
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
@@ -84,6 +84,8 @@ class Engine:
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
         ids: list[torch.Tensor] = []
+        choice_ids = (None if request.choices is None else
+                      choice_token_ids(self.qwen.processor.tokenizer, request.choices))
 
         def preflight(sampling: Sampling) -> None:
             t, h, w = sampling.grid_thw
@@ -92,7 +94,8 @@ class Engine:
             ids.extend(prompt_ids(self.qwen.processor.tokenizer, context_text, query_text,
                                   request.question, t * (h // merge) * (w // merge)))
             self.check_fits(request, len(ids[0]), len(ids[1]),
-                            patch_ranges(t, world)[rank] if split else (0, t), (h, w))
+                            patch_ranges(t, world)[rank] if split else (0, t), (h, w),
+                            choice_ids=choice_ids)
 
         key, entry = None, None
         if self.vision_cache.enabled:
@@ -122,6 +125,7 @@ class Engine:
             patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
             pixel_values=pixel_values,
             num_frames=sampling.num_frames,
+            choice_ids=choice_ids,
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
         )
@@ -136,11 +140,12 @@ class Engine:
         self.vision_cache.put(key, VisionEntry(embeddings, sampling, patches))
 
     def check_fits(self, request: Request, context_len: int, query_len: int,
-                   patches: Range, grid_hw: tuple[int, int]) -> None:
-        """ValueError unless the prompt plus max_new_tokens (with choices: the longest choice's
-        tokens) fits the model's context and this rank's memory estimate fits its budget (both
-        named in the message)."""
-        reserve, what = decode_reserve(self.qwen.processor.tokenizer, request)
+                   patches: Range, grid_hw: tuple[int, int], *,
+                   choice_ids: list[list[int]] | None) -> None:
+        """ValueError unless the prompt plus max_new_tokens (with choices, ``choice_ids``: the
+        longest choice's tokens) fits the model's context and this rank's memory estimate fits
+        its budget (both named in the message)."""
+        reserve, what = decode_reserve(request, choice_ids)
         total = context_len + query_len + reserve
         limit = self.qwen.max_positions
         if total > limit:

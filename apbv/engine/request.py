@@ -171,6 +171,8 @@ class PromptInputs:
     ``vision_embeds`` came from the vision cache."""
     num_frames: int
     """Frames sampled from the video (all ranks together)."""
+    choice_ids: list[list[int]] | None = None
+    """With ``Request.choices``: each choice's tokens (plain text), tokenized once here."""
     vision_embeds: torch.Tensor | None = None
     """This rank's vision tower output, from the vision cache (then the tower is skipped)."""
     vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,

@@ -17,7 +17,6 @@ from apbv import comm
 from apbv.distributed import DistInfo
 from apbv.engine.decode import (
     choice_table,
-    choice_token_ids,
     decode_reserve,
     greedy_continue,
     pick_token,
@@ -68,6 +67,7 @@ def run_prompt(
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
+    choice_ids = inputs.choice_ids
     plan = request.plan(len(inputs.context_ids), len(inputs.query_ids), info.world_size)
     start, length = qwen.video_span(ids)
     if start + length > plan.context_len:
@@ -113,19 +113,17 @@ def run_prompt(
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
-                                    reserve=decode_reserve(
-                                        qwen.processor.tokenizer, request)[0])
+                                    reserve=decode_reserve(request, choice_ids)[0])
         with timer.stage("first_token"):
             first = pick_token(logits, group)
     choices = None
-    if request.choices is not None:  # closed vocabulary: score every choice, generate nothing
+    if choice_ids is not None:  # closed vocabulary: score every choice, generate nothing
         # Single-token choices are scored by the first token's logits alone: no decode stage,
         # the answer is ready with the first token.
-        single = all(len(ids) == 1 for ids in
-                     choice_token_ids(qwen.processor.tokenizer, request.choices))
+        single = all(len(c) == 1 for c in choice_ids)
         with timer.stage("first_token" if single else "decode"):
-            tokens, choices = answer_choices(qwen, logits, request, int(positions.max()) + 1,
-                                             cache, info)
+            tokens, choices = answer_choices(qwen, logits, request, choice_ids,
+                                             int(positions.max()) + 1, cache, info)
         for token in tokens if on_token is not None else ():  # the chosen answer's tokens
             on_token(token)
     else:
@@ -161,13 +159,13 @@ def run_prompt(
 
 
 def answer_choices(
-    qwen: QwenVL, first_logits: torch.Tensor, request: Request, next_position: int,
-    cache: RankKVCache, info: DistInfo,
+    qwen: QwenVL, first_logits: torch.Tensor, request: Request, ids: list[list[int]],
+    next_position: int, cache: RankKVCache, info: DistInfo,
 ) -> tuple[list[int], list[dict]]:
     """(the most probable choice's tokens, the per-choice table of :class:`Result`): every
-    choice scored exactly over the cache, which is back to the prompt afterwards."""
+    choice (``ids``: their tokens) scored exactly over the cache, which is back to the prompt
+    afterwards."""
     assert request.choices is not None
-    ids = choice_token_ids(qwen.processor.tokenizer, request.choices)
     logprobs = score_choices(qwen, first_logits, ids, next_position, cache, info,
                              kernel=request.kernel)
     best = max(range(len(ids)), key=lambda i: logprobs[i])

@@ -12,6 +12,7 @@ from apbv.__main__ import main
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo
 from apbv.engine import engine as engine_module
+from apbv.engine.decode import choice_token_ids
 from apbv.engine.engine import Engine
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import Request
@@ -76,13 +77,14 @@ def test_preflight_reserves_the_longest_choice(tiny_config: RuntimeConfig,
     real = engine_module.request_memory
     monkeypatch.setattr(engine_module, "request_memory",
                         lambda *a, **kw: seen.append(kw["reserve_tokens"]) or real(*a, **kw))
-    engine.check_fits(request, 500, 20, (0, 2), (28, 28))
+    ids = choice_token_ids(engine.qwen.processor.tokenizer, request.choices)
+    engine.check_fits(request, 500, 20, (0, 2), (28, 28), choice_ids=ids)
     assert seen == [6]
     limit = engine.qwen.max_positions
     with pytest.raises(ValueError, match=r"plus the longest choice \(6\) is"):
-        engine.check_fits(request, limit - 25, 20, (0, 2), (28, 28))
+        engine.check_fits(request, limit - 25, 20, (0, 2), (28, 28), choice_ids=ids)
     engine.check_fits(engine.request("v.mp4", "q", max_new_tokens=1), limit - 25, 20, (0, 2),
-                      (28, 28))  # the same prompt fits with one new token
+                      (28, 28), choice_ids=None)  # the same prompt fits with one new token
 
 
 def test_generate_with_choices_json(capsys, tiny_model_dir, short_video) -> None:
