@@ -98,6 +98,17 @@ def all_to_all_rows(
     return out
 
 
+def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Rank ``src``'s tensor on every rank; the others pass a tensor of the same shape and dtype
+    (its values are overwritten; returned for chaining)."""
+    if not is_distributed():
+        return x
+    x = x.contiguous()
+    work = dist.broadcast(x, src=src, group=group, async_op=True)
+    work.wait(timeout=_timeout)
+    return x
+
+
 def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = None) -> int:
     """``value`` from rank ``src`` on every rank (e.g. the sampled token id)."""
     if not is_distributed():

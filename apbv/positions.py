@@ -16,6 +16,10 @@ trained rule and pass explicit position ids to the model everywhere.
 
 Decode step i (0-based, after a prompt of length L) uses max(prompt positions) + 1 + i on all
 three axes.
+
+A live stream moves every cached position by the same amount on all three axes when its
+positions would leave the model's trained range (:func:`rope_shift`): RoPE scores depend only
+on position differences per axis, so the attention is unchanged.
 """
 
 from __future__ import annotations
@@ -90,3 +94,21 @@ def mrope_positions(
         cursor = end
     pieces.append((torch.arange(input_ids.numel() - cursor) + next_pos).expand(3, -1))
     return torch.cat(pieces, dim=1).unsqueeze(1)
+
+
+def rope_shift(keys: torch.Tensor, shift: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Keys (..., D) rotated by (M-)RoPE at their positions -> the same keys at every position
+    plus ``shift`` on all three axes (transformers' half-split layout: frequency i rotates the
+    pair (i, i + D/2) by position * inv_freq[i]; ``inv_freq`` is (D/2,)).
+
+    Moving all axes alike rotates every frequency by ``shift * inv_freq[i]`` whichever axis
+    its M-RoPE section reads, so the rotation composes exactly; angles in float64.
+    """
+    assert keys.shape[-1] == 2 * inv_freq.numel(), (keys.shape, inv_freq.shape)
+    angle = shift * inv_freq.to(torch.float64)
+    cos = torch.cat([angle.cos(), angle.cos()]).to(torch.float32).to(keys.device)
+    sin = torch.cat([angle.sin(), angle.sin()]).to(torch.float32).to(keys.device)
+    x = keys.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(keys.dtype)

@@ -22,7 +22,6 @@ from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
-from apbv.engine.request import Request
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
@@ -30,19 +29,31 @@ from apbv.sequence import text_ids
 
 @dataclass
 class DecodeContext:
+    """Exact attention of new rows (every rank feeds the same ones) over the distributed cache.
+
+    The ``owner`` rank appends the rows' KV and attends them causally (bottom-right: each row
+    sees every cached key and the new rows up to itself); every other rank attends them to
+    all it holds, which precedes them. The H partials are merged by log-sum-exp. One decode
+    token is the case of one row owned by the query rank; a stream's chunk is many rows.
+    """
+
     info: DistInfo
     cache: RankKVCache
     kernel: str | None
+    owner: int = QUERY_RANK
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        if self.info.rank == QUERY_RANK:
+        mine = self.info.rank == self.owner
+        if not self.cache.holds(layer):  # a stream's rank that holds nothing yet
+            self.cache.store(layer, k[:, :0], v[:, :0])
+        if mine:
             self.cache.append(layer, k, v)
         keys, values = self.cache.layer(layer)
-        out, lse = kernels.attention(q, keys, values, causal=False, scale=scale,
+        out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
                                      backend=self.kernel)
-        gathered = comm.all_gather(pack_partial(out, lse), self.info.group)  # (H, 1, Hq, D+1)
+        gathered = comm.all_gather(pack_partial(out, lse), self.info.group)  # (H, T, Hq, D+1)
         return merge_packed(gathered)[0].to(q.dtype)
 
 
@@ -149,9 +160,10 @@ def choice_table(texts: Sequence[str], choice_ids: list[list[int]],
             for t, ids, lp, p in zip(texts, choice_ids, logprobs, probs, strict=True)]
 
 
-def decode_reserve(request: Request, choice_ids: list[list[int]] | None) -> tuple[int, str]:
+def decode_reserve(max_new_tokens: int,
+                   choice_ids: list[list[int]] | None) -> tuple[int, str]:
     """(tokens decode may add after the prompt, what they are): ``max_new_tokens``, or with
     choices (``choice_ids``: :func:`choice_token_ids` of them) the longest choice's count."""
     if choice_ids is None:
-        return request.max_new_tokens, "max_new_tokens"
+        return max_new_tokens, "max_new_tokens"
     return max(map(len, choice_ids)), "the longest choice"

@@ -32,12 +32,13 @@ from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import raise_if_any_failed, run_prompt
+from apbv.engine.stream import Stream, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.plan import Range, patch_ranges
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
-from apbv.video import Sampling, load_rank_frames
+from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
 
 
 def _available_host_bytes() -> int:
@@ -98,7 +99,7 @@ class Engine:
                             choice_ids=choice_ids)
 
         key, entry = None, None
-        if self.vision_cache.enabled:
+        if self.vision_cache.enabled and isinstance(request.video, VideoSpec):
             key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
                              split)
             entry = self.vision_cache.get(key)
@@ -108,7 +109,10 @@ class Engine:
             sampling, pixel_values = entry.sampling, None
         else:
             frames = load_rank_frames(request.video, rank if split else 0,
-                                      world if split else 1, before_decode=preflight)
+                                      world if split else 1, before_decode=preflight) \
+                if isinstance(request.video, VideoSpec) else \
+                decoded_rank_frames(request.video, rank if split else 0, world if split else 1,
+                                    before_process=preflight)
             sampling = frames.sampling
             pixel_values, local_grid = self.qwen.process_frames(frames.frames)
             t, h, w = sampling.grid_thw
@@ -145,7 +149,7 @@ class Engine:
         """ValueError unless the prompt plus max_new_tokens (with choices, ``choice_ids``: the
         longest choice's tokens) fits the model's context and this rank's memory estimate fits
         its budget (both named in the message)."""
-        reserve, what = decode_reserve(request, choice_ids)
+        reserve, what = decode_reserve(request.max_new_tokens, choice_ids)
         total = context_len + query_len + reserve
         limit = self.qwen.max_positions
         if total > limit:
@@ -199,6 +203,11 @@ class Engine:
             for k in differ)
         raise ValueError(f"the ranks were given different requests ({', '.join(differ)} "
                          f"differ): {details}")
+
+    def open_stream(self, spec: StreamSpec) -> Stream:
+        """This rank's part of a new live stream (call on every rank alike); see
+        :mod:`apbv.engine.stream`."""
+        return Stream(self, spec)
 
     def generate(self, request: Request,
                  on_token: Callable[[int], None] | None = None) -> Result:

@@ -7,6 +7,8 @@ then the log-sum-exp merge of one partial per rank (see :mod:`apbv.engine.decode
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from apbv.plan import QUERY_RANK, Plan
@@ -46,8 +48,8 @@ class RankKVCache:
         n, new = self._len[layer], k.shape[1]
         buf_k, buf_v = self._k[layer], self._v[layer]
         assert buf_k is not None and buf_v is not None, f"layer {layer} has no cached KV"
-        if n + new > buf_k.shape[1]:  # past the reservation: grow (rare)
-            grow = max(new, self.reserve, 16)
+        if n + new > buf_k.shape[1]:  # past the reservation: grow geometrically (a stream)
+            grow = max(new, self.reserve, 16, n // 2)
             buf_k = torch.cat([buf_k, buf_k.new_empty(1, grow, *buf_k.shape[2:])], dim=1)
             buf_v = torch.cat([buf_v, buf_v.new_empty(1, grow, *buf_v.shape[2:])], dim=1)
             self._k[layer], self._v[layer] = buf_k, buf_v
@@ -59,6 +61,10 @@ class RankKVCache:
         k, v, n = self._k[layer], self._v[layer], self._len[layer]
         assert k is not None and v is not None, f"layer {layer} has no cached KV"
         return k[:, :n], v[:, :n]
+
+    def holds(self, layer: int) -> bool:
+        """Whether ``layer`` has been stored (possibly with zero rows)."""
+        return self._k[layer] is not None
 
     def num_tokens(self, layer: int = 0) -> int:
         return self._len[layer]
@@ -74,6 +80,28 @@ class RankKVCache:
         for layer, n in enumerate(lengths):
             assert 0 <= n <= self._len[layer], f"layer {layer}: mark {n} > {self._len[layer]}"
             self._len[layer] = n
+
+    def drop(self, start: int, end: int) -> None:
+        """Forget rows [start, end) of every layer (a stream's evicted chunk): the rows after
+        them move down in place; the allocation is kept for the next appends."""
+        for layer, n in enumerate(self._len):
+            k, v = self._k[layer], self._v[layer]
+            assert k is not None and v is not None and 0 <= start <= end <= n, (start, end, n)
+            k[:, start:n - (end - start)] = k[:, end:n].clone()
+            v[:, start:n - (end - start)] = v[:, end:n].clone()
+            self._len[layer] = n - (end - start)
+
+    def map_keys(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every layer's cached keys (1, T, Hkv, D) by ``fn(keys)`` (same shape), e.g.
+        re-rotated to shifted positions."""
+        for layer, n in enumerate(self._len):
+            k = self._k[layer]
+            if k is not None and n:
+                k[:, :n] = fn(k[:, :n])
+
+    def capacity_bytes(self) -> int:
+        """Bytes allocated for keys and values (cached rows plus the room kept for appends)."""
+        return sum(2 * k.numel() * k.element_size() for k in self._k if k is not None)
 
     def nbytes(self) -> int:
         """Bytes of the cached tokens (not counting the reservation)."""

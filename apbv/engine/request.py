@@ -21,7 +21,7 @@ import torch
 
 from apbv.modes import Mode, get_mode
 from apbv.plan import Plan, Range, check_int
-from apbv.video import VideoSpec
+from apbv.video import DecodedVideo, VideoSpec
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
@@ -35,11 +35,22 @@ MAX_CHOICE_CHARS = 256
 
 
 @dataclass(frozen=True)
+class StreamWindow:
+    """The video of a stream's fresh ask: the chunks it holds, whose vision embeddings the
+    stream kept (:meth:`apbv.engine.stream.Stream.ask` with ``fresh=True``)."""
+
+    first_chunk: int
+    last_chunk: int
+    frames: int
+
+
+@dataclass(frozen=True)
 class Request:
     """One question about one video, with every setting that decides the answer."""
 
-    video: VideoSpec
-    """The video file and how to sample it (fps or nframes, pixel budgets, decoder)."""
+    video: VideoSpec | DecodedVideo | StreamWindow
+    """The video file and how to sample it (fps or nframes, pixel budgets, decoder), frames
+    already decoded and resized with their fps, or a stream's held window."""
     question: str
     """Plain text: special-token strings in it are text, never control tokens."""
     mode: Mode
@@ -106,6 +117,8 @@ class Request:
             value = getattr(self, f.name)
             if f.name == "mode":
                 out["mode"] = value.name
+            elif f.name == "video" and isinstance(value, DecodedVideo):
+                out["video"] = value.identity()
             elif f.name == "video":
                 for g in dataclasses.fields(value):
                     out[f"video.{g.name}"] = repr(getattr(value, g.name))

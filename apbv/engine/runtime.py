@@ -113,26 +113,11 @@ def run_prompt(
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
-                                    reserve=decode_reserve(request, choice_ids)[0])
-        with timer.stage("first_token"):
-            first = pick_token(logits, group)
-    choices = None
-    if choice_ids is not None:  # closed vocabulary: score every choice, generate nothing
-        # Single-token choices are scored by the first token's logits alone: no decode stage,
-        # the answer is ready with the first token.
-        single = all(len(c) == 1 for c in choice_ids)
-        with timer.stage("first_token" if single else "decode"):
-            tokens, choices = answer_choices(qwen, logits, request, choice_ids,
-                                             int(positions.max()) + 1, cache, info)
-        for token in tokens if on_token is not None else ():  # the chosen answer's tokens
-            on_token(token)
-    else:
-        if on_token is not None:
-            on_token(first)
-        with timer.stage("decode"):
-            tokens = greedy_continue(qwen, first, int(positions.max()) + 1, cache, info,
-                                     max_new_tokens=request.max_new_tokens,
-                                     kernel=request.kernel, on_token=on_token)
+                                    reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
+    tokens, choices = finish_answer(qwen, logits, int(positions.max()) + 1, cache, info, timer,
+                                    choices=request.choices, choice_ids=choice_ids,
+                                    max_new_tokens=request.max_new_tokens,
+                                    kernel=request.kernel, on_token=on_token)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
@@ -158,15 +143,36 @@ def run_prompt(
     )
 
 
-def answer_choices(
-    qwen: QwenVL, first_logits: torch.Tensor, request: Request, ids: list[list[int]],
-    next_position: int, cache: RankKVCache, info: DistInfo,
-) -> tuple[list[int], list[dict]]:
-    """(the most probable choice's tokens, the per-choice table of :class:`Result`): every
-    choice (``ids``: their tokens) scored exactly over the cache, which is back to the prompt
-    afterwards."""
-    assert request.choices is not None
-    logprobs = score_choices(qwen, first_logits, ids, next_position, cache, info,
-                             kernel=request.kernel)
-    best = max(range(len(ids)), key=lambda i: logprobs[i])
-    return ids[best], choice_table(request.choices, ids, logprobs)
+def finish_answer(
+    qwen: QwenVL, logits: torch.Tensor, next_position: int, cache: RankKVCache,
+    info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
+    choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
+    on_token: Callable[[int], None] | None = None,
+) -> tuple[list[int], list[dict] | None]:
+    """From the prompt's last ``logits`` (every rank) to the answer's tokens, and with
+    ``choices`` the per-choice table of :class:`Result`: the first token (stage
+    ``first_token``), then greedy decode or the choices' exact scores (stage ``decode``) over
+    the distributed ``cache``; ``next_position`` is the first position after the prompt.
+
+    Single-token choices are scored by the first token's logits alone: no decode stage, the
+    answer is ready with the first token. After scoring, the cache is back to the prompt.
+    """
+    with timer.stage("first_token"):
+        first = pick_token(logits, info.group)
+    if choices is not None:  # closed vocabulary: score every choice, generate nothing
+        assert choice_ids is not None
+        single = all(len(c) == 1 for c in choice_ids)
+        with timer.stage("first_token" if single else "decode"):
+            logprobs = score_choices(qwen, logits, choice_ids, next_position, cache, info,
+                                     kernel=kernel)
+        best = choice_ids[max(range(len(choice_ids)), key=lambda i: logprobs[i])]
+        for token in best if on_token is not None else ():  # the chosen answer's tokens
+            on_token(token)
+        return best, choice_table(choices, choice_ids, logprobs)
+    if on_token is not None:
+        on_token(first)
+    with timer.stage("decode"):
+        tokens = greedy_continue(qwen, first, next_position, cache, info,
+                                 max_new_tokens=max_new_tokens, kernel=kernel,
+                                 on_token=on_token)
+    return tokens, None

@@ -177,6 +177,11 @@ class QwenVL:
         """The model's context: prompt plus generated tokens at most."""
         return self.text_config.max_position_embeddings
 
+    @property
+    def rope_inv_freq(self) -> torch.Tensor:
+        """(head_dim / 2,) fp32 inverse frequencies of the decoder's M-RoPE."""
+        return self.model.model.language_model.rotary_emb.inv_freq.float()
+
     def process_frames(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """Already-resized frames (F, 3, H, W) uint8 -> patch rows (n_patches, C*2*14*14) and
         the (t, h, w) patch grid; H and W must be multiples of patch size * merge size (28).

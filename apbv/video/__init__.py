@@ -44,6 +44,7 @@ Layout: :mod:`apbv.video.sampling` (the data types and the pure sampling rules),
 
 from apbv.video.load import (
     VideoIdentity,
+    decoded_rank_frames,
     load_all_frames,
     load_rank_frames,
     probe,
@@ -52,6 +53,7 @@ from apbv.video.load import (
 from apbv.video.sampling import (
     BACKENDS,
     TEMPORAL_PATCH_SIZE,
+    DecodedVideo,
     RankFrames,
     Sampling,
     VideoMeta,
@@ -60,7 +62,8 @@ from apbv.video.sampling import (
 )
 
 __all__ = [
-    "BACKENDS", "TEMPORAL_PATCH_SIZE", "RankFrames", "Sampling", "VideoIdentity", "VideoMeta",
+    "BACKENDS", "TEMPORAL_PATCH_SIZE", "DecodedVideo", "RankFrames", "Sampling", "VideoIdentity",
+    "VideoMeta", "decoded_rank_frames",
     "VideoSpec", "load_all_frames", "load_rank_frames", "plan_sampling", "probe",
     "video_identity",
 ]

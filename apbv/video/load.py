@@ -13,6 +13,7 @@ from apbv.plan import check_int, patch_ranges
 from apbv.video.decoders import _open, _Reader
 from apbv.video.sampling import (
     TEMPORAL_PATCH_SIZE,
+    DecodedVideo,
     RankFrames,
     Sampling,
     VideoMeta,
@@ -117,6 +118,23 @@ def load_rank_frames(
     finally:
         reader.close()
     return RankFrames(frames, patches, sampling, rank, world_size)
+
+
+def decoded_rank_frames(
+    video: DecodedVideo, rank: int, world_size: int, *,
+    before_process: Callable[[Sampling], None] | None = None,
+) -> RankFrames:
+    """:func:`load_rank_frames` for frames already decoded and resized: this rank's share of
+    the temporal patches (views, no copy). ``before_process`` as ``before_decode`` there."""
+    sampling = video.sampling
+    try:
+        patches = patch_ranges(sampling.num_patches, world_size)[rank]
+    except ValueError as err:
+        raise ValueError(f"decoded video {video.identity()}: {err}") from err
+    if before_process is not None:
+        before_process(sampling)
+    first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
+    return RankFrames(video.frames[first:last], patches, sampling, rank, world_size)
 
 
 def load_all_frames(spec: VideoSpec) -> RankFrames:
