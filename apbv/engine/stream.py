@@ -378,6 +378,7 @@ class Stream:
                 f"model's context of {limit}: open the stream with a window (window_s or "
                 f"window_tokens)")
 
+    @torch.inference_mode()  # the cached tensors are inference tensors
     def _evict(self) -> int:
         spec, evicted = self.spec, 0
         world = self.info.world_size
@@ -399,6 +400,7 @@ class Stream:
         self.stats.evicted_chunks += evicted
         return evicted
 
+    @torch.inference_mode()
     def _rebase(self, positions: torch.Tensor) -> None:
         """Move every cached position back so the oldest held chunk starts right after the
         header (every rank rotates its own keys)."""

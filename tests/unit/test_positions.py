@@ -61,3 +61,51 @@ def test_errors() -> None:
         mrope_positions(ids, [(2, 2, 2)], [1.0], video_token_id=V, spatial_merge_size=2,
                         tokens_per_second=2)
     assert video_token_runs(torch.tensor([V, 1, V, V]), V) == [(0, 1), (2, 4)]
+
+
+class _RecordQK:
+    """An attention context that keeps each layer's post-RoPE q and k and attends nothing
+    (zeros), so every layer's pre-RoPE q and k depend on the embeddings only."""
+
+    def __init__(self) -> None:
+        self.qk: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def attend(self, layer, q, k, v, scale):
+        self.qk.append((q.clone(), k.clone()))
+        return torch.zeros_like(q)
+
+
+def test_rope_shift_leaves_the_attention_scores_unchanged(tiny_model_dir) -> None:
+    """Keys rotated by the model's own M-RoPE at positions P, moved by rope_shift(-S), give
+    the scores of queries at P - S that the unshifted keys gave at P (every layer)."""
+    from apbv.context import active
+    from apbv.model.qwen2_5_vl import load
+    from apbv.positions import rope_shift
+
+    qwen = load(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
+    ids = torch.tensor([1, 2] + [V] * 12 + [3, 4, 5])
+    positions = mrope_positions(ids, [(3, 4, 4)], [1.0], video_token_id=V, spatial_merge_size=2,
+                                tokens_per_second=2) + 5000  # a stream far into its range
+    shift = 4990
+    embeds = torch.randn(1, len(ids), qwen.text_config.hidden_size,
+                         generator=torch.Generator().manual_seed(0))
+    runs = []
+    for pos in (positions, positions - shift):
+        ctx = _RecordQK()
+        with torch.inference_mode(), active(ctx):
+            qwen.decoder(embeds, pos)
+        runs.append(ctx.qk)
+    worst = 0.0
+    for (q_far, k_far), (q_near, k_near) in zip(*runs):
+        moved = rope_shift(k_far, -shift, qwen.rope_inv_freq)
+        group = q_far.shape[2] // k_far.shape[2]
+        k_rep = moved.repeat_interleave(group, dim=2)
+        before = torch.einsum("bqhd,bkhd->bhqk", q_far, k_far.repeat_interleave(group, dim=2))
+        after = torch.einsum("bqhd,bkhd->bhqk", q_near, k_rep)
+        worst = max(worst, float((before - after).abs().max() / before.abs().max()))
+        key_err = float((moved - k_near).abs().max() / k_near.abs().max())
+        assert key_err <= 1e-3, f"moved keys differ from keys at P - S by {key_err:.2e} > 1e-3"
+    # The model's fp32 cos/sin of angles up to 5000 rad carry about 5000 * 6e-8 = 3e-4 rad of
+    # error (relative), so 1e-3 of the largest score.
+    assert worst <= 1e-3, f"scores moved by {worst:.2e} (relative to the largest) > 1e-3"
+    print(f"\nscores after rope_shift: max relative change {worst:.2e}")
