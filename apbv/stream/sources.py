@@ -92,6 +92,11 @@ def _check_seconds(name: str, value: object, *, allow_none: bool = False,
 
 
 def _error_text(err: BaseException) -> str:
+    """A short message: ValueErrors as they are, others with their type; an FFmpeg/OS error
+    without the file name it repeats."""
+    reason = getattr(err, "strerror", None)  # FFmpeg and OS errors
+    if reason:
+        return f"{type(err).__name__}: {reason}"
     return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
@@ -113,8 +118,7 @@ def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple
     if not container.streams.video:
         raise ValueError(f"{where} has no video stream")
     stream = container.streams.video[0]
-    rate = stream.average_rate or stream.guessed_rate
-    step = 1.0 / float(rate) if rate else 0.0
+    step = _frame_step(container)
     last: float | None = None
     for packet in container.demux(stream):
         if stop.is_set():
