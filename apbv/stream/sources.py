@@ -175,19 +175,28 @@ class FollowFile(Source):
     ``end_after_s`` seconds (None: never; the capture's ``give_up_s`` can still end it).
 
     What can be followed: streamable containers, whose index is not at the end of the file:
-    MPEG-TS (what recorders and HLS write), fragmented MP4 and Matroska/WebM. A plain MP4 whose
-    ``moov`` atom is written at the end cannot be followed (nothing decodes before the writer
-    closes it); take such files with :class:`SegmentDir` once complete. The file must exist
-    when the source starts (ValueError otherwise, in the capture's stats); data it does not
+    MPEG-TS (what recorders and HLS write; frames come out a packet at a time), fragmented MP4
+    (a fragment at a time) and Matroska/WebM (a cluster at a time). A plain MP4 whose ``moov``
+    atom is written at the end cannot be followed: nothing decodes before the writer has
+    finished, and a file larger than FFmpeg's read buffer then fails, since an unseekable read
+    cannot go back from the index to the frames; take such files with :class:`SegmentDir`.
+
+    ``options`` are FFmpeg format options (defaults: probesize 32768 bytes, analyzeduration
+    0.2 s, so the first frames come out at once; raise them for a high-bitrate stream whose
+    codec parameters come later). The file must exist when the source starts (ValueError
+    otherwise, in the capture's stats); data it does not
     start decoding from or cannot decode ends the source with the decoder's error.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, poll_s: float = 0.05,
-                 end_after_s: float | None = None) -> None:
+                 end_after_s: float | None = None, options: dict[str, str] | None = None
+                 ) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.poll_s = _check_seconds("poll_s", poll_s)
         self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
+        # Small probe sizes: decoding starts from the first packets, not after 5 s of video.
+        self.options = {"probesize": "32768", "analyzeduration": "200000", **(options or {})}
 
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "following a video file")
@@ -196,9 +205,7 @@ class FollowFile(Source):
         reader = _TailReader(self.path, stop, self.poll_s, self.end_after_s)
         try:
             try:
-                # Small probe sizes: start decoding from the first packets, not after 5 s.
-                container = av.open(reader, options={"probesize": "32768",
-                                                     "analyzeduration": "200000"})
+                container = av.open(reader, options=self.options)
             except av.FFmpegError as err:
                 if stop.is_set():
                     return
@@ -206,9 +213,13 @@ class FollowFile(Source):
                                  f"(not a streamable video format?): {err}") from err
             with container:
                 origin: float | None = None
-                for image, t in _decode(container, stop, f"followed video {self.path!r}"):
-                    origin = t if origin is None else origin
-                    yield torch.from_numpy(image), t - origin
+                try:
+                    for image, t in _decode(container, stop, f"followed video {self.path!r}"):
+                        origin = t if origin is None else origin
+                        yield torch.from_numpy(image), t - origin
+                except av.FFmpegError as err:
+                    raise ValueError(f"followed video {self.path!r} failed while decoding: "
+                                     f"{_error_text(err)}") from err
         finally:
             reader.close()
 
@@ -290,9 +301,15 @@ class SegmentDir(Source):
         found = []
         with os.scandir(self.path) as entries:
             for entry in entries:
-                if entry.name.lower().endswith(self.extensions) and entry.is_file():
+                if not entry.name.lower().endswith(self.extensions):
+                    continue
+                try:
+                    if not entry.is_file():
+                        continue
                     st = entry.stat()
-                    found.append((st.st_mtime_ns, entry.name, st.st_size))
+                except FileNotFoundError:  # removed meanwhile (a recorder's rolling window)
+                    continue
+                found.append((st.st_mtime_ns, entry.name, st.st_size))
         if self.order == "name":
             found.sort(key=lambda f: f[1])
         else:
@@ -357,7 +374,8 @@ class PushSource(Source):
     """Frames pushed by a client (another thread): :meth:`push`, then :meth:`end`.
 
     Pushing never blocks and never drops: frames wait here until the capture takes them (it
-    does at once; its bounded buffer applies the drop policy).
+    does at once; its bounded buffer applies the drop policy). Pushed tensors and arrays are
+    kept by reference, not copied: do not write into them after pushing.
     """
 
     def __init__(self, *, poll_s: float = 0.05) -> None:

@@ -132,6 +132,11 @@ def test_segment_dir_and_capture_refuse_bad_settings(tmp_path):
         SegmentDir(tmp_path, order="size")
     with pytest.raises(ValueError, match="does not exist"):
         SegmentDir(tmp_path / "missing")
+    missing = tmp_path / "missing.ts"
+    capture = Capture(FollowFile(missing))
+    assert capture.take(timeout=30.0) == []
+    assert capture.stats()["error"] == (f"followed video {str(missing)!r} does not exist or is "
+                                        "not a file")
     with pytest.raises(ValueError, match="drop must be one of"):
         Capture(PushSource(), drop="oldest")
     with pytest.raises(ValueError, match="k must be an integer >= 2"):
