@@ -94,7 +94,7 @@ class Capture:
         if not isinstance(source, Source):
             raise ValueError(f"source must be an apbv.stream Source, got "
                              f"{type(source).__name__}")
-        self.fps = None if fps is None else _check_seconds("fps", fps)
+        self.fps = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
         if size is not None:
             if not (isinstance(size, tuple) and len(size) == 2 and all(
                     isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size)):

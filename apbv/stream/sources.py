@@ -79,14 +79,16 @@ def stream_frame_size(height: int, width: int, *, min_pixels: int | None = None,
 
 
 def _check_seconds(name: str, value: object, *, allow_none: bool = False,
-                   allow_zero: bool = False) -> float | None:
+                   allow_zero: bool = False, unit: str = "seconds") -> float | None:
+    """``value`` as a float: a finite number > 0 (>= 0 with allow_zero; None with allow_none),
+    else ValueError naming ``name``, the allowed range and ``unit``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         extra = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be a finite number of seconds {bound}{extra}, "
+        raise ValueError(f"{name} must be a finite number of {unit} {bound}{extra}, "
                          f"got {value!r}")
     return float(value)
 
@@ -184,8 +186,8 @@ class FollowFile(Source):
     ``options`` are FFmpeg format options (defaults: probesize 32768 bytes, analyzeduration
     0.2 s, so the first frames come out at once; raise them for a high-bitrate stream whose
     codec parameters come later). The file must exist when the source starts (ValueError
-    otherwise, in the capture's stats); data it does not
-    start decoding from or cannot decode ends the source with the decoder's error.
+    otherwise, in the capture's stats); data it cannot open or decode ends the source with
+    the decoder's error naming the file.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, poll_s: float = 0.05,
@@ -424,24 +426,26 @@ class PushSource(Source):
         count = tensor.shape[0]
         if (timestamps is None) == (fps is None):
             raise ValueError("give exactly one of timestamps and fps")
-        if fps is not None:
-            step = _check_seconds("fps", fps)
-            start = 0.0 if self._last is None else self._last + 1.0 / step
-            times = [start + i / step for i in range(count)]
-        else:
-            times = [float(t) for t in timestamps]
-            if len(times) != count:
-                raise ValueError(f"{count} frames need {count} timestamps, got {len(times)}")
-            if not all(math.isfinite(t) for t in times):
-                raise ValueError(f"timestamps must be finite, got {times}")
-            previous = [self._last] + times[:-1] if self._last is not None else times[:-1]
-            later = times if self._last is not None else times[1:]
-            if any(b <= a for a, b in zip(previous, later)):
-                raise ValueError(f"timestamps must be strictly increasing and after the last "
-                                 f"pushed one ({self._last}), got {times}")
-        with self._cond:
+        rate = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
+        given = None if timestamps is None else [float(t) for t in timestamps]
+        if given is not None:
+            if len(given) != count:
+                raise ValueError(f"{count} frames need {count} timestamps, got {len(given)}")
+            if not all(math.isfinite(t) for t in given):
+                raise ValueError(f"timestamps must be finite, got {given}")
+        with self._cond:  # one pusher at a time: timestamps continue from the last push
             if self._ended:
                 raise ValueError("push after end(): this source has ended")
+            last = self._last
+            if rate is not None:
+                start = 0.0 if last is None else last + 1.0 / rate
+                times = [start + i / rate for i in range(count)]
+            else:
+                times = given
+                chain = ([] if last is None else [last]) + times
+                if any(b <= a for a, b in zip(chain, chain[1:])):
+                    raise ValueError(f"timestamps must be strictly increasing and after the last "
+                                     f"pushed one ({last}), got {times}")
             self._queue.extend(zip(tensor.unbind(0), times))
             if times:
                 self._last = times[-1]

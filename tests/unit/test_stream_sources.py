@@ -139,6 +139,8 @@ def test_segment_dir_and_capture_refuse_bad_settings(tmp_path):
                                         "not a file")
     with pytest.raises(ValueError, match="drop must be one of"):
         Capture(PushSource(), drop="oldest")
+    with pytest.raises(ValueError, match="fps must be a finite number of frames per second > 0"):
+        Capture(PushSource(), fps=0.0)
     with pytest.raises(ValueError, match="k must be an integer >= 2"):
         Capture(PushSource(), drop="every_k", k=1)
 
