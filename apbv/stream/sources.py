@@ -120,6 +120,8 @@ def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple
     if not container.streams.video:
         raise ValueError(f"{where} has no video stream")
     stream = container.streams.video[0]
+    # Slice threads only: frame threads would hold back one frame per thread (latency).
+    stream.thread_type = "SLICE"
     step = _frame_step(container)
     last: float | None = None
     for packet in container.demux(stream):
@@ -143,13 +145,14 @@ def _frame_step(container: Any) -> float:
 
 class _TailReader:
     """A read-only, unseekable file object over a growing file: at the current end of the file
-    ``read`` waits for more bytes, and returns b"" (end of stream) once ``stop`` is set or the
-    file has not grown for ``end_after_s`` seconds."""
+    ``read`` waits for more bytes, and returns b"" (end of stream) once ``stop`` or
+    ``finished`` is set or the file has not grown for ``end_after_s`` seconds."""
 
-    def __init__(self, path: str, stop: threading.Event, poll_s: float,
-                 end_after_s: float | None) -> None:
+    def __init__(self, path: str, stop: threading.Event, finished: threading.Event,
+                 poll_s: float, end_after_s: float | None) -> None:
         self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
         self._stop = stop
+        self._finished = finished
         self._poll_s = poll_s
         self._end_after_s = end_after_s
 
@@ -159,6 +162,8 @@ class _TailReader:
             data = self._file.read(size)
             if data:
                 return data
+            if self._finished.is_set():  # what was written before finish(), then the end
+                return self._file.read(size)
             if self._end_after_s is not None and time.monotonic() - since >= self._end_after_s:
                 break
             self._stop.wait(self._poll_s)
@@ -173,8 +178,11 @@ class FollowFile(Source):
 
     The file is read as one unseekable byte stream: at its current end the reader waits
     (checking every ``poll_s`` seconds) for the writer to append more, so frames come out as
-    soon as their packets are complete. It ends when the file has not grown for
-    ``end_after_s`` seconds (None: never; the capture's ``give_up_s`` can still end it).
+    soon as they can be decoded (with B-frames, a few frames wait for the packets after them;
+    the decoder uses slice threads only, as frame threads would hold back more). The last
+    frames come out when the source ends: after :meth:`finish` (the writer has finished: the
+    file is decoded to its end), or when the file has not grown for ``end_after_s`` seconds
+    (None: never; the capture's ``give_up_s`` can still end it).
 
     What can be followed: streamable containers, whose index is not at the end of the file:
     MPEG-TS (what recorders and HLS write; frames come out a packet at a time), fragmented MP4
@@ -199,12 +207,17 @@ class FollowFile(Source):
         self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
         # Small probe sizes: decoding starts from the first packets, not after 5 s of video.
         self.options = {"probesize": "32768", "analyzeduration": "200000", **(options or {})}
+        self._finished = threading.Event()
+
+    def finish(self) -> None:
+        """The writer has finished the file: decode it to its end, then end the source."""
+        self._finished.set()
 
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "following a video file")
         if not os.path.isfile(self.path):
             raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
-        reader = _TailReader(self.path, stop, self.poll_s, self.end_after_s)
+        reader = _TailReader(self.path, stop, self._finished, self.poll_s, self.end_after_s)
         try:
             try:
                 container = av.open(reader, options=self.options)

@@ -64,26 +64,27 @@ def test_stream_frame_size_is_the_per_frame_rule_without_a_total_budget():
 
 
 def test_follow_file_yields_frames_as_the_file_grows(tmp_path):
-    data = _video(tmp_path / "full.ts", 12).read_bytes()
+    data = _video(tmp_path / "full.ts", 24).read_bytes()  # H.264 with B-frames
     live = tmp_path / "live.ts"
     half = len(data) // 2
     live.write_bytes(data[:half])
-    capture = Capture(FollowFile(live), max_pixels=SMALL)  # follows until closed
+    source = FollowFile(live)  # follows until finish()
+    capture = Capture(source, max_pixels=SMALL)
     try:
         early = capture.take(timeout=15.0)
         assert early, capture.stats()
+        assert not capture.stats()["ended"]  # waiting for the writer
         with live.open("ab") as f:
             f.write(data[half:])
-        frames = list(early)
-        _wait(lambda: frames.extend(capture.take()) or len(frames) >= 12, "the second half")
-        stats = capture.stats()
-        assert not stats["ended"]  # still waiting for more
+        source.finish()
+        frames = early + _drain(capture)
     finally:
         capture.close()
-    assert 1 <= len(early) < 12  # the rest needed the second half
-    assert _times(frames) == [0.25 * i for i in range(12)]
+    assert 1 <= len(early) < 24  # the rest needed the second half
+    assert _times(frames) == [0.25 * i for i in range(24)]
     assert all(f.image.shape == (3, 56, 56) and f.image.dtype == torch.uint8 for f in frames)
-    assert (stats["frames_decoded"], stats["frames_delivered"], stats["error"]) == (12, 12, None)
+    stats = capture.stats()
+    assert (stats["frames_decoded"], stats["frames_delivered"], stats["error"]) == (24, 24, None)
 
 
 def test_follow_file_samples_to_the_stream_fps(tmp_path):
