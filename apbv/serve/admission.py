@@ -17,7 +17,8 @@ from typing import Any
 from apbv.serve.policy import ClientError
 
 Predictor = Callable[[Any, dict[str, int]], float]
-"""(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
+"""(ChatCall, what check_request measured) -> predicted TTFT in seconds (a job that measured
+nothing, e.g. a live-stream operation, is predicted 0)."""
 
 
 @dataclass(eq=False)
@@ -50,7 +51,8 @@ class Admission:
         if len(self.heap) >= self.max_queue:
             raise ClientError(429, f"the queue is full: {len(self.heap)} requests waiting, the "
                                    f"limit is {self.max_queue} (--max-queue)")
-        predicted = self.predictor(call, measured) if self.predictor is not None else 0.0
+        predicted = self.predictor(call, measured) \
+            if self.predictor is not None and measured else 0.0
         now = time.monotonic()
         deadline = call.deadline_ms
         key = (now + deadline / 1000 if deadline is not None else math.inf, next(self.seq))
