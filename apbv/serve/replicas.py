@@ -94,7 +94,8 @@ class Replica:
             job = await self.admission.next()
             job.started = time.monotonic()
             wait = job.started - job.enqueued
-            self.metrics.queue_wait.observe(wait)
+            if not isinstance(job.call, GroupOp):
+                self.metrics.queue_wait.observe(wait)
             on_token = job.tokens.put_nowait if job.tokens is not None else None
             try:
                 if isinstance(job.call, GroupOp):

@@ -73,13 +73,20 @@ class KVSizing:
                                                                window_tokens)
 
 
+def human(num_bytes: int) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:.1f} {unit}"
+    return f"{num_bytes / 1024:.1f} KiB"
+
+
 def check_fits(need: int, held: int, budget: int, streams: int) -> None:
     """ClientError 507 when ``need`` more bytes per rank pass the budget."""
     if held + need > budget:
         raise ClientError(507, (
-            f"the stream would reserve {need / GIB:.4f} GiB of KV per rank, and the {streams} "
-            f"open stream(s) of the least loaded replica hold {held / GIB:.4f} GiB of the "
-            f"{budget / GIB:.4f} GiB per-rank stream budget (--stream-memory-gb): lower "
+            f"the stream would reserve {human(need)} of KV per rank, and the {streams} open "
+            f"stream(s) of the least loaded replica hold {human(held)} of the {human(budget)} "
+            "per-rank stream budget (--stream-memory-gb): lower "
             "window_tokens or window_s, the frame size (max_pixels) or fps, or close a stream"))
 
 
