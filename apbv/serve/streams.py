@@ -71,6 +71,9 @@ class LiveStream:
     last_ts: float | None = None
     last_push_wall: float | None = None
     error: str | None = None
+    closing: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a push from its parse to its append, so pushes keep their order."""
 
 
 def _field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
@@ -101,7 +104,7 @@ class Streams:
 
     def _get(self, stream_id: str) -> LiveStream:
         live = self.live.get(stream_id)
-        if live is None:
+        if live is None or live.closing:
             raise ClientError(404, f"no open stream {stream_id[:64]!r}")
         if live.generation != live.replica.generation:
             self._forget(live)
@@ -128,7 +131,7 @@ class Streams:
                                        f"{replica.index}'s ranks; open a new stream")
             return await group.stream(op, live.id, *args, **kwargs)
 
-        job = replica.admission.admit(GroupOp(run), {})
+        job = replica.admission.admit(GroupOp(run), {}, predicted_s=0.0)
         job.replica = replica
         try:
             return await job.future
@@ -228,15 +231,16 @@ class Streams:
             raise ClientError(409, f"stream {stream_id!r} is fed by its source; it takes no "
                                    "pushed frames")
         body = await self.server._read_json(request)
-        size = (live.spec.height, live.spec.width) if live.sized else None
-        push = await asyncio.to_thread(parse_push, body, self.server.opt.limits, live.native,
-                                       size, live.last_ts, live.spec.fps)
-        if not live.sized:
-            self._fix_size(live, self._size_of(live, push.native))
-            push = dataclasses.replace(push, frames=await asyncio.to_thread(
-                _resize, push.frames, (live.spec.height, live.spec.width)))
-        out = await self._append(live, push.frames, push.timestamps)
-        live.native = push.native
+        async with live.lock:
+            size = (live.spec.height, live.spec.width) if live.sized else None
+            push = await asyncio.to_thread(parse_push, body, self.server.opt.limits,
+                                           live.native, size, live.last_ts, live.spec.fps)
+            if not live.sized:
+                self._fix_size(live, self._size_of(live, push.native))
+                live.native = push.native
+                push = dataclasses.replace(push, frames=await asyncio.to_thread(
+                    _resize, push.frames, (live.spec.height, live.spec.width)))
+            out = await self._append(live, push.frames, push.timestamps)
         return JSONResponse({"id": live.id, **out, "frames_pushed": live.frames_pushed})
 
     def _size_of(self, live: LiveStream, native: tuple[int, int]) -> tuple[int, int]:
@@ -285,8 +289,15 @@ class Streams:
                 if frames:
                     if not live.sized:
                         self._fix_size(live, tuple(frames[0].image.shape[1:]))
-                    await self._append(live, torch.stack([f.image for f in frames]),
-                                       [f.timestamp for f in frames])
+                    batch = torch.stack([f.image for f in frames])
+                    while True:
+                        try:
+                            await self._append(live, batch, [f.timestamp for f in frames])
+                            break
+                        except ClientError as exc:
+                            if exc.status != 429:  # the queue is full: try again shortly
+                                raise
+                            await asyncio.sleep(0.25)
                 elif cap.stats()["ended"]:
                     return
         except asyncio.CancelledError:
@@ -308,7 +319,8 @@ class Streams:
             raise ClientError(400, "question must be a non-empty string")
         limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                      "the question's length in characters")
-        max_tokens = _field(body, "max_tokens", (int,), 1) or 1
+        max_tokens = _field(body, "max_tokens", (int,), 1) or \
+            self.server.cfg.generate.max_new_tokens
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
         choices = body.get("choices")
         fresh = bool(_field(body, "fresh", (bool,)))
@@ -342,9 +354,18 @@ class Streams:
         return JSONResponse({"id": live.id, "closed": True})
 
     async def _close(self, live: LiveStream) -> None:
-        self._forget(live)  # the budget is free once the ranks have dropped it
-        if live.opened_on_ranks and live.generation == live.replica.generation:
-            await self._run(live, "close")
+        """Close on every rank, then free the budget (a full queue leaves it open)."""
+        if live.feeder is not None:
+            live.feeder.cancel()
+        live.closing = True  # no new operation from here on
+        try:
+            if live.opened_on_ranks and live.generation == live.replica.generation:
+                await self._run(live, "close")
+        except ClientError as exc:
+            if exc.status == 429:
+                live.closing = False
+                raise
+        self._forget(live)
 
     def _summary(self, live: LiveStream) -> dict[str, Any]:
         now = time.monotonic()
