@@ -100,7 +100,6 @@ class RankActor:
         result.first_logits = None
         return result
 
-
     def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
         """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
         ``open`` (args: the StreamSpec), ``append``, ``ask``, ``describe``, ``close``."""
