@@ -21,22 +21,8 @@ import torch
 
 from apbv.serve.policy import ClientError, Limits
 from apbv.video.load import _resize_fn
-from apbv.video.sampling import VideoSpec, _qwen, _resize_target
 
 FORMATS = ("PNG", "JPEG")
-_NO_TOTAL_CAP = 1e300  # a stream has no total_pixels budget: only the per-frame bounds
-
-
-def stream_size(height: int, width: int, *, min_pixels: int | None = None,
-                max_pixels: int | None = None) -> tuple[int, int]:
-    """(h, w), multiples of 28, that a stream of native ``height`` x ``width`` frames is
-    resized to: the one-shot path's per-frame rule without its total_pixels cap (the same rule
-    as apbv.stream's ``stream_frame_size``). ValueError for bad values."""
-    spec = VideoSpec("<stream>", min_pixels=min_pixels, max_pixels=max_pixels,
-                     total_pixels=_NO_TOTAL_CAP)
-    return _resize_target(_qwen(), spec, height, width, 2, "stream")
-
-
 @dataclass(frozen=True)
 class Push:
     frames: torch.Tensor

@@ -10,9 +10,9 @@ checked here first (fields, limits, images, timestamps, the memory budget of
 A stream pushed by the client opens on the ranks at once when ``width`` / ``height`` were
 given, else with its first push (which fixes the frame size). A stream with a ``source`` (a
 media file under a ``--media-root``) is fed by a task that takes frames from an
-``apbv.stream.Capture`` and appends them; that needs the stream-capture package (501 without
-it). A stream lost with its replica's ranks (a rank died and the group was rebuilt) answers
-410 and frees its budget; a stream no client touched for ``--stream-idle-s`` is closed.
+:class:`apbv.stream.Capture` (a followed file) and appends them. A stream lost with its
+replica's ranks (a rank died and the group was rebuilt) answers 410 and frees its budget; a
+stream no client touched for ``--stream-idle-s`` is closed.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from fastapi.responses import JSONResponse
 from apbv.engine.request import check_choices
 from apbv.engine.stream import StreamSpec
 from apbv.serve import api, stream_budget
-from apbv.serve.frames import parse_push, stream_size
+from apbv.serve.frames import parse_push
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
+from apbv.stream import Capture, FollowFile, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
@@ -154,7 +155,8 @@ class Streams:
         size = None
         try:
             if width is not None:
-                size = stream_size(height, width, min_pixels=min_pixels, max_pixels=max_pixels)
+                size = stream_frame_size(height, width, min_pixels=min_pixels,
+                                         max_pixels=max_pixels)
             spec = StreamSpec(
                 height=size[0] if size else 28, width=size[1] if size else 28,
                 fps=2.0 if fps is None else fps, window_s=_field(body, "window_s", (int, float)),
@@ -201,10 +203,7 @@ class Streams:
             raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(OPEN_FIELDS)}")
         spec, sized, pixels, native = self._spec(body)
         source = body.get("source")
-        capture_cls = None
-        if source is not None:
-            path = resolve_media(source, self.server.opt.policy)
-            capture_cls = _capture_classes()
+        path = None if source is None else resolve_media(source, self.server.opt.policy)
         need = self._need(spec, sized, pixels[1])
         replica = self._place(need)
         live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
@@ -214,9 +213,9 @@ class Streams:
             if sized:
                 await self._run(live, "open", spec)
                 live.opened_on_ranks = True
-            if capture_cls is not None:
+            if path is not None:
                 live.source = path
-                live.capture = _start_capture(capture_cls, path, spec, sized, pixels)
+                live.capture = _start_capture(path, spec, sized, pixels)
                 live.feeder = asyncio.ensure_future(self._feed(live))
         except BaseException:
             self._forget(live)
@@ -247,7 +246,7 @@ class Streams:
         """The stream's frame size for frames of the ``native`` (H, W) size."""
         limits = self.server.opt.limits
         try:
-            size = stream_size(native[0], native[1], min_pixels=live.pixels[0],
+            size = stream_frame_size(native[0], native[1], min_pixels=live.pixels[0],
                                max_pixels=live.pixels[1])
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
@@ -418,21 +417,11 @@ def _resize(frames: Any, size: tuple[int, int]) -> Any:
     return resize(frames, list(size), interpolation=bicubic, antialias=True).contiguous()
 
 
-def _capture_classes() -> Any:
-    try:
-        import apbv.stream as capture
-    except ImportError:
-        raise ClientError(501, "a stream with a source needs the stream-capture package "
-                               "(apbv.stream), which this build does not have: push frames "
-                               "instead (POST /v1/streams/{id}/frames)") from None
-    return capture
-
-
-def _start_capture(capture: Any, path: str, spec: StreamSpec, sized: bool,
-                   pixels: tuple[int | None, int | None]) -> Any:
-    source = capture.FollowFile(path)
+def _start_capture(path: str, spec: StreamSpec, sized: bool,
+                   pixels: tuple[int | None, int | None]) -> Capture:
+    source = FollowFile(path)
     size = (spec.height, spec.width) if sized else None
-    return capture.Capture(source, fps=spec.fps, size=size,
+    return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],
                            max_pixels=None if sized else pixels[1])
 
