@@ -1,0 +1,468 @@
+"""Live video sources: native decoded frames with timestamps, for :class:`~apbv.stream.Capture`.
+
+A source is an object with ``frames(stop)``: an iterator of ``(image, timestamp)`` items, where
+``image`` is uint8 (H, W, 3) RGB at the source's native size and ``timestamp`` is seconds on the
+source's clock, strictly increasing; it may also yield ``None``, "nothing new yet", so the caller
+can look at its stop event and clocks while the source waits. The iterator returns when the
+source ends and raises when it fails; it returns soon after ``stop`` (a ``threading.Event``) is
+set, except while blocked inside the decoder (a network read: bounded by the read timeout).
+Every source also keeps ``segments_done``, ``segments_failed`` and ``errors`` (short strings) for
+the capture's stats.
+
+- :class:`FollowFile`: a file that is still being written (``tail -f``).
+- :class:`SegmentDir`: a directory of segment files as a recorder writes them.
+- :class:`UrlSource`: anything PyAV (FFmpeg) opens: rtsp://, http(s)://, a local file.
+- :class:`PushSource`: frames pushed by a client.
+
+File and URL timestamps are ``frame.time`` minus the first decoded frame's, so every source
+starts at 0.0 (segments continue where the previous one ended). PyAV is imported only when a
+file or URL is opened.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from apbv.video.sampling import VideoSpec, _import, _qwen, _resize_target
+
+RawFrame = tuple[torch.Tensor, float]
+"""What a source yields: (uint8 (H, W, 3) RGB at the native size, timestamp in seconds)."""
+
+SEGMENT_EXTENSIONS = (".mp4", ".ts", ".mkv")
+"""The file types :class:`SegmentDir` takes by default."""
+
+SEGMENT_ORDERS = ("name", "mtime")
+"""The orders :class:`SegmentDir` takes segments in."""
+
+
+_NO_TOTAL_CAP = 1e300
+"""A total_pixels budget no frame size reaches: the per-frame bounds alone decide the size."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One captured frame, ready for the model."""
+
+    image: torch.Tensor
+    """uint8 (3, H, W) RGB, already resized to the stream's frame size."""
+    timestamp: float
+    """Seconds on the source's clock (0.0 at the first frame of a file, segment dir or URL)."""
+
+
+def stream_frame_size(height: int, width: int, *, min_pixels: int | None = None,
+                      max_pixels: int | None = None, image_patch_size: int = 14
+                      ) -> tuple[int, int]:
+    """(h, w), multiples of ``image_patch_size * 2``, that every frame of a stream of native
+    ``height`` x ``width`` frames is resized to.
+
+    The one-shot path's per-frame rule (qwen-vl-utils' smart_resize with its video pixel
+    bounds, and the same extension: a ``max_pixels`` below the default floor lowers the floor),
+    without the ``total_pixels`` cap, which shares a budget over a whole video of known length
+    and has no meaning for a stream: only the per-frame ``min_pixels`` / ``max_pixels`` bound it.
+    ValueError for bad values or an aspect ratio qwen-vl-utils refuses.
+    """
+    for name, value in (("height", height), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    spec = VideoSpec("<stream>", min_pixels=min_pixels, max_pixels=max_pixels,
+                     total_pixels=_NO_TOTAL_CAP, image_patch_size=image_patch_size)
+    return _resize_target(_qwen(), spec, height, width, 2, "stream")
+
+
+def _check_seconds(name: str, value: object, *, allow_none: bool = False,
+                   allow_zero: bool = False, unit: str = "seconds") -> float | None:
+    """``value`` as a float: a finite number > 0 (>= 0 with allow_zero; None with allow_none),
+    else ValueError naming ``name``, the allowed range and ``unit``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a finite number of {unit} {bound}{extra}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _error_text(err: BaseException) -> str:
+    """A short message: ValueErrors as they are, others with their type; an FFmpeg/OS error
+    without the file name it repeats."""
+    reason = getattr(err, "strerror", None)  # FFmpeg and OS errors
+    if reason:
+        return f"{type(err).__name__}: {reason}"
+    return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+
+
+class Source:
+    """Base of the sources: counters for the stats, and the ``frames(stop)`` protocol."""
+
+    def __init__(self) -> None:
+        self.segments_done = 0
+        self.segments_failed = 0
+        self.errors: list[str] = []
+
+    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
+        raise NotImplementedError
+
+
+def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple[Any, float]]:
+    """(numpy uint8 (H, W, 3), frame.time in seconds) of the first video stream of an open
+    PyAV container, in presentation order; returns early once ``stop`` is set."""
+    if not container.streams.video:
+        raise ValueError(f"{where} has no video stream")
+    stream = container.streams.video[0]
+    step = _frame_step(container)
+    last: float | None = None
+    for packet in container.demux(stream):
+        if stop.is_set():
+            return
+        for frame in packet.decode():
+            if frame.time is not None:
+                t = float(frame.time)
+            else:  # no timestamp: one frame period after the previous one
+                t = 0.0 if last is None else last + step
+            last = t
+            yield frame.to_ndarray(format="rgb24"), t
+
+
+def _frame_step(container: Any) -> float:
+    """One frame period of the container's first video stream in seconds (0.0: unknown)."""
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate
+    return 1.0 / float(rate) if rate else 0.0
+
+
+class _TailReader:
+    """A read-only, unseekable file object over a growing file: at the current end of the file
+    ``read`` waits for more bytes, and returns b"" (end of stream) once ``stop`` is set or the
+    file has not grown for ``end_after_s`` seconds."""
+
+    def __init__(self, path: str, stop: threading.Event, poll_s: float,
+                 end_after_s: float | None) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._stop = stop
+        self._poll_s = poll_s
+        self._end_after_s = end_after_s
+
+    def read(self, size: int = -1) -> bytes:
+        since = time.monotonic()
+        while not self._stop.is_set():
+            data = self._file.read(size)
+            if data:
+                return data
+            if self._end_after_s is not None and time.monotonic() - since >= self._end_after_s:
+                break
+            self._stop.wait(self._poll_s)
+        return b""
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class FollowFile(Source):
+    """A video file that is still being written, followed like ``tail -f``.
+
+    The file is read as one unseekable byte stream: at its current end the reader waits
+    (checking every ``poll_s`` seconds) for the writer to append more, so frames come out as
+    soon as their packets are complete. It ends when the file has not grown for
+    ``end_after_s`` seconds (None: never; the capture's ``give_up_s`` can still end it).
+
+    What can be followed: streamable containers, whose index is not at the end of the file:
+    MPEG-TS (what recorders and HLS write; frames come out a packet at a time), fragmented MP4
+    (a fragment at a time) and Matroska/WebM (a cluster at a time). A plain MP4 whose ``moov``
+    atom is written at the end cannot be followed: nothing decodes before the writer has
+    finished, and a file larger than FFmpeg's read buffer then fails, since an unseekable read
+    cannot go back from the index to the frames; take such files with :class:`SegmentDir`.
+
+    ``options`` are FFmpeg format options (defaults: probesize 32768 bytes, analyzeduration
+    0.2 s, so the first frames come out at once; raise them for a high-bitrate stream whose
+    codec parameters come later). The file must exist when the source starts (ValueError
+    otherwise, in the capture's stats); data it cannot open or decode ends the source with
+    the decoder's error naming the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, poll_s: float = 0.05,
+                 end_after_s: float | None = None, options: dict[str, str] | None = None
+                 ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.poll_s = _check_seconds("poll_s", poll_s)
+        self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
+        # Small probe sizes: decoding starts from the first packets, not after 5 s of video.
+        self.options = {"probesize": "32768", "analyzeduration": "200000", **(options or {})}
+
+    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
+        av = _import("av", "av", "following a video file")
+        if not os.path.isfile(self.path):
+            raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
+        reader = _TailReader(self.path, stop, self.poll_s, self.end_after_s)
+        try:
+            try:
+                container = av.open(reader, options=self.options)
+            except av.FFmpegError as err:
+                if stop.is_set():
+                    return
+                raise ValueError(f"followed video {self.path!r} cannot be opened by PyAV "
+                                 f"(not a streamable video format?): {err}") from err
+            with container:
+                origin: float | None = None
+                try:
+                    for image, t in _decode(container, stop, f"followed video {self.path!r}"):
+                        origin = t if origin is None else origin
+                        yield torch.from_numpy(image), t - origin
+                except av.FFmpegError as err:
+                    raise ValueError(f"followed video {self.path!r} failed while decoding: "
+                                     f"{_error_text(err)}") from err
+        finally:
+            reader.close()
+
+
+class UrlSource(Source):
+    """Whatever PyAV (FFmpeg) opens: ``rtsp://``, ``http(s)://`` (an HLS playlist, a TS or
+    fMP4 stream), a local file. Ends when the stream ends.
+
+    ``open_timeout_s`` bounds connecting and ``read_timeout_s`` each read (FFmpeg's own
+    timeouts), so a dead or stalled server raises instead of hanging; a URL that cannot be
+    opened raises ValueError naming it (the capture reports it in its stats).
+    """
+
+    def __init__(self, url: str, *, open_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
+                 options: dict[str, str] | None = None) -> None:
+        super().__init__()
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"url must be a non-empty str, got {url!r}")
+        self.url = url
+        self.open_timeout_s = _check_seconds("open_timeout_s", open_timeout_s)
+        self.read_timeout_s = _check_seconds("read_timeout_s", read_timeout_s)
+        self.options = dict(options or {})
+
+    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
+        av = _import("av", "av", "opening a video URL")
+        try:
+            container = av.open(self.url, options=self.options,
+                                timeout=(self.open_timeout_s, self.read_timeout_s))
+        except (av.FFmpegError, OSError) as err:
+            raise ValueError(f"video URL {self.url!r} cannot be opened by PyAV: {err}") from err
+        with container:
+            origin: float | None = None
+            try:
+                for image, t in _decode(container, stop, f"video URL {self.url!r}"):
+                    origin = t if origin is None else origin
+                    yield torch.from_numpy(image), t - origin
+            except av.FFmpegError as err:
+                raise ValueError(f"video URL {self.url!r} failed while reading: {err}") from err
+
+
+class SegmentDir(Source):
+    """Segment files (``extensions``) in a directory, as a recorder writes them, one after
+    another as one stream.
+
+    Segments are taken in ``order``: ``"name"`` (sorted file names; recorders number them with
+    zero padding) or ``"mtime"`` (modification time, then name). A segment is taken when a later
+    one exists, or when its size has been the same for ``settle_s`` seconds (the last segment,
+    once the recorder has finished it); every segment is taken once. Timestamps continue across
+    segments: a segment's frames are offset by the durations of the segments before it (the
+    last frame's time plus one frame period). A segment that cannot be opened or decoded is
+    skipped: ``segments_failed`` grows and ``errors`` gets "name: error" (frames it yielded
+    before failing stay, and its duration is what they covered); the stream goes on with the
+    next segment. The source ends when no segment is pending and none has appeared for
+    ``end_after_s`` seconds (None: never). The directory must exist (ValueError).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, order: str = "name",
+                 settle_s: float = 1.0, poll_s: float = 0.05, end_after_s: float | None = None,
+                 extensions: Sequence[str] = SEGMENT_EXTENSIONS) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        if order not in SEGMENT_ORDERS:
+            raise ValueError(f"order must be one of {SEGMENT_ORDERS}, got {order!r}")
+        if not os.path.isdir(self.path):
+            raise ValueError(f"segment directory {self.path!r} does not exist or is not a "
+                             "directory")
+        self.order = order
+        self.settle_s = _check_seconds("settle_s", settle_s, allow_zero=True)
+        self.poll_s = _check_seconds("poll_s", poll_s)
+        self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
+        if isinstance(extensions, str) or not extensions or not all(
+                isinstance(e, str) and e.startswith(".") for e in extensions):
+            raise ValueError(f"extensions must be a sequence of suffixes like '.ts', got "
+                             f"{extensions!r}")
+        self.extensions = tuple(e.lower() for e in extensions)
+
+    def _listing(self) -> list[tuple[str, int]]:
+        """(name, size) of the segment files, in the source's order."""
+        found = []
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                if not entry.name.lower().endswith(self.extensions):
+                    continue
+                try:
+                    if not entry.is_file():
+                        continue
+                    st = entry.stat()
+                except FileNotFoundError:  # removed meanwhile (a recorder's rolling window)
+                    continue
+                found.append((st.st_mtime_ns, entry.name, st.st_size))
+        if self.order == "name":
+            found.sort(key=lambda f: f[1])
+        else:
+            found.sort()
+        return [(name, size) for _, name, size in found]
+
+    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
+        av = _import("av", "av", "reading video segments")
+        done: set[str] = set()
+        sizes: dict[str, tuple[int, float]] = {}  # name -> (size, when it was first seen)
+        offset = 0.0
+        idle_since = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            pending = [(n, s) for n, s in self._listing() if n not in done]
+            ready = None
+            if pending:
+                name, size = pending[0]
+                if sizes.get(name, (None,))[0] != size:
+                    sizes[name] = (size, now)
+                if len(pending) > 1 or now - sizes[name][1] >= self.settle_s:
+                    ready = name
+            if ready is None:
+                if not pending and self.end_after_s is not None \
+                        and now - idle_since >= self.end_after_s:
+                    return
+                yield None
+                stop.wait(self.poll_s)
+                continue
+            done.add(ready)
+            sizes.pop(ready, None)
+            offset = yield from self._segment(av, ready, offset, stop)
+            idle_since = time.monotonic()
+
+    def _segment(self, av: Any, name: str, offset: float,
+                 stop: threading.Event) -> Iterator[RawFrame | None]:
+        """Yield one segment's frames at ``offset``; returns the next segment's offset."""
+        path = os.path.join(self.path, name)
+        origin: float | None = None
+        last: float | None = None
+        step = 0.0
+        try:
+            with av.open(path) as container:
+                if container.streams.video:
+                    step = _frame_step(container)
+                for image, t in _decode(container, stop, f"segment {name!r}"):
+                    origin = t if origin is None else origin
+                    if last is not None and t - origin <= last:
+                        continue  # not after the previous frame: never out of order
+                    last = t - origin
+                    yield torch.from_numpy(image), offset + last
+        except (av.FFmpegError, OSError, ValueError) as err:
+            self.segments_failed += 1
+            self.errors.append(f"{name}: {_error_text(err)}")
+        else:
+            if not stop.is_set():
+                self.segments_done += 1
+        return offset if last is None else offset + last + step
+
+
+class PushSource(Source):
+    """Frames pushed by a client (another thread): :meth:`push`, then :meth:`end`.
+
+    Pushing never blocks and never drops: frames wait here until the capture takes them (it
+    does at once; its bounded buffer applies the drop policy). Pushed tensors and arrays are
+    kept by reference, not copied: do not write into them after pushing.
+    """
+
+    def __init__(self, *, poll_s: float = 0.05) -> None:
+        super().__init__()
+        self.poll_s = _check_seconds("poll_s", poll_s)
+        self._queue: deque[RawFrame] = deque()
+        self._cond = threading.Condition()
+        self._ended = False
+        self._last: float | None = None
+
+    def push(self, frames: Any, timestamps: Sequence[float] | None = None, *,
+             fps: float | None = None, layout: str | None = None) -> None:
+        """Push uint8 ``frames``, (F, 3, H, W) or (F, H, W, 3) (torch or numpy; ``layout``
+        "FCHW" / "FHWC" when both read the same, i.e. H or W is 3), with either
+        ``timestamps`` (F seconds, strictly increasing and after every frame pushed before)
+        or ``fps`` (frame i at last + (i + 1) / fps, the first frame ever at 0.0).
+        ValueError for a bad shape, dtype, timestamps, or a push after :meth:`end`."""
+        if isinstance(frames, torch.Tensor):
+            tensor = frames
+        else:
+            try:
+                tensor = torch.as_tensor(frames)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise ValueError(f"frames must be a uint8 tensor or array, got "
+                                 f"{type(frames).__name__}") from err
+        if tensor.dtype != torch.uint8 or tensor.dim() != 4:
+            raise ValueError(f"frames must be uint8 (F, 3, H, W) or (F, H, W, 3), got "
+                             f"{tensor.dtype} {tuple(tensor.shape)}")
+        if layout not in (None, "FCHW", "FHWC"):
+            raise ValueError(f"layout must be None, 'FCHW' or 'FHWC', got {layout!r}")
+        first, last = tensor.shape[1] == 3, tensor.shape[-1] == 3
+        if layout is None:
+            if first and last:
+                raise ValueError(f"frames of shape {tuple(tensor.shape)} read as both (F, 3, H, "
+                                 "W) and (F, H, W, 3): give layout='FCHW' or 'FHWC'")
+            if not (first or last):
+                raise ValueError(f"frames must be (F, 3, H, W) or (F, H, W, 3), got "
+                                 f"{tuple(tensor.shape)}")
+            layout = "FCHW" if first else "FHWC"
+        if layout == "FCHW":
+            if not first:
+                raise ValueError(f"FCHW frames need 3 channels, got {tuple(tensor.shape)}")
+            tensor = tensor.permute(0, 2, 3, 1)
+        elif not last:
+            raise ValueError(f"FHWC frames need 3 channels, got {tuple(tensor.shape)}")
+        count = tensor.shape[0]
+        if (timestamps is None) == (fps is None):
+            raise ValueError("give exactly one of timestamps and fps")
+        rate = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
+        given = None if timestamps is None else [float(t) for t in timestamps]
+        if given is not None:
+            if len(given) != count:
+                raise ValueError(f"{count} frames need {count} timestamps, got {len(given)}")
+            if not all(math.isfinite(t) for t in given):
+                raise ValueError(f"timestamps must be finite, got {given}")
+        with self._cond:  # one pusher at a time: timestamps continue from the last push
+            if self._ended:
+                raise ValueError("push after end(): this source has ended")
+            last = self._last
+            if rate is not None:
+                start = 0.0 if last is None else last + 1.0 / rate
+                times = [start + i / rate for i in range(count)]
+            else:
+                times = given
+                chain = ([] if last is None else [last]) + times
+                if any(b <= a for a, b in zip(chain, chain[1:])):
+                    raise ValueError(f"timestamps must be strictly increasing and after the last "
+                                     f"pushed one ({last}), got {times}")
+            self._queue.extend(zip(tensor.unbind(0), times))
+            if times:
+                self._last = times[-1]
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        """No more frames: the source ends once the capture has taken the pushed ones."""
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
+        while not stop.is_set():
+            with self._cond:
+                if not self._queue and not self._ended:
+                    self._cond.wait(self.poll_s)
+                item = self._queue.popleft() if self._queue else None
+                if item is None and self._ended:
+                    return
+            yield item
