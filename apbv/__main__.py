@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     watch.add_argument("--model", help="checkpoint directory (model.path)")
     watch.add_argument("--source", required=True,
                        help="a URL (rtsp://, http(s)://), a directory of segments, or a video "
-                            "file (.ts/.mkv/.webm followed as they grow, others read whole)")
+                            "file (followed as it grows)")
     watch.add_argument("--fps", type=float, default=2.0, help="frames sampled per second")
     watch.add_argument("--window-s", type=float, help="keep the last S seconds of video")
     watch.add_argument("--window-tokens", type=int,
@@ -351,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     watch.add_argument("--question", help="the periodic question (with --ask-every)")
     watch.add_argument("--until-eof", action="store_true",
                        help="stop at the end of stdin (questions, one per line)")
-    watch.add_argument("--follow", action=argparse.BooleanOptionalAction, default=None,
-                       help="follow a file as it grows (default: by its suffix)")
+    watch.add_argument("--no-follow", dest="follow", action="store_false",
+                       help="read a file source to its end at once, as a finished recording "
+                            "(default: follow it as it grows, ending --end-after-s after it "
+                            "stops growing; a growing file must be streamable: .ts, .mkv, "
+                            "fragmented .mp4)")
     watch.add_argument("--end-after-s", type=float, default=10.0,
                        help="a followed file or segment directory ends after this long "
                             "without news (0: never)")

@@ -32,17 +32,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from apbv import comm
 from apbv.distributed import DistInfo
-
-FOLLOWED_SUFFIXES = (".ts", ".mkv", ".webm")
-"""File types followed as they grow by default; others (an .mp4 usually has its index at the
-end) are read as a finished recording unless ``follow`` is set."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +57,9 @@ class WatchOptions:
     question: str | None = None
     until_eof: bool = False
     """Stop at the end of stdin (else stdin ending changes nothing)."""
-    follow: bool | None = None
-    """A file: follow it as it grows (None: by its suffix, FOLLOWED_SUFFIXES)."""
+    follow: bool = True
+    """A file: follow it as it grows (FollowFile: it ends ``end_after_s`` after it stops
+    growing); False: read it to its end as a finished recording (UrlSource)."""
     end_after_s: float | None = 10.0
     """A followed file or a segment directory ends after this long without news."""
     buffer_frames: int = 256
@@ -94,7 +90,7 @@ class WatchOptions:
 
 def open_source(options: WatchOptions) -> Any:
     """The :mod:`apbv.stream` source for ``options.source``: UrlSource for a URL, SegmentDir
-    for a directory, FollowFile (or UrlSource for a finished recording) for a file."""
+    for a directory, FollowFile for a file (UrlSource for a finished one, ``follow=False``)."""
     from apbv.stream import FollowFile, SegmentDir, UrlSource
 
     where = options.source
@@ -104,10 +100,7 @@ def open_source(options: WatchOptions) -> Any:
         return SegmentDir(where, end_after_s=options.end_after_s)
     if not os.path.isfile(where):
         raise ValueError(f"source {where!r} is not a URL, a directory or an existing file")
-    follow = options.follow
-    if follow is None:
-        follow = Path(where).suffix.lower() in FOLLOWED_SUFFIXES
-    if follow:
+    if options.follow:
         return FollowFile(where, end_after_s=options.end_after_s)
     return UrlSource(where)
 

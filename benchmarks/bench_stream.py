@@ -133,6 +133,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
             "append_s_total": total_append, "appends": len(appends),
             "append_s_mean": total_append / len(appends),
             "append_s_last": sum(appends[seg_t0:][-10:]) / len(appends[seg_t0:][-10:]),
+            "append_s_max": max(appends), "ask_wall_s": ask_wall,
             "append_stage_s": described["seconds"],
             "lag_s": lag, "lag_max_s": lag_max,
             "kv_bytes_max_stream": best.kv_cache_bytes_max,
