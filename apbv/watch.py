@@ -15,10 +15,11 @@ source when frames came after the last mark. A stdin question is asked after the
 with it (as soon as the stream holds a whole temporal patch).
 
 The loop ends when the source ends (pending questions answered first), at the end of stdin
-with ``until_eof``, or on SIGINT / SIGTERM (Ctrl-C; a second one interrupts at once): every
-iteration the ranks agree on a stop (:func:`apbv.comm.any_rank`), so none is left waiting in a
-collective. Source errors are printed as they come (a skipped corrupt segment: the stream goes
-on); a source that fails ends the stream with that error.
+with ``until_eof`` (once the questions read are answered), or on SIGINT / SIGTERM (Ctrl-C; a
+second one interrupts at once): every iteration the ranks agree on a stop
+(:func:`apbv.comm.any_rank`), so none is left waiting in a collective. Source errors are
+printed as they come (a skipped corrupt segment: the stream goes on); a source that fails ends
+the stream with that error.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ import torch
 
 from apbv import comm
 from apbv.distributed import DistInfo
+
+MAX_STEP_FRAMES = 32
+"""Frames one loop iteration takes from the capture and broadcasts at most."""
 
 
 @dataclass(frozen=True)
@@ -156,14 +160,14 @@ class _Planner:
         self.t0: float | None = None
         self.next_mark = options.ask_every
         self.appended = 0
-        self.since_ask = 0  # frames appended since the last periodic ask
+        self.asked_patches = 0  # whole temporal patches held at the last periodic ask
         self.errors_seen = 0
 
     def step(self) -> dict[str, Any]:
         """The next message: {"steps": [...], "stop": why the loop ends (None: it goes on),
         "error": the source's error, "stats": the capture's stats (not broadcast)}."""
         opts = self.options
-        frames = self.capture.take(timeout=0.0 if self.pending else 0.2)
+        frames = self.capture.take(MAX_STEP_FRAMES, timeout=0.0 if self.pending else 0.2)
         while True:
             try:
                 self.pending.append(self.lines.get_nowait())
@@ -178,7 +182,6 @@ class _Planner:
                 steps.append(("append", torch.stack([f.image for f in batch]),
                               [f.timestamp for f in batch]))
                 self.appended += len(batch)
-                self.since_ask += len(batch)
                 batch.clear()
 
         for frame in frames:
@@ -188,7 +191,7 @@ class _Planner:
                 flush()
                 if self.appended >= 2:
                     steps.append(("ask", opts.question, "every", self.next_mark))
-                    self.since_ask = 0
+                    self.asked_patches = self.appended // 2
                 self.next_mark += opts.ask_every
             batch.append(frame)
         flush()
@@ -198,12 +201,13 @@ class _Planner:
         drained = stats["ended"] and not stats["buffered"] and not frames
         stop, error = None, None
         if drained:
-            if opts.ask_every is not None and self.since_ask and self.appended >= 2:
+            if opts.ask_every is not None and self.appended // 2 > self.asked_patches:
                 steps.append(("ask", opts.question, "end", None))
-                self.since_ask = 0
+                self.asked_patches = self.appended // 2
             stop = "the source failed" if stats["error"] else "the source ended"
             error = stats["error"]
-        elif opts.until_eof and self.eof.is_set() and self.lines.empty():
+        elif opts.until_eof and self.eof.is_set() and self.lines.empty() and \
+                not self.pending:
             stop = "end of input"
         if stop is not None and self.pending:
             steps += [("unanswered", q) for q in self.pending]
