@@ -167,7 +167,8 @@ class _Planner:
         """The next message: {"steps": [...], "stop": why the loop ends (None: it goes on),
         "error": the source's error, "stats": the capture's stats (not broadcast)}."""
         opts = self.options
-        frames = self.capture.take(MAX_STEP_FRAMES, timeout=0.0 if self.pending else 0.2)
+        ready = self.pending and self.appended >= 2  # questions to answer now: no waiting
+        frames = self.capture.take(MAX_STEP_FRAMES, timeout=0.0 if ready else 0.2)
         while True:
             try:
                 self.pending.append(self.lines.get_nowait())
