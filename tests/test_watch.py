@@ -85,9 +85,12 @@ def test_watch_answers_equal_one_shot_exact(tmp_path, tiny_model_dir) -> None:
     (lambda d: (d / "noise.ts").write_bytes(b"not a video " * 100) and d / "noise.ts",
      "the source failed before any frame"),
 ])
-def test_watch_bad_source_is_a_clear_error(tmp_path, tiny_model_dir, make, message) -> None:
-    run = _watch("--config", "tiny_cpu", "--model", str(tiny_model_dir), "--source",
+def test_watch_bad_source_is_a_clear_error(capsys, tmp_path, tiny_model_dir, make,
+                                           message) -> None:
+    from apbv.__main__ import main
+
+    code = main(["watch", "--config", "tiny_cpu", "--model", str(tiny_model_dir), "--source",
                  str(make(tmp_path)), "--end-after-s", "0.5", "--ask-every", "4",
-                 "--question", QUESTION)
-    assert run.returncode == 2, (run.stdout, run.stderr[-3000:])
-    assert run.stderr.startswith("error: ") and message in run.stderr, run.stderr
+                 "--question", QUESTION])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err, err
