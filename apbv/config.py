@@ -24,6 +24,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from apbv.attention.kernels import BACKENDS
+from apbv.model.vision_attention import VISION_ATTENTION
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
@@ -217,6 +218,16 @@ class CacheConfig:
 
 
 @dataclass
+class VisionConfig:
+    attention: str = "grouped"
+    """Vision tower attention: grouped (equal-size windows in one call per size; one varlen
+    call on CUDA) or per_window (the stock path: one SDPA call per window)."""
+
+    def __post_init__(self) -> None:
+        _one_of("vision.attention", self.attention, VISION_ATTENTION)
+
+
+@dataclass
 class RuntimeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
@@ -224,6 +235,7 @@ class RuntimeConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
 
 
 def _section_types() -> dict[str, type]:

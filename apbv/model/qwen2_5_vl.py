@@ -4,7 +4,9 @@ No modeling file is forked. The decoder's attention is routed through transforme
 registry: the text model runs with ``attn_implementation="apbv"``, whose function hands the
 post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` installed around the
 forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
-vision tower keeps PyTorch SDPA.
+vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
+:mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
+varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path.
 
 Every difference between transformers versions is handled in this module (and, for writing the
 tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
@@ -24,6 +26,12 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
 - ``from_pretrained``'s dtype argument: ``dtype`` (``torch_dtype`` before 4.56);
 - attention registry: ``AttentionInterface.register``; an implementation the mask registry does
   not know gets no mask built, on 4.57 as on 5.x;
+- vision attention: 5.x hands the packed sequence of a block with its ``cu_seqlens`` (one call
+  per block) to every implementation whose name contains "flash", hence the name of
+  :data:`VISION_ATTN_IMPLEMENTATION`; 4.57 does so only for ``flash_attention_2`` and calls
+  ours once per window, which stays exact but is not grouped. The implementation is set on
+  the loaded vision config (:func:`set_vision_attention`), not passed to ``from_pretrained``,
+  whose checks would treat the name as a flash-attn kernel to fetch;
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
   (see :mod:`apbv.positions`).
@@ -48,9 +56,12 @@ from transformers.utils import logging as hf_logging
 
 from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.vision_attention import VISION_ATTENTION, hf_vision_attention
 from apbv.positions import video_token_runs
 
 ATTN_IMPLEMENTATION = "apbv"
+VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
+"""The grouped vision attention's registry name ("flash": see the drift notes above)."""
 SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 V5 = TRANSFORMERS_VERSION.major >= 5
@@ -113,8 +124,20 @@ def _hf_attention(
 
 
 def register_attention() -> None:
-    """Make ``attn_implementation="apbv"`` known to transformers (idempotent)."""
+    """Make the ``apbv`` decoder and vision attentions known to transformers (idempotent)."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, _hf_attention)
+    AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, hf_vision_attention)
+
+
+def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
+    """Select the vision tower's attention: ``grouped`` (one call per window size, or one
+    varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
+    if name not in VISION_ATTENTION:
+        raise ValueError(f"vision.attention must be one of {', '.join(VISION_ATTENTION)}, "
+                         f"got {name!r}")
+    register_attention()
+    config = model.model.visual.config
+    config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
 
 
 def _grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
@@ -267,8 +290,10 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
     return config
 
 
-def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenVL:
-    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode.
+def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
+         vision_attention: str = "grouped") -> QwenVL:
+    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
+    ``vision_attention``: see :func:`set_vision_attention`.
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
     wrong or incomplete checkpoint is a ValueError before any weight is read.
@@ -287,5 +312,6 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenV
         **dtype_kwargs(dtype),
     )
     model.to(device).eval()
+    set_vision_attention(model, vision_attention)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return QwenVL(model=model, processor=processor)
