@@ -28,6 +28,7 @@ from apbv.model.vision_attention import VISION_ATTENTION
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
+from apbv.video.patches import PREPROCESS
 
 PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The presets shipped inside the package (a wheel install has only these)."""
@@ -223,8 +224,16 @@ class VisionConfig:
     """Vision tower attention: grouped (equal-size windows in one call per size; one varlen
     call on CUDA) or per_window (the stock path: one SDPA call per window)."""
 
+    preprocess: str = "fused"
+    """Frames to patch rows: fused (apbv.video.patches: the processor's rows bit for bit, in
+    fewer passes) or processor (the HF video processor itself)."""
+    preprocess_workers: int = 1
+    """Threads that turn frames into patch rows (fused only), chunk by chunk."""
+
     def __post_init__(self) -> None:
         _one_of("vision.attention", self.attention, VISION_ATTENTION)
+        _one_of("vision.preprocess", self.preprocess, PREPROCESS)
+        _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)
 
 
 @dataclass

@@ -58,6 +58,7 @@ from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.vision_attention import VISION_ATTENTION, hf_vision_attention
 from apbv.positions import video_token_runs
+from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
@@ -140,6 +141,21 @@ def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -
     config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
 
 
+def patch_spec(video_processor: Any) -> PatchSpec | None:
+    """The processor's settings for :func:`apbv.video.patches.patch_rows`, or None when it
+    does something else than rescale + normalise (then the processor itself runs)."""
+    vp = video_processor
+    if not (getattr(vp, "do_rescale", False) and getattr(vp, "do_normalize", False)):
+        return None
+    mean, std = vp.image_mean, vp.image_std
+    if not (isinstance(mean, (list, tuple)) and len(mean) == 3
+            and isinstance(std, (list, tuple)) and len(std) == 3):
+        return None
+    return PatchSpec(patch_size=vp.patch_size, merge_size=vp.merge_size,
+                     temporal_patch_size=vp.temporal_patch_size, mean=tuple(mean),
+                     std=tuple(std), rescale_factor=vp.rescale_factor)
+
+
 def _grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
     grid = torch.as_tensor(grid_thw, dtype=torch.long)
     if grid.dim() == 1:
@@ -155,6 +171,9 @@ class QwenVL:
 
     model: Qwen2_5_VLForConditionalGeneration
     processor: Any
+    preprocess: str = "fused"
+    """Frames to patch rows: fused (apbv.video.patches) or processor (the HF processor)."""
+    preprocess_workers: int = 1
 
     @property
     def text_config(self) -> Any:
@@ -206,7 +225,10 @@ class QwenVL:
 
         No resizing and no frame sampling happen here: :mod:`apbv.video` samples and resizes
         (qwen-vl-utils' rules, its per-frame pixel cap included). An odd frame count is padded
-        with the last frame, as the processor does.
+        with the last frame, as the processor does. The rows equal the video processor's bit
+        for bit (:mod:`apbv.video.patches`, ``preprocess_workers`` threads), or are the
+        processor's own (``preprocess="processor"``, or settings other than rescale and
+        normalise).
         """
         vp = self.processor.video_processor
         factor = vp.patch_size * vp.merge_size
@@ -219,6 +241,9 @@ class QwenVL:
         if height % factor or width % factor:
             raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
                              "the frames first (apbv.video does)")
+        spec = patch_spec(vp) if self.preprocess == "fused" else None
+        if spec is not None:  # the processor's arithmetic in fewer passes (apbv.video.patches)
+            return patch_rows(frames, spec, workers=self.preprocess_workers)
         processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
                        return_tensors="pt", **video_processor_kwargs(vp))
         t, h, w = (int(x) for x in processed["video_grid_thw"][0].tolist())
@@ -291,14 +316,19 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
-         vision_attention: str = "grouped") -> QwenVL:
+         vision_attention: str = "grouped", preprocess: str = "fused",
+         preprocess_workers: int = 1) -> QwenVL:
     """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
-    ``vision_attention``: see :func:`set_vision_attention`.
+    ``vision_attention``: see :func:`set_vision_attention`; ``preprocess``,
+    ``preprocess_workers``: how :meth:`QwenVL.process_frames` makes patch rows.
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
     wrong or incomplete checkpoint is a ValueError before any weight is read.
     """
     path = validate_checkpoint(path)
+    if preprocess not in PREPROCESS:
+        raise ValueError(f"vision.preprocess must be one of {', '.join(PREPROCESS)}, "
+                         f"got {preprocess!r}")
     if TRANSFORMERS_VERSION < Version("4.57"):
         raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
                          f"transformers{SUPPORTED_TRANSFORMERS}")
@@ -314,4 +344,5 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     model.to(device).eval()
     set_vision_attention(model, vision_attention)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return QwenVL(model=model, processor=processor)
+    return QwenVL(model=model, processor=processor, preprocess=preprocess,
+                  preprocess_workers=preprocess_workers)

@@ -185,6 +185,11 @@ def test_process_frames_matches_the_processor(qwen: QwenVL) -> None:
     assert grid == (3, 2, 4) and odd.shape[0] == 3 * 2 * 4
     padded, _ = qwen.process_frames(torch.cat([wide, wide[-1:]]))
     assert torch.equal(odd, padded)
+    # The fused path (several chunks on 2 threads) against the processor itself, bit for bit.
+    fused = QwenVL(qwen.model, qwen.processor, preprocess_workers=2)
+    stock = QwenVL(qwen.model, qwen.processor, preprocess="processor")
+    frames = _frames(37, size=84)
+    assert torch.equal(fused.process_frames(frames)[0], stock.process_frames(frames)[0])
 
 
 def test_process_frames_rejects_bad_frames(qwen: QwenVL) -> None:
