@@ -14,6 +14,7 @@ Attention stays exact: each query sees exactly the keys of its own segment.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from typing import Any
 
 import torch
@@ -131,7 +132,10 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             max_seqlen = int((cu[1:] - cu[:-1]).max())
         if kernel is _flash_varlen():
             return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=scale)
-        return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+        if "scale" in inspect.signature(kernel).parameters:
+            return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+        if scale == q.shape[-1] ** -0.5:  # older PyTorch: the default scale only
+            return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen)
     return _grouped(q, k, v, cu_seqlens, scale)
 
 
