@@ -46,7 +46,8 @@ class Hardware:
     vision_layer_overhead_s: float
     """Host seconds per vision block, besides its attention calls."""
     call_overhead_s: float
-    """Host seconds per attention call of the vision tower (SDPA runs once per window)."""
+    """Host seconds per attention call of the vision tower (the stock path: one per window;
+    grouped: one per window size and block)."""
     host_overlaps_device: bool = False
     """True on GPUs: the host queues work ahead, so a layer costs max(host, device) time; False
     on CPUs: host and compute add up."""
