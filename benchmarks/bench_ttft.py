@@ -99,8 +99,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "video.min_pixels=3136", f"parallel.timeout_s={args.timeout}"]
         cfg = load_config(args.config, base)
         old_cfg = load_config(args.config, [*base, *OLD_PATH])
-        runs = [(mode, "new", cfg) for mode in args.modes.split(",")]
-        runs += [(mode, "old", old_cfg) for mode in args.old_modes.split(",") if mode]
+        old_modes = [mode for mode in args.old_modes.split(",") if mode]
+        runs = []  # each old run right after its new one: the least drift between the two
+        for mode in dict.fromkeys(args.modes.split(",") + old_modes):
+            runs += [(mode, "new", cfg)] if mode in args.modes.split(",") else []
+            runs += [(mode, "old", old_cfg)] if mode in old_modes else []
         rows = []
         for mode, variant, run_cfg in runs:
             world = 1 if mode == "full" else args.world_size
