@@ -31,7 +31,6 @@ reads it, and ``apbv.cost.CPU`` holds the committed values.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 
 from apbv import comm
 from apbv.cost import Hardware
+from apbv.cost.hardware import write_calibration
 from apbv.distributed import DistInfo, spawn_local
 from apbv.timing import best_time
 
@@ -295,13 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": platform.machine(),
         "seconds": time.perf_counter() - started,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    for name, value in hw.to_json().items():
-        print(f"{name:>24} {value}")
-    print(json.dumps({"benchmark": "calibrate_cpu", "out": str(out),
-                      "seconds": round(report["seconds"], 1)}))
+    write_calibration(args.out, report, "calibrate_cpu")
 
 
 if __name__ == "__main__":

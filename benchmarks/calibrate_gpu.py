@@ -24,12 +24,10 @@ measure keeps the ``h200`` preset's value and is listed under ``"not_measured"``
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +35,7 @@ import torch.nn.functional as F
 
 from apbv.attention import kernels
 from apbv.cost import Hardware, hardware
+from apbv.cost.hardware import write_calibration
 
 # (7B-shaped sizes, toy sizes for --dry-run)
 SIZES = {
@@ -245,13 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": platform.machine(),
         "seconds": time.perf_counter() - started,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    for name, value in hw.to_json().items():
-        print(f"{name:>24} {value}")
-    print(json.dumps({"benchmark": "calibrate_gpu", "out": str(out),
-                      "seconds": round(report["seconds"], 1)}))
+    write_calibration(args.out, report, "calibrate_gpu")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,21 @@ HARDWARE_PRESETS: dict[str, Hardware] = {
 }
 
 
+def write_calibration(path: str | Path, report: dict[str, Any], name: str) -> None:
+    """Write a calibration ``report`` (``{"hardware": Hardware.to_json(), ...}``, the form
+    :meth:`Hardware.from_json` reads) to ``path``, print its constants and one JSON line
+    naming the benchmark ``name``, the file and the seconds it took."""
+    import json
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    for key, value in report["hardware"].items():
+        print(f"{key:>24} {value}")
+    print(json.dumps({"benchmark": name, "out": str(out),
+                      "seconds": round(report["seconds"], 1)}))
+
+
 def hardware(name_or_path: str | Path) -> Hardware:
     """A preset of :data:`HARDWARE_PRESETS` by name, or a JSON file (:meth:`Hardware.from_json`)."""
     if str(name_or_path) in HARDWARE_PRESETS:
