@@ -24,6 +24,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from apbv.attention.kernels import BACKENDS
+from apbv.model.patch_embed import PATCH_EMBED
 from apbv.model.vision_attention import VISION_ATTENTION
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
@@ -223,6 +224,9 @@ class VisionConfig:
     attention: str = "grouped"
     """Vision tower attention: grouped (equal-size windows in one call per size; one varlen
     call on CUDA) or per_window (the stock path: one SDPA call per window)."""
+    patch_embed: str = "linear"
+    """Vision patch embedding: linear (one matrix product of the patch rows with the
+    flattened kernel) or conv (the stock Conv3d)."""
 
     preprocess: str = "fused"
     """Frames to patch rows: fused (apbv.video.patches: the processor's rows bit for bit, in
@@ -232,6 +236,7 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         _one_of("vision.attention", self.attention, VISION_ATTENTION)
+        _one_of("vision.patch_embed", self.patch_embed, PATCH_EMBED)
         _one_of("vision.preprocess", self.preprocess, PREPROCESS)
         _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)
 

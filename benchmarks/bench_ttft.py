@@ -13,9 +13,10 @@ kept. Every method uses the same sampler, the same timer (a device sync closes e
 reports the slowest rank. Each mode's first token is compared with exact attention's.
 
 ``--old-modes`` runs those modes a second time on the old vision and preprocessing path
-(``vision.attention=per_window``: one SDPA call per window; ``vision.preprocess=processor``:
-the HF video processor), as rows of variant ``old``; the summary prints the vision and
-preprocess stages old over new. Ratios to full and zigzag_ring compare rows of one variant.
+(``vision.attention=per_window``: one SDPA call per window; ``vision.patch_embed=conv``: the
+stock Conv3d; ``vision.preprocess=processor``: the HF video processor), as rows of variant
+``old``; the summary prints the vision and preprocess stages old over new. Ratios to full and
+zigzag_ring compare rows of one variant.
 
 Videos: synthetic, ``--frames`` frames at 2 fps for each ``--resolution`` (frames are sampled
 whole, so a WxH video gives (W/28)*(H/28) tokens per 2 frames). Output: JSON lines
@@ -40,8 +41,10 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
 from apbv.timing import TTFT_STAGES as STAGES
 
-OLD_PATH = ("vision.attention=per_window", "vision.preprocess=processor")
-"""The overrides of the ``old`` variant: the stock vision attention and the HF processor."""
+OLD_PATH = ("vision.attention=per_window", "vision.patch_embed=conv",
+            "vision.preprocess=processor")
+"""The overrides of the ``old`` variant: the stock vision attention and patch embedding, and
+the HF processor."""
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],

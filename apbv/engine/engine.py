@@ -68,6 +68,7 @@ class Engine:
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device),
                                  vision_attention=cfg.vision.attention,
+                                 patch_embed=cfg.vision.patch_embed,
                                  preprocess=cfg.vision.preprocess,
                                  preprocess_workers=cfg.vision.preprocess_workers)
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))

@@ -6,7 +6,9 @@ post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` inst
 forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
 vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
 :mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
-varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path.
+varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path. The patch
+embedding runs as one matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv``
+keeps the stock Conv3d).
 
 Every difference between transformers versions is handled in this module (and, for writing the
 tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
@@ -39,6 +41,7 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ from transformers.utils import logging as hf_logging
 
 from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.patch_embed import PATCH_EMBED, linear_patch_embed
 from apbv.model.vision_attention import VISION_ATTENTION, hf_vision_attention
 from apbv.positions import video_token_runs
 from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
@@ -139,6 +143,19 @@ def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -
     register_attention()
     config = model.model.visual.config
     config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
+
+
+def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
+    """Select the vision tower's patch embedding: ``linear`` (one matrix product,
+    :mod:`apbv.model.patch_embed`) or ``conv`` (the stock Conv3d). Only this instance changes."""
+    if name not in PATCH_EMBED:
+        raise ValueError(f"vision.patch_embed must be one of {', '.join(PATCH_EMBED)}, "
+                         f"got {name!r}")
+    embed = model.model.visual.patch_embed
+    if name == "linear":
+        embed.forward = types.MethodType(linear_patch_embed, embed)
+    else:
+        embed.__dict__.pop("forward", None)
 
 
 def patch_spec(video_processor: Any) -> PatchSpec | None:
@@ -321,10 +338,11 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
-         vision_attention: str = "grouped", preprocess: str = "fused",
-         preprocess_workers: int = 1) -> QwenVL:
+         vision_attention: str = "grouped", patch_embed: str = "linear",
+         preprocess: str = "fused", preprocess_workers: int = 1) -> QwenVL:
     """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
-    ``vision_attention``: see :func:`set_vision_attention`; ``preprocess``,
+    ``vision_attention``: see :func:`set_vision_attention`; ``patch_embed``: see
+    :func:`set_patch_embed`; ``preprocess``,
     ``preprocess_workers``: how :meth:`QwenVL.process_frames` makes patch rows.
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
@@ -348,6 +366,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     )
     model.to(device).eval()
     set_vision_attention(model, vision_attention)
+    set_patch_embed(model, patch_embed)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return QwenVL(model=model, processor=processor, preprocess=preprocess,
                   preprocess_workers=preprocess_workers)

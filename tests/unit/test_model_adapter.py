@@ -314,9 +314,42 @@ def test_rope_keys_of_the_other_major_version_load(
     reference = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(
         tiny_model_dir, local_files_only=True, attn_implementation="sdpa").eval()
     other.model.set_attn_implementation("sdpa")  # plain HF forward, outside an apbv step
+    qwen2_5_vl.set_patch_embed(other.model, "conv")  # bit-equal to the stock module
     ids = torch.tensor([[151652] + [VIDEO_PAD] * 8 + [151653, 3838]])
     pixels, grid = qwen.process_frames(_frames(4))
     with torch.inference_mode():
         logits = [m(input_ids=ids, pixel_values_videos=pixels,
                     video_grid_thw=torch.tensor([grid])).logits for m in (reference, other.model)]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
+    """The patch embedding as one matrix product equals the stock Conv3d (fp32: the same
+    sums in another order, within 1e-5 of the outputs' scale; fp64: to rounding), on the
+    embedding alone and through the tower."""
+    pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(2))
+    embed = qwen.model.model.visual.patch_embed
+    try:
+        with torch.inference_mode():
+            qwen2_5_vl.set_patch_embed(qwen.model, "conv")
+            assert "forward" not in embed.__dict__  # the stock module
+            stock, stock_tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
+            qwen2_5_vl.set_patch_embed(qwen.model, "linear")
+            linear, tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
+            linear64 = embed.double()(pixels.double())
+            qwen2_5_vl.set_patch_embed(qwen.model, "conv")
+            stock64 = embed(pixels.double())
+    finally:
+        embed.float()
+        qwen2_5_vl.set_patch_embed(qwen.model, "linear")
+    err, err64 = ((linear - stock).abs().max().item(), (linear64 - stock64).abs().max().item())
+    tower_err = (tower - stock_tower).abs().max().item()
+    scale, tower_scale = stock.abs().max().item(), stock_tower.abs().max().item()
+    # fp32 sums of 1176 products in another order: relative to the outputs' scale (the tiny
+    # model's weights are large: measured 7.8e-5 on outputs up to 64, 3.7e-4 on up to 95).
+    assert err <= 1e-5 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
+    assert err64 <= 1e-12 * scale, f"fp64 max abs error {err64:.3g}"
+    assert tower_err <= 1e-5 * tower_scale, (
+        f"tower fp32 max abs error {tower_err:.3g} (outputs up to {tower_scale:.3g})")
+    with pytest.raises(ValueError, match="vision.patch_embed must be one of linear, conv"):
+        qwen2_5_vl.set_patch_embed(qwen.model, "matmul")
