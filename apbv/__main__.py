@@ -242,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
                       help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
 
+    train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
+                                              "videos (CPU, about 15 minutes)")
+    train.add_argument("--out", required=True, help="checkpoint directory to write")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 450)")
+    train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--overwrite", action="store_true")
+
     video = sub.add_parser("make-test-video", help="write a synthetic test video")
     video.add_argument("--out", required=True, help="file to write (.mp4)")
     video.add_argument("--seconds", type=float, default=40.0)
@@ -323,6 +331,15 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
                                         size=args.size))
+            return 0
+        if args.command == "train-tiny":
+            from apbv.model.train_tiny import TrainConfig, train
+
+            overrides = {"steps": args.steps} if args.steps is not None else {}
+            cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
+            command = "python -m apbv " + " ".join(
+                a for a in (argv if argv is not None else sys.argv[1:]))
+            print(train(cfg, args.out, overwrite=args.overwrite, command=command))
             return 0
         if args.command == "make-test-video":
             from apbv.synthetic import write_test_video
