@@ -210,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="the whole pipeline on local CPU ranks, spava vs exact")
     _add_config_args(demo, default_preset="tiny_cpu")
     demo.add_argument("--world-size", type=int, default=2)
-    demo.add_argument("--video", help="video file (default: a generated test video)")
-    demo.add_argument("--question", default="What colour is the square at the end?")
+    demo.add_argument("--video", help="video file (default: a generated needle video, asked of "
+                                      "the trained tiny model)")
+    demo.add_argument("--question", help="question (default: the needle video's, or 'What "
+                                         "colour is the square at the end?' for --video)")
     demo.add_argument("--json", action="store_true", help="also print one JSON line")
 
     plan = sub.add_parser("plan", help="print the layout and memory without loading weights; "
@@ -323,8 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from apbv.demo import run_pipeline_demo
 
+            model_given = args.model is not None or any(
+                s.strip().startswith("model.path") for s in args.set)
             run_pipeline_demo(_config_from_args(args), world_size=args.world_size,
-                              video=args.video, question=args.question, as_json=args.json)
+                              video=args.video, question=args.question, as_json=args.json,
+                              model_given=model_given)
             return 0
         if args.command == "make-tiny-model":
             from apbv.model.tiny import write_tiny_checkpoint
