@@ -239,9 +239,11 @@ def write_vnbench(out: str, tokens: list[int], samples: int, depths: list[float]
         for attempt in range(4):  # VNBench's 4 tries: the options rotated
             rotated = options[attempt:] + options[:attempt]
             entries.append({"video": f"./VNBench/{name}", "question": sample.question,
-                            "options": rotated, "gt": rotated.index(sample.answer),
-                            "gt_option": sample.answer, "type": category[job["kind"]],
-                            "try": attempt})
+                            "options": rotated, "gt": sample.answer,
+                            "gt_option": "ABCD"[rotated.index(sample.answer)],
+                            "type": category[job["kind"]], "try": attempt,
+                            "needle_time": [t / FPS * 2 for t, _ in sample.needles],
+                            "length": sample.frames.shape[0] / FPS})
     path = root / "VNBench-main-4try.json"
     path.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
     return path
