@@ -47,7 +47,7 @@ KIND_SCHEDULE = ("retrieval", "ordering", "retrieval", "counting")
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    steps: int = 450
+    steps: int = 1200
     lr: float = 3e-3
     warmup: int = 30
     weight_decay: float = 0.0
@@ -55,8 +55,8 @@ class TrainConfig:
     """Shortest training video (temporal patches; 4 prompt tokens each)."""
     max_patches: int = 2048
     """Longest training video: about 8.3k prompt tokens."""
-    curriculum: tuple[tuple[float, int], ...] = ((0.0, 64), (0.3, 256), (0.55, 1024),
-                                                  (0.8, 2048))
+    curriculum: tuple[tuple[float, int], ...] = ((0.0, 64), (0.45, 256), (0.75, 1024),
+                                                  (0.92, 2048))
     """(fraction of the steps, longest video from then on, in patches); lengths are drawn
     log-uniformly between ``min_patches`` and the current longest."""
     eval_tokens: tuple[int, ...] = (2048, 8192)
