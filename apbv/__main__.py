@@ -11,12 +11,15 @@
         --model /ckpt/Qwen2.5-VL-7B-Instruct --mode spava [--limit N] [--compare exact]
     python -m apbv make-eval-fixtures --bench vnbench --out .cache/vnbench-fixture
     python -m apbv serve --world-size 2 --media-root ~/videos    # OpenAI-style HTTP server
+    torchrun --nproc_per_node 2 -m apbv watch --config tiny_cpu --source rtsp://cam/live \
+        --ask-every 10 --question "Is anyone at the door?"     # or questions on stdin
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -100,6 +103,43 @@ def _generate(args: argparse.Namespace) -> int:
     finally:
         destroy_distributed()
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from apbv.config import load_config
+    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.engine.engine import Engine
+    from apbv.engine.runtime import raise_if_any_failed
+    from apbv.watch import WatchOptions, run_watch
+
+    overrides = list(args.set)
+    if args.model is not None:
+        overrides.append(f"model.path={json.dumps(args.model)}")
+    if args.max_new_tokens is not None:
+        overrides.append(f"generate.max_new_tokens={args.max_new_tokens}")
+    cfg = load_config(args.config, overrides)
+    if not cfg.model.path:
+        raise ValueError("no model: pass --model DIR or set model.path in the config")
+    options = WatchOptions(  # checked before any work
+        source=args.source, fps=args.fps, window_s=args.window_s,
+        window_tokens=args.window_tokens, min_pixels=args.min_pixels,
+        max_pixels=args.max_pixels, max_new_tokens=cfg.generate.max_new_tokens,
+        ask_every=args.ask_every, question=args.question, until_eof=args.until_eof,
+        follow=args.follow, end_after_s=args.end_after_s or None,
+        buffer_frames=args.buffer_frames, as_json=args.json)
+    backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    try:
+        error = None  # a missing source is found before loading the model
+        if info.rank == 0 and "://" not in options.source and \
+                not os.path.exists(options.source):
+            error = ValueError(f"source {options.source!r} is not a URL, a directory or an "
+                               "existing file")
+        raise_if_any_failed(error, info.group)
+        return run_watch(Engine(cfg, info), info, options,
+                         questions=sys.stdin if info.rank == 0 else None)
+    finally:
+        destroy_distributed()
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -299,6 +339,40 @@ def main(argv: list[str] | None = None) -> int:
     attn.add_argument("--seed", type=int, default=0)
     attn.add_argument("--json", action="store_true", help="also print one JSON line")
 
+    watch = sub.add_parser("watch", help="watch a live video (file, segment directory, URL) "
+                                         "and answer questions as it plays (torchrun or one "
+                                         "process)")
+    watch.add_argument("--config", default=None, help="TOML preset name or path")
+    watch.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config value")
+    watch.add_argument("--model", help="checkpoint directory (model.path)")
+    watch.add_argument("--source", required=True,
+                       help="a URL (rtsp://, http(s)://), a directory of segments, or a video "
+                            "file (followed as it grows)")
+    watch.add_argument("--fps", type=float, default=2.0, help="frames sampled per second")
+    watch.add_argument("--window-s", type=float, help="keep the last S seconds of video")
+    watch.add_argument("--window-tokens", type=int,
+                       help="keep at most N video tokens per rank on average")
+    watch.add_argument("--min-pixels", type=int, help="per-frame pixel floor")
+    watch.add_argument("--max-pixels", type=int, help="per-frame pixel cap")
+    watch.add_argument("--max-new-tokens", type=int, help="generate.max_new_tokens")
+    watch.add_argument("--ask-every", type=float, metavar="S",
+                       help="ask --question every S seconds of video (and at the end)")
+    watch.add_argument("--question", help="the periodic question (with --ask-every)")
+    watch.add_argument("--until-eof", action="store_true",
+                       help="stop at the end of stdin (questions, one per line)")
+    watch.add_argument("--no-follow", dest="follow", action="store_false",
+                       help="read a file source to its end at once, as a finished recording "
+                            "(default: follow it as it grows, ending --end-after-s after it "
+                            "stops growing; a growing file must be streamable: .ts, .mkv, "
+                            "fragmented .mp4)")
+    watch.add_argument("--end-after-s", type=float, default=10.0,
+                       help="a followed file or segment directory ends after this long "
+                            "without news (0: never)")
+    watch.add_argument("--buffer-frames", type=int, default=256,
+                       help="captured frames waiting at most (then the oldest are dropped)")
+    watch.add_argument("--json", action="store_true", help="one JSON line per event")
+
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over H Ray rank actors")
     _add_config_args(serve, default_preset="tiny_cpu")
     from apbv.serve.main import add_serve_args
@@ -317,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "watch":
+            return _watch(args)
         if args.command == "make-eval-fixtures":
             from apbv.eval.fixtures import make_eval_fixtures
 

@@ -24,9 +24,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from apbv.attention.kernels import BACKENDS
+from apbv.model.vision_attention import VISION_ATTENTION
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
+from apbv.video.patches import PREPROCESS
 
 PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The presets shipped inside the package (a wheel install has only these)."""
@@ -217,6 +219,24 @@ class CacheConfig:
 
 
 @dataclass
+class VisionConfig:
+    attention: str = "grouped"
+    """Vision tower attention: grouped (equal-size windows in one call per size; one varlen
+    call on CUDA) or per_window (the stock path: one SDPA call per window)."""
+
+    preprocess: str = "fused"
+    """Frames to patch rows: fused (apbv.video.patches: the processor's rows bit for bit, in
+    fewer passes) or processor (the HF video processor itself)."""
+    preprocess_workers: int = 1
+    """Threads that turn frames into patch rows (fused only), chunk by chunk."""
+
+    def __post_init__(self) -> None:
+        _one_of("vision.attention", self.attention, VISION_ATTENTION)
+        _one_of("vision.preprocess", self.preprocess, PREPROCESS)
+        _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)
+
+
+@dataclass
 class RuntimeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
@@ -224,6 +244,7 @@ class RuntimeConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
 
 
 def _section_types() -> dict[str, type]:

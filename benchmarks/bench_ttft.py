@@ -3,12 +3,19 @@
     python benchmarks/bench_ttft.py --size tiny                  # tiny random model, 4k..32k tokens
     python benchmarks/bench_ttft.py --size medium --frames 64,128 --modes spava,zigzag_ring,full
     python benchmarks/bench_ttft.py --model /ckpt/Qwen2.5-VL-7B-Instruct ...   # a real checkpoint
+    python benchmarks/bench_ttft.py --size medium --frames 256 --modes spava,zigzag_ring,full \
+        --old-modes spava        # spava also on the old vision/preprocess path, side by side
 
 For each mode one set of ranks is started (H gloo ranks with one thread each; ``full`` is one
 process with H threads: the same total threads), the engine is loaded once, one untimed
 request warms it up, and then every video is answered ``--repeats`` times; the best TTFT is
 kept. Every method uses the same sampler, the same timer (a device sync closes each stage) and
 reports the slowest rank. Each mode's first token is compared with exact attention's.
+
+``--old-modes`` runs those modes a second time on the old vision and preprocessing path
+(``vision.attention=per_window``: one SDPA call per window; ``vision.preprocess=processor``:
+the HF video processor), as rows of variant ``old``; the summary prints the vision and
+preprocess stages old over new. Ratios to full and zigzag_ring compare rows of one variant.
 
 Videos: synthetic, ``--frames`` frames at 2 fps for each ``--resolution`` (frames are sampled
 whole, so a WxH video gives (W/28)*(H/28) tokens per 2 frames). Output: JSON lines
@@ -32,6 +39,9 @@ from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
 from apbv.timing import TTFT_STAGES as STAGES
+
+OLD_PATH = ("vision.attention=per_window", "vision.preprocess=processor")
+"""The overrides of the ``old`` variant: the stock vision attention and the HF processor."""
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
@@ -85,20 +95,27 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         frames = [int(x) for x in args.frames.split(",")]
         videos = _videos(root, frames, resolutions)
         max_pixels = max(w * h for w, h in resolutions)
-        cfg = load_config(args.config, [f"model.path={model!r}", "video.fps=2.0",
-                                        f"video.max_pixels={max_pixels}", "video.min_pixels=3136",
-                                        f"parallel.timeout_s={args.timeout}"])
+        base = [f"model.path={model!r}", "video.fps=2.0", f"video.max_pixels={max_pixels}",
+                "video.min_pixels=3136", f"parallel.timeout_s={args.timeout}"]
+        cfg = load_config(args.config, base)
+        old_cfg = load_config(args.config, [*base, *OLD_PATH])
+        old_modes = [mode for mode in args.old_modes.split(",") if mode]
+        runs = []  # each old run right after its new one: the least drift between the two
+        for mode in dict.fromkeys(args.modes.split(",") + old_modes):
+            runs += [(mode, "new", cfg)] if mode in args.modes.split(",") else []
+            runs += [(mode, "old", old_cfg)] if mode in old_modes else []
         rows = []
-        for mode in args.modes.split(","):
+        for mode, variant, run_cfg in runs:
             world = 1 if mode == "full" else args.world_size
             threads = args.world_size if mode == "full" else 1
-            print(f"[bench] {mode}: {world} rank(s) x {threads} thread(s)", file=sys.stderr,
-                  flush=True)
-            per_rank = spawn_local(_rank_job, world, (cfg, mode, videos, args.repeats),
+            print(f"[bench] {mode} ({variant}): {world} rank(s) x {threads} thread(s)",
+                  file=sys.stderr, flush=True)
+            per_rank = spawn_local(_rank_job, world, (run_cfg, mode, videos, args.repeats),
                                    threads_per_rank=threads, timeout_s=7200,
                                    collective_timeout_s=args.timeout)
             for i, row in enumerate(per_rank[0]):
                 row["rss_peak_mib_max"] = max(r[i]["rss_peak_mib"] for r in per_rank)
+                row["variant"] = variant
                 rows.append(row)
     _compare_with_exact(rows)
     return rows
@@ -107,7 +124,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _compare_with_exact(rows: list[dict]) -> None:
     """Add each row's first-token agreement with exact mode and its speedups."""
     def key(r: dict) -> tuple:
-        return r["video"]["frames"], r["video"]["width"], r["video"]["height"]
+        v = r["video"]
+        return v["frames"], v["width"], v["height"], r.get("variant", "new")
 
     by_mode = {(r["mode"], key(r)): r for r in rows}
     for r in rows:
@@ -124,20 +142,41 @@ def _ratio(x: float | None) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| mode | frames | size | prompt tokens | TTFT s | "
+    lines = ["| mode | variant | frames | size | prompt tokens | TTFT s | "
              + " | ".join(STAGES) + " | / full | / zigzag_ring | first token = exact | "
              "peak RSS MiB |",
-             "|---|---:|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---:|---|---:|"]
+             "|---|---|---:|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---:|---|---:|"]
     for r in rows:
         v = r["video"]
         agree = {True: "yes", False: "no", None: "-"}[r["first_token_agrees_with_exact"]]
         lines.append(
-            f"| {r['mode']} | {v['frames']} | {v['width']}x{v['height']} | "
+            f"| {r['mode']} | {r.get('variant', 'new')} | {v['frames']} | "
+            f"{v['width']}x{v['height']} | "
             f"{r['context_len'] + r['query_len']} | {r['ttft_s']:.3f} | "
             + " | ".join(f"{r['seconds'].get(s, 0.0):.3f}" for s in STAGES)
             + f" | {_ratio(r['ttft_over_full'])} | {_ratio(r['ttft_over_zigzag_ring'])} | {agree}"
             f" | {r['rss_peak_mib_max']:.0f} |")
     return "\n".join(lines)
+
+
+def old_over_new(rows: list[dict]) -> str:
+    """Per mode and video run in both variants: vision, preprocess and TTFT, old / new."""
+    new = {(r["mode"], r["video"]["frames"], r["video"]["width"], r["video"]["height"]): r
+           for r in rows if r.get("variant", "new") == "new"}
+    out = []
+    for r in rows:
+        if r.get("variant") != "old":
+            continue
+        v = r["video"]
+        other = new.get((r["mode"], v["frames"], v["width"], v["height"]))
+        if other is None:
+            continue
+        parts = [f"{s} {r['seconds'][s]:.3f} -> {other['seconds'][s]:.3f} s "
+                 f"(new/old {other['seconds'][s] / r['seconds'][s]:.2f})"
+                 for s in ("preprocess", "vision")]
+        out.append(f"{r['mode']} {v['frames']} frames {v['width']}x{v['height']}: "
+                   + "; ".join(parts) + f"; TTFT {r['ttft_s']:.3f} -> {other['ttft_s']:.3f} s")
+    return "\n".join(out)
 
 
 def plot(rows: list[dict], path: Path) -> bool:
@@ -177,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="random model size when --model is not given")
     parser.add_argument("--config", default="tiny_cpu", help="config preset")
     parser.add_argument("--modes", default=",".join(MODE_NAMES))
+    parser.add_argument("--old-modes", default="",
+                        help="modes also run on the old vision/preprocess path (comma-separated)")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--frames", default="32,64,128,256", help="comma-separated")
     parser.add_argument("--resolutions", default="448x448", help="comma-separated WxH")
@@ -185,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results/ttft_cpu",
                         help="output stem: writes STEM.jsonl, STEM.md and STEM.png")
     args = parser.parse_args(argv)
-    unknown = set(args.modes.split(",")) - set(MODE_NAMES)
+    unknown = (set(args.modes.split(",")) | set(filter(None, args.old_modes.split(","))))\
+        - set(MODE_NAMES)
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}; allowed: {', '.join(MODE_NAMES)}")
     rows = run(args)
@@ -197,8 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             f.write(json.dumps({**meta, **row}) + "\n")
     table = markdown(rows)
-    stem.with_suffix(".md").write_text(table + "\n")
+    side = old_over_new(rows)
+    stem.with_suffix(".md").write_text(table + "\n" + (f"\n```\n{side}\n```\n" if side else ""))
     print(table)
+    if side:
+        print(side)
     plotted = plot(rows, stem.with_suffix(".png"))
     print(json.dumps({"benchmark": "bench_ttft", **meta, "rows": len(rows),
                       "jsonl": str(stem.with_suffix(".jsonl")),

@@ -15,7 +15,8 @@ share the cores and the memory bus as in a benchmark, with the runtime's own cod
   (latency: one element; bandwidth: 4 MiB per rank);
 - preprocessing: apbv.video decoding and resizing a rank's frames of synthetic 448x448 videos
   with 8 and 64 frames per rank (seconds per pixel, and a fixed part), the checkpoint's video
-  processor on them, its tokenizer on a prompt with 20000 video placeholders;
+  processor's patch rows on them (``QwenVL.process_frames``), the prompt with 20000 video
+  placeholders (built by apbv.sequence.prompt_ids);
 - the vision tower's patch-embedding convolution;
 - host overhead: the tiny checkpoint's prefill (per decoder layer), vision tower (per block)
   and one vision attention call, on inputs too small to cost compute.
@@ -30,7 +31,6 @@ reads it, and ``apbv.cost.CPU`` holds the committed values.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from apbv import comm
 from apbv.cost import Hardware
+from apbv.cost.hardware import write_calibration
 from apbv.distributed import DistInfo, spawn_local
 from apbv.timing import best_time
 
@@ -96,15 +97,16 @@ def _gather_s(elements: int, repeats: int) -> float:
 
 
 def _call_s(module: torch.nn.Module, calls: int = 200) -> float:
-    """One attention call of the vision tower on a tiny window, as transformers makes it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    """One attention call of the vision tower on a tiny window, through the attention function
+    its config selects (``vision.attention``: the grouped one by default)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    attend = ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation]
     q, k, v = (torch.randn(1, module.num_heads, 4, module.head_dim) for _ in range(3))
 
     def run() -> None:
         for _ in range(calls):
-            sdpa_attention_forward(module, q, k, v, None, scaling=module.scaling,
-                                   is_causal=False)
+            attend(module, q, k, v, None, scaling=module.scaling, is_causal=False)
 
     return _best(run) / calls
 
@@ -293,13 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": platform.machine(),
         "seconds": time.perf_counter() - started,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    for name, value in hw.to_json().items():
-        print(f"{name:>24} {value}")
-    print(json.dumps({"benchmark": "calibrate_cpu", "out": str(out),
-                      "seconds": round(report["seconds"], 1)}))
+    write_calibration(args.out, report, "calibrate_cpu")
 
 
 if __name__ == "__main__":

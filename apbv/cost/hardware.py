@@ -46,7 +46,8 @@ class Hardware:
     vision_layer_overhead_s: float
     """Host seconds per vision block, besides its attention calls."""
     call_overhead_s: float
-    """Host seconds per attention call of the vision tower (SDPA runs once per window)."""
+    """Host seconds per attention call of the vision tower (the stock path: one per window;
+    grouped: one per window size and block)."""
     host_overlaps_device: bool = False
     """True on GPUs: the host queues work ahead, so a layer costs max(host, device) time; False
     on CPUs: host and compute add up."""
@@ -95,12 +96,12 @@ CPU = Hardware(
     link_bw=4.097e+08,
     link_latency_s=0.0003856,
     decode_s_per_pixel=1.547e-08,
-    process_s_per_pixel=3.827e-08,
+    process_s_per_pixel=2.079e-08,
     preprocess_fixed_s=0.008457,
-    tokenize_s_per_token=3.141e-06,
+    tokenize_s_per_token=1.026e-07,
     layer_overhead_s=0.004288,
     vision_layer_overhead_s=0.002112,
-    call_overhead_s=3.149e-05,
+    call_overhead_s=9.853e-05,
     host_overlaps_device=False,
     full_uses_all_ranks=True,
     thread_efficiency=0.9001,
@@ -155,6 +156,21 @@ HARDWARE_PRESETS: dict[str, Hardware] = {
     "h200-ib": h200(link_bw=IB_NDR_BW, name="h200-ib"),
     "cpu": CPU,
 }
+
+
+def write_calibration(path: str | Path, report: dict[str, Any], name: str) -> None:
+    """Write a calibration ``report`` (``{"hardware": Hardware.to_json(), ...}``, the form
+    :meth:`Hardware.from_json` reads) to ``path``, print its constants and one JSON line
+    naming the benchmark ``name``, the file and the seconds it took."""
+    import json
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    for key, value in report["hardware"].items():
+        print(f"{key:>24} {value}")
+    print(json.dumps({"benchmark": name, "out": str(out),
+                      "seconds": round(report["seconds"], 1)}))
 
 
 def hardware(name_or_path: str | Path) -> Hardware:

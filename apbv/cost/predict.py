@@ -115,6 +115,7 @@ def predict(
     video_start: int | None = None,
     anchor_len: int | None = None,
     passing_len: int | None = None,
+    vision_attention: str = "grouped",
 ) -> Prediction:
     """Predicted work and stage times of one request in ``mode`` on ``world_size`` ranks.
 
@@ -133,6 +134,7 @@ def predict(
         video_start: context tokens before the video; default ``dims.video_start`` (the
             chat template's, :func:`apbv.cost.work.template_video_start`).
         anchor_len, passing_len: override the mode's defaults, as the runtime's flags do.
+        vision_attention: ``grouped`` or ``per_window``, as ``vision.attention``.
     """
     spec = get_mode(mode)
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0 or frames % 2:
@@ -171,7 +173,10 @@ def predict(
                  + hw.process_s_per_pixel * resized)
     tokenize = hw.tokenize_s_per_token * plan.total_len
     preprocess = [hw.preprocess_fixed_s + tokenize + 2 * n * per_frame / m.scale for n in shares]
-    vision = [vision_cost(dims, n, grid, m) for n in shares]
+    if vision_attention not in ("grouped", "per_window"):
+        raise ValueError(f"vision_attention must be grouped or per_window, got "
+                         f"{vision_attention!r}")
+    vision = [vision_cost(dims, n, grid, m, vision_attention == "grouped") for n in shares]
     vision_s = [v[0] for v in vision]
 
     # Transfer: every rank's video embeddings to the ranks whose tokens they are.

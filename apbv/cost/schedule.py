@@ -117,9 +117,14 @@ def full_layer(plan: Plan, dims: ModelDims, m: Machine) -> float:
 
 
 def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine,
-                ) -> tuple[float, float]:
+                grouped: bool = True) -> tuple[float, float]:
     """(seconds, FLOPs) of the vision tower on ``patches`` temporal patches whose frames are a
-    merged rows x cols grid: patch embedding, windowed and full blocks, merger."""
+    merged rows x cols grid: patch embedding, windowed and full blocks, merger.
+
+    ``grouped`` (``vision.attention=grouped``, the default): a windowed block makes one
+    attention call per window size (at most four: interior, right and bottom edges, corner)
+    and a full block one call, whatever the number of windows and temporal patches;
+    otherwise (``per_window``, the stock path) one call per window and per temporal patch."""
     if patches == 0:
         return 0.0, 0.0
     merge, (rows, cols) = dims.spatial_merge_size, grid
@@ -147,7 +152,10 @@ def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine
                + dims.fullatt_blocks * m.attention(frame_pairs, heads, head_dim))
     flops += attention_flops(windowed * window_pairs + dims.fullatt_blocks * frame_pairs,
                              heads, head_dim)
-    calls = patches * (windowed * len(row_sizes) * len(col_sizes) + dims.fullatt_blocks)
+    if grouped:
+        calls = windowed * len(set(row_sizes)) * len(set(col_sizes)) + dims.fullatt_blocks
+    else:
+        calls = patches * (windowed * len(row_sizes) * len(col_sizes) + dims.fullatt_blocks)
     host = dims.vision_depth * m.hw.vision_layer_overhead_s + calls * m.hw.call_overhead_s
     return m.host(device, host), flops
 

@@ -66,7 +66,10 @@ class Engine:
         self.cfg = cfg
         self.info = info
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
-                                 dtype=_dtype(cfg.model.dtype, info.device))
+                                 dtype=_dtype(cfg.model.dtype, info.device),
+                                 vision_attention=cfg.vision.attention,
+                                 preprocess=cfg.vision.preprocess,
+                                 preprocess_workers=cfg.vision.preprocess_workers)
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""

@@ -4,7 +4,9 @@ No modeling file is forked. The decoder's attention is routed through transforme
 registry: the text model runs with ``attn_implementation="apbv"``, whose function hands the
 post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` installed around the
 forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
-vision tower keeps PyTorch SDPA.
+vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
+:mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
+varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path.
 
 Every difference between transformers versions is handled in this module (and, for writing the
 tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
@@ -24,6 +26,12 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
 - ``from_pretrained``'s dtype argument: ``dtype`` (``torch_dtype`` before 4.56);
 - attention registry: ``AttentionInterface.register``; an implementation the mask registry does
   not know gets no mask built, on 4.57 as on 5.x;
+- vision attention: 5.x hands the packed sequence of a block with its ``cu_seqlens`` (one call
+  per block) to every implementation whose name contains "flash", hence the name of
+  :data:`VISION_ATTN_IMPLEMENTATION`; 4.57 does so only for ``flash_attention_2`` and calls
+  ours once per window, which stays exact but is not grouped. The implementation is set on
+  the loaded vision config (:func:`set_vision_attention`), not passed to ``from_pretrained``,
+  whose checks would treat the name as a flash-attn kernel to fetch;
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
   (see :mod:`apbv.positions`).
@@ -48,9 +56,13 @@ from transformers.utils import logging as hf_logging
 
 from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.vision_attention import VISION_ATTENTION, hf_vision_attention
 from apbv.positions import video_token_runs
+from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
 
 ATTN_IMPLEMENTATION = "apbv"
+VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
+"""The grouped vision attention's registry name ("flash": see the drift notes above)."""
 SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 V5 = TRANSFORMERS_VERSION.major >= 5
@@ -113,8 +125,35 @@ def _hf_attention(
 
 
 def register_attention() -> None:
-    """Make ``attn_implementation="apbv"`` known to transformers (idempotent)."""
+    """Make the ``apbv`` decoder and vision attentions known to transformers (idempotent)."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, _hf_attention)
+    AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, hf_vision_attention)
+
+
+def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
+    """Select the vision tower's attention: ``grouped`` (one call per window size, or one
+    varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
+    if name not in VISION_ATTENTION:
+        raise ValueError(f"vision.attention must be one of {', '.join(VISION_ATTENTION)}, "
+                         f"got {name!r}")
+    register_attention()
+    config = model.model.visual.config
+    config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
+
+
+def patch_spec(video_processor: Any) -> PatchSpec | None:
+    """The processor's settings for :func:`apbv.video.patches.patch_rows`, or None when it
+    does something else than rescale + normalise (then the processor itself runs)."""
+    vp = video_processor
+    if not (getattr(vp, "do_rescale", False) and getattr(vp, "do_normalize", False)):
+        return None
+    mean, std = vp.image_mean, vp.image_std
+    if not (isinstance(mean, (list, tuple)) and len(mean) == 3
+            and isinstance(std, (list, tuple)) and len(std) == 3):
+        return None
+    return PatchSpec(patch_size=vp.patch_size, merge_size=vp.merge_size,
+                     temporal_patch_size=vp.temporal_patch_size, mean=tuple(mean),
+                     std=tuple(std), rescale_factor=vp.rescale_factor)
 
 
 def _grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
@@ -132,6 +171,9 @@ class QwenVL:
 
     model: Qwen2_5_VLForConditionalGeneration
     processor: Any
+    preprocess: str = "fused"
+    """Frames to patch rows: fused (apbv.video.patches) or processor (the HF processor)."""
+    preprocess_workers: int = 1
 
     @property
     def text_config(self) -> Any:
@@ -188,7 +230,10 @@ class QwenVL:
 
         No resizing and no frame sampling happen here: :mod:`apbv.video` samples and resizes
         (qwen-vl-utils' rules, its per-frame pixel cap included). An odd frame count is padded
-        with the last frame, as the processor does.
+        with the last frame, as the processor does. The rows equal the video processor's bit
+        for bit (:mod:`apbv.video.patches`, ``preprocess_workers`` threads), or are the
+        processor's own (``preprocess="processor"``, or settings other than rescale and
+        normalise).
         """
         vp = self.processor.video_processor
         factor = vp.patch_size * vp.merge_size
@@ -201,6 +246,9 @@ class QwenVL:
         if height % factor or width % factor:
             raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
                              "the frames first (apbv.video does)")
+        spec = patch_spec(vp) if self.preprocess == "fused" else None
+        if spec is not None:  # the processor's arithmetic in fewer passes (apbv.video.patches)
+            return patch_rows(frames, spec, workers=self.preprocess_workers)
         processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
                        return_tensors="pt", **video_processor_kwargs(vp))
         t, h, w = (int(x) for x in processed["video_grid_thw"][0].tolist())
@@ -272,13 +320,20 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
     return config
 
 
-def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenVL:
-    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode.
+def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
+         vision_attention: str = "grouped", preprocess: str = "fused",
+         preprocess_workers: int = 1) -> QwenVL:
+    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
+    ``vision_attention``: see :func:`set_vision_attention`; ``preprocess``,
+    ``preprocess_workers``: how :meth:`QwenVL.process_frames` makes patch rows.
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
     wrong or incomplete checkpoint is a ValueError before any weight is read.
     """
     path = validate_checkpoint(path)
+    if preprocess not in PREPROCESS:
+        raise ValueError(f"vision.preprocess must be one of {', '.join(PREPROCESS)}, "
+                         f"got {preprocess!r}")
     if TRANSFORMERS_VERSION < Version("4.57"):
         raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
                          f"transformers{SUPPORTED_TRANSFORMERS}")
@@ -292,5 +347,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype) -> QwenV
         **dtype_kwargs(dtype),
     )
     model.to(device).eval()
+    set_vision_attention(model, vision_attention)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return QwenVL(model=model, processor=processor)
+    return QwenVL(model=model, processor=processor, preprocess=preprocess,
+                  preprocess_workers=preprocess_workers)

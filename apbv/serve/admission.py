@@ -46,11 +46,16 @@ class Admission:
     def __len__(self) -> int:
         return len(self.heap)
 
-    def admit(self, call: Any, measured: dict[str, int], *, stream: bool = False) -> Job:
+    def admit(self, call: Any, measured: dict[str, int], *, stream: bool = False,
+              predicted_s: float | None = None) -> Job:
+        """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
+        given, as for a live-stream operation), or ClientError (429: full; 503: its deadline
+        cannot be met)."""
         if len(self.heap) >= self.max_queue:
             raise ClientError(429, f"the queue is full: {len(self.heap)} requests waiting, the "
                                    f"limit is {self.max_queue} (--max-queue)")
-        predicted = self.predictor(call, measured) if self.predictor is not None else 0.0
+        predicted = predicted_s if predicted_s is not None else \
+            self.predictor(call, measured) if self.predictor is not None else 0.0
         now = time.monotonic()
         deadline = call.deadline_ms
         key = (now + deadline / 1000 if deadline is not None else math.inf, next(self.seq))

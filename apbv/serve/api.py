@@ -210,11 +210,17 @@ def finish_reason(result: Any, max_new_tokens: int) -> str:
 
 def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float,
                replica: int = 0) -> dict[str, Any]:
+    return answer(call.model, call.request.max_new_tokens, cid, result, queue_wait_s, replica)
+
+
+def answer(model: str, max_new_tokens: int, cid: str, result: Any, queue_wait_s: float,
+           replica: int = 0) -> dict[str, Any]:
+    """A chat.completion body for ``result`` (also the answer of a live stream's ask)."""
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()),
-        "model": call.model,
+        "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
-                     "finish_reason": finish_reason(result, call.request.max_new_tokens),
+                     "finish_reason": finish_reason(result, max_new_tokens),
                      "logprobs": None}],
         "usage": usage(result),
         "apbv": apbv_block(result, queue_wait_s, replica),

@@ -35,6 +35,7 @@ from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
+from apbv.serve.streams import StreamOptions, Streams
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -68,6 +69,8 @@ class ServerOptions:
     policy: MediaPolicy = field(default_factory=MediaPolicy)
     api_key: str | None = None
     max_queue: int = 16
+    streams: StreamOptions | None = None
+    """Live streams (``/v1/streams``); None: those routes are not served."""
 
 
 class Server:
@@ -84,6 +87,7 @@ class Server:
         cache = getattr(cfg, "cache", None)
         self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
         self.workers: list[asyncio.Task] = []
+        self.streams = Streams(self, options.streams) if options.streams is not None else None
         self.app = self._routes()
 
     @property
@@ -93,6 +97,8 @@ class Server:
     @asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         self.workers = [asyncio.ensure_future(r.boot()) for r in self.replicas]
+        if self.streams is not None:
+            self.workers.append(asyncio.ensure_future(self.streams.sweep()))
         try:
             yield
         finally:
@@ -259,4 +265,6 @@ class Server:
                             media_type=CONTENT_TYPE_LATEST)
 
         page.register(app, self)
+        if self.streams is not None:
+            self.streams.register(app)
         return app

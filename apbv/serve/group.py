@@ -44,6 +44,7 @@ class RankActor:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.engine: Any = None
+        self.streams: dict[str, Any] = {}
         torch.set_num_threads(threads)
 
     def address(self) -> tuple[str, int, int]:
@@ -98,6 +99,28 @@ class RankActor:
         result = self.engine.generate(request, on_token=on_token)
         result.first_logits = None
         return result
+
+    def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
+        """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
+        ``open`` (args: the StreamSpec), ``append``, ``ask``, ``describe``, ``close``."""
+        if op == "open":
+            if stream_id in self.streams:
+                raise ValueError(f"stream {stream_id!r} is already open")
+            self.streams[stream_id] = self.engine.open_stream(*args)
+            return self.streams[stream_id].describe()
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise ValueError(f"no stream {stream_id!r} on rank {self.rank}")
+        if op == "close":
+            self.streams.pop(stream_id).close()
+            return None
+        if op == "ask":
+            result = stream.ask(*args, **kwargs)
+            result.first_logits = None
+            return result
+        if op in ("append", "describe"):
+            return getattr(stream, op)(*args, **kwargs)
+        raise ValueError(f"unknown stream operation {op!r}")
 
 
 class RankGroup:
@@ -192,14 +215,21 @@ class RankGroup:
                     return item
             raise RuntimeError("rank 0 returned no result")
 
-        async def tagged(rank: int, ref: Any) -> Any:
-            try:
-                return await ref
-            except RayActorError as exc:
-                raise RankLost([rank], type(exc).__name__) from exc
-
-        tasks = [asyncio.ensure_future(rank0())] + [asyncio.ensure_future(tagged(r + 1, ref))
+        tasks = [asyncio.ensure_future(rank0())] + [asyncio.ensure_future(_tagged(r + 1, ref))
                                                     for r, ref in enumerate(others)]
+        return await self._outcome(tasks)
+
+    async def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
+        """Rank 0's answer to one stream operation handed to every rank alike (see
+        :meth:`RankActor.stream`); failures as in :meth:`generate`."""
+        tasks = [asyncio.ensure_future(_tagged(r, a.stream.remote(op, stream_id, *args,
+                                                                  **kwargs)))
+                 for r, a in enumerate(self.actors)]
+        return await self._outcome(tasks)
+
+    async def _outcome(self, tasks: list[asyncio.Future]) -> Any:
+        """The first task's result once every rank is done; RankLost when an actor died (the
+        others are not waited for: they may hang in a collective), else the ranks' error."""
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = [t for t in done if t.exception() is not None]
         if not failed:
@@ -217,3 +247,10 @@ class RankGroup:
         if isinstance(cause, ValueError):
             raise ValueError(str(cause)) from None
         raise RuntimeError(f"the request failed: {type(cause).__name__}: {cause}")
+
+
+async def _tagged(rank: int, ref: Any) -> Any:
+    try:
+        return await ref
+    except RayActorError as exc:
+        raise RankLost([rank], type(exc).__name__) from exc

@@ -50,6 +50,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", help="model id of /v1/models (default: the "
                                                "checkpoint directory's name)")
     p.add_argument("--threads-per-rank", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--stream-memory-gb", type=float,
+                   help="per-rank KV budget in GiB shared by the live streams of one replica "
+                        "(default: half of parallel.memory_gb when set, else a quarter of the "
+                        "host's memory divided by --world-size)")
+    p.add_argument("--max-streams", type=int, default=8,
+                   help="live streams open at once (default: %(default)s)")
+    p.add_argument("--stream-idle-s", type=float, default=600,
+                   help="close a live stream no client touched for this long (default: "
+                        "%(default)s)")
     defaults = Limits()
     for f in dataclasses.fields(Limits):
         p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float,
@@ -59,6 +68,23 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def _limits(args: argparse.Namespace) -> Limits:
     return Limits(**{f.name: (int if f.type == "int" else float)(getattr(args, f.name))
                      for f in dataclasses.fields(Limits)})
+
+
+def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool,
+                    limits: Limits) -> Any:
+    from apbv.serve.stream_budget import GIB, KVSizing, default_budget_gb
+    from apbv.serve.streams import StreamOptions
+
+    dtype = cfg.model.dtype
+    dtype_bytes = 4 if dtype == "float32" or (dtype == "auto" and not use_gpu) else 2
+    budget = args.stream_memory_gb
+    if budget is None:
+        budget = default_budget_gb(cfg.parallel.memory_gb, args.world_size)
+    return StreamOptions(
+        budget_bytes=int(budget * GIB), max_streams=args.max_streams,
+        idle_s=args.stream_idle_s,
+        sizing=KVSizing.of_checkpoint(path, dtype_bytes, args.world_size,
+                                      limits.max_frames_per_push))
 
 
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
@@ -79,6 +105,11 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
                          f"{args.max_download_mb} and {args.download_timeout_s}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_streams < 0 or args.stream_idle_s <= 0 or \
+            (args.stream_memory_gb is not None and args.stream_memory_gb <= 0):
+        raise ValueError("--max-streams must be >= 0, --stream-idle-s and --stream-memory-gb "
+                         f"> 0, got {args.max_streams}, {args.stream_idle_s} and "
+                         f"{args.stream_memory_gb}")
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:
@@ -108,9 +139,10 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
                   for _ in range(args.replicas)]
         predictor = cost_predictor(path, args.world_size,
                                    args.hardware or ("h200" if use_gpu else "cpu"))
+        limits = _limits(args)
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
-            limits=_limits(args),
+            limits=limits, streams=_stream_options(cfg, args, path, use_gpu, limits),
             policy=MediaPolicy(tuple(args.media_root), domains, download_dir,
                                int(args.max_download_mb * 2**20), args.download_timeout_s),
             api_key=args.api_key or None, max_queue=args.max_queue)

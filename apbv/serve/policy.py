@@ -42,6 +42,10 @@ class Limits:
     """Characters of the question."""
     max_tokens: int = 1024
     """max_tokens of one request."""
+    max_frames_per_push: int = 64
+    """Frames in one push to a live stream (POST /v1/streams/{id}/frames)."""
+    max_push_frame_pixels: int = 3840 * 2160
+    """Pixels of one pushed image at its native size (read from its header before decoding)."""
 
     def check(self, name: str, value: float, limit: float, flag: str, what: str = "") -> None:
         if value > limit:

@@ -1,9 +1,12 @@
 """R independent replicas behind one front end, and the rule that picks one per request.
 
 A :class:`Replica` is one rank group (H actors in its own placement group) with its own bounded
-queue and one worker task that runs one request at a time on it; a lost rank fails that
-replica's in-flight request, the replica rebuilds its group (status ``degraded``, no new
-requests while another replica is ready) and then serves its queue again.
+queue and one worker task that runs one request at a time on it (chat requests and live-stream
+operations, :class:`GroupOp`, alike, so a stream's append never interleaves with a request's
+collectives); a lost rank fails that replica's in-flight request, the replica rebuilds its
+group (status ``degraded``, no new requests while another replica is ready; ``generation``
+counts the rebuilds, since the streams the old ranks held are gone) and then serves its queue
+again.
 
 :func:`pick` routes a request: to a ready replica that answered the same video recently (its
 ranks' vision caches hold the embeddings; the identity is the resolved path, size, mtime in ns
@@ -17,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from apbv.serve.admission import Admission
@@ -30,6 +34,16 @@ RECENT_VIDEOS = 256
 """Video identities remembered per replica (least recently answered forgotten first)."""
 
 
+@dataclass(frozen=True)
+class GroupOp:
+    """A job that is not a chat request: ``run(group)`` on the replica's rank group, in turn."""
+
+    run: Callable[[Any], Awaitable[Any]]
+    what: str = "stream"
+    deadline_ms: None = None
+    downloaded: None = None
+
+
 class Replica:
     """One rank group, its queue and its worker."""
 
@@ -38,6 +52,7 @@ class Replica:
         self.index, self.group, self.admission = index, group, admission
         self.metrics, self.observe = metrics, observe
         self.status = "starting"
+        self.generation = 0
         self.recent: OrderedDict[tuple, None] = OrderedDict()
         label = str(index)
         metrics.queue_depth.labels(label).set_function(lambda: len(self.admission))
@@ -79,19 +94,27 @@ class Replica:
             job = await self.admission.next()
             job.started = time.monotonic()
             wait = job.started - job.enqueued
-            self.metrics.queue_wait.observe(wait)
+            if not isinstance(job.call, GroupOp):
+                self.metrics.queue_wait.observe(wait)
             on_token = job.tokens.put_nowait if job.tokens is not None else None
             try:
-                result = await self.group.generate(job.call.request, on_token)
-                self.observe(result)
-                self.metrics.requests.labels("ok").inc()
-                if job.call.downloaded is None:
-                    self.remember(video_identity(job.call.request.video))
+                if isinstance(job.call, GroupOp):
+                    result = await job.call.run(self.group)
+                    self.metrics.requests.labels(job.call.what).inc()
+                else:
+                    result = await self.group.generate(job.call.request, on_token)
+                    self.observe(result)
+                    self.metrics.requests.labels("ok").inc()
+                    if job.call.downloaded is None:
+                        self.remember(video_identity(job.call.request.video))
                 job.future.set_result((result, wait))
             except RankLost as exc:
                 self.metrics.requests.labels("rank_lost").inc()
                 job.future.set_exception(ClientError(503, f"replica {self.index}: {exc}"))
                 await self._rebuild()
+            except ClientError as exc:  # refused by a GroupOp itself
+                self.metrics.requests.labels(f"refused_{exc.status}").inc()
+                job.future.set_exception(exc)
             except ValueError as exc:
                 self.metrics.requests.labels("rejected").inc()
                 job.future.set_exception(ClientError(400, str(exc)))
@@ -104,6 +127,7 @@ class Replica:
 
     async def _rebuild(self) -> None:
         self.status = "degraded"
+        self.generation += 1
         self.recent.clear()  # the new ranks' vision caches are empty
         self.metrics.rebuilds.inc()
         while True:

@@ -104,6 +104,20 @@ def test_linear_and_vision_flops_by_hand() -> None:
     assert full.ranks[0].linear_flops == 44 * 2 * per_token_layer + 160
 
 
+def test_grouped_vision_attention_counts_calls_per_window_size() -> None:
+    """A 6x10 merged grid has windows of 4 and 2 rows by 4, 4 and 2 columns: 6 windows of 4
+    sizes. Stock path: 6 calls per windowed block and temporal patch, plus one per full block
+    and patch; grouped: 4 per windowed block and 1 per full block, for all patches."""
+    def vision(attn: str) -> float:
+        return predict("full", SMALL, context_len=300, query_len=4, world_size=1, frames=8,
+                       grid=(6, 10), hw=UNIT, vision_attention=attn).ranks[0].seconds["vision"]
+
+    calls = (vision("per_window") - vision("grouped")) / UNIT.call_overhead_s
+    assert calls == pytest.approx(4 * (6 + 1) - (4 + 1))
+    with pytest.raises(ValueError, match="grouped or per_window"):
+        vision("windowed")
+
+
 @pytest.mark.parametrize("mode", MODE_NAMES)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_attention_work_is_the_counted_pairs(mode: str, world_size: int) -> None:

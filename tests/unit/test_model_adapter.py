@@ -76,7 +76,8 @@ def test_linked_copy_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert qwen.num_layers == 2 and qwen.video_token_id == VIDEO_PAD
     assert type(qwen.processor.tokenizer).__name__ == qwen2_5_vl.TOKENIZER_CLASS
     assert qwen.model.config.text_config._attn_implementation == qwen2_5_vl.ATTN_IMPLEMENTATION
-    assert qwen.model.config.vision_config._attn_implementation == "sdpa"
+    assert qwen.model.config.vision_config._attn_implementation == \
+        qwen2_5_vl.VISION_ATTN_IMPLEMENTATION
 
 
 @pytest.mark.usefixtures("no_loading")
@@ -184,6 +185,11 @@ def test_process_frames_matches_the_processor(qwen: QwenVL) -> None:
     assert grid == (3, 2, 4) and odd.shape[0] == 3 * 2 * 4
     padded, _ = qwen.process_frames(torch.cat([wide, wide[-1:]]))
     assert torch.equal(odd, padded)
+    # The fused path (several chunks on 2 threads) against the processor itself, bit for bit.
+    fused = QwenVL(qwen.model, qwen.processor, preprocess_workers=2)
+    stock = QwenVL(qwen.model, qwen.processor, preprocess="processor")
+    frames = _frames(37, size=84)
+    assert torch.equal(fused.process_frames(frames)[0], stock.process_frames(frames)[0])
 
 
 def test_process_frames_rejects_bad_frames(qwen: QwenVL) -> None:
@@ -224,6 +230,56 @@ def test_vision_tower(qwen: QwenVL) -> None:
         qwen.vision_tower(pixels[:20], grid)
     with pytest.raises(ValueError, match="grid_thw must be"):
         qwen.vision_tower(pixels, (2, 0, 4))
+
+
+@pytest.mark.parametrize("grid", [(2, 12, 20), (2, 10, 6), (1, 16, 36), (2, 8, 8)])
+def test_grouped_vision_attention_equals_the_stock_tower(
+        qwen: QwenVL, grid: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows with right, bottom and corner edges (12x20 patches: merged 6x10, windows of
+    4x4, 4x2, 2x4 and 2x2 units); fp32 output of the grouped path equals the stock per-window
+    path (measured max abs error 0.0 for these grids), and every windowed block makes at
+    most one SDPA call per window size."""
+    t, h, w = grid
+    pixels = torch.randn(t * h * w, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
+    visual = qwen.model.model.visual
+    calls: list[int] = []
+    block = [-1]
+    hooks = [b.register_forward_pre_hook(lambda _m, _a, i=i: block.__setitem__(0, i))
+             for i, b in enumerate(visual.blocks)]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(block[0])
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    try:
+        with torch.inference_mode():
+            qwen2_5_vl.set_vision_attention(qwen.model, "per_window")
+            stock = qwen.vision_tower(pixels, grid)
+            stock_calls, calls[:] = list(calls), []
+            qwen2_5_vl.set_vision_attention(qwen.model, "grouped")
+            grouped = qwen.vision_tower(pixels, grid)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        qwen2_5_vl.set_vision_attention(qwen.model, "grouped")
+    error = (grouped - stock).abs().max().item()
+    assert error <= 1e-5, error
+    windowed = [i for i in range(len(visual.blocks)) if i not in visual.fullatt_block_indexes]
+    merge, window = 2, 4  # merged units per window side (112 / 14 / 2)
+    rows, cols = -(-h // merge // window), -(-w // merge // window)
+    with pytest.raises(ValueError, match="vision.attention must be one of grouped, per_window"):
+        qwen2_5_vl.set_vision_attention(qwen.model, "windowed")
+    for i in windowed:
+        assert stock_calls.count(i) == t * rows * cols  # the stock path: one call per window
+    if not qwen2_5_vl.V5:  # 4.x calls the attention function once per window (drift notes)
+        assert calls == stock_calls
+        return
+    for i in windowed:
+        assert 1 <= calls.count(i) <= 4  # interior, right, bottom, corner
+    for i in visual.fullatt_block_indexes:
+        assert calls.count(i) == 1  # every temporal patch has the same size: one batch
 
 
 def test_version_helpers(qwen: QwenVL) -> None:

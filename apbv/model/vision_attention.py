@@ -1,0 +1,162 @@
+"""The vision tower's attention in few kernel calls: equal-length segments batched together.
+
+Qwen2.5-VL's vision blocks attend inside segments of the packed patch sequence, given by
+``cu_seqlens``: windows in the windowed blocks, whole temporal patches in the full-attention
+blocks. The windows of one frame have at most four sizes (interior, right edge, bottom edge,
+corner) and every temporal patch of a video has the same size, so the segments fall into at
+most four groups of equal length. :func:`segment_attention` runs one batched SDPA call per
+group, (n, H, L, D), instead of one call per segment; on CUDA a varlen kernel (flash-attn's
+``flash_attn_varlen_func``, else PyTorch's own varlen attention) takes every segment in one call.
+
+Attention stays exact: each query sees exactly the keys of its own segment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+import torch
+
+VISION_ATTENTION = ("grouped", "per_window")
+"""``vision.attention``: grouped (this module) or per_window (the stock tower: one SDPA call
+per window and per temporal patch)."""
+
+MAX_SCORES_PER_CALL = 1 << 28
+"""Bound on batch * heads * L * L of one batched call, so that a kernel that materialises
+the scores (the math fallback) stays within memory; larger groups are cut in chunks."""
+
+
+Group = tuple[int, int, "torch.Tensor | int"]
+"""(segment length L, number of segments n, start row when the n segments are one contiguous
+run, else the (n * L,) row index of the segments in order)."""
+
+
+def _plan(cu_seqlens: torch.Tensor) -> list[Group]:
+    """The equal-length groups of the segments given by ``cu_seqlens`` (empty ones dropped)."""
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    starts: dict[int, list[int]] = {}
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            starts.setdefault(end - start, []).append(start)
+    groups: list[Group] = []
+    for length, first in starts.items():
+        if all(b - a == length for a, b in zip(first[:-1], first[1:])):
+            groups.append((length, len(first), first[0]))  # one run: views, no gather
+        else:
+            rows = torch.tensor(first).unsqueeze(1) + torch.arange(length)
+            groups.append((length, len(first), rows.reshape(-1).to(cu_seqlens.device)))
+    return groups
+
+
+class _PlanCache:
+    """The plans of the last few ``cu_seqlens`` tensors (the tower passes the same two tensors,
+    windows and temporal patches, to every block); a held reference keeps identity sound."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.entries: list[tuple[torch.Tensor, list[Group]]] = []
+
+    def get(self, cu_seqlens: torch.Tensor) -> list[Group]:
+        for tensor, plan in self.entries:
+            if tensor is cu_seqlens:
+                return plan
+        plan = _plan(cu_seqlens)
+        self.entries = [(cu_seqlens, plan), *self.entries[: self.size - 1]]
+        return plan
+
+
+_PLANS = _PlanCache()
+
+
+def _flash_varlen() -> Any:
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func
+
+
+def _torch_varlen() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_kernel(q: torch.Tensor) -> Any:
+    """The one-call varlen kernel usable for ``q`` (CUDA, fp16/bf16), or None."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    return _flash_varlen() or _torch_varlen()
+
+
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+             scale: float) -> torch.Tensor:
+    """One SDPA call per group of equal-length segments (chunked by MAX_SCORES_PER_CALL)."""
+    _, heads, dim = q.shape
+    out = torch.empty_like(q)
+    for length, count, where in _PLANS.get(cu_seqlens):
+        per_call = max(1, MAX_SCORES_PER_CALL // (heads * length * length))
+        for first in range(0, count, per_call):
+            n = min(per_call, count - first)
+            if isinstance(where, int):
+                lo, hi = where + first * length, where + (first + n) * length
+                qg, kg, vg = q[lo:hi], k[lo:hi], v[lo:hi]
+            else:
+                idx = where[first * length:(first + n) * length]
+                qg, kg, vg = (t.index_select(0, idx) for t in (q, k, v))
+            qg, kg, vg = (t.reshape(n, length, heads, dim).transpose(1, 2) for t in (qg, kg, vg))
+            og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, scale=scale)
+            og = og.transpose(1, 2).reshape(n * length, heads, dim)
+            if isinstance(where, int):
+                out[lo:hi] = og
+            else:
+                out.index_copy_(0, idx, og)
+    return out
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens: torch.Tensor | None, scale: float,
+                      max_seqlen: int | None = None) -> torch.Tensor:
+    """Attention inside each segment of a packed sequence: q/k/v (S, H, D), segments
+    [cu_seqlens[i], cu_seqlens[i + 1]) (None: one segment) -> (S, H, D)."""
+    if cu_seqlens is None:
+        cu_seqlens = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    kernel = varlen_kernel(q)
+    if kernel is not None:
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        if max_seqlen is None:
+            max_seqlen = int((cu[1:] - cu[:-1]).max())
+        if kernel is _flash_varlen():
+            return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=scale)
+        if "scale" in inspect.signature(kernel).parameters:
+            return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+        if scale == q.shape[-1] ** -0.5:  # older PyTorch: the default scale only
+            return kernel(q, k, v, cu, cu, max_seqlen, max_seqlen)
+    return _grouped(q, k, v, cu_seqlens, scale)
+
+
+def hf_vision_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature for the vision tower: q/k/v (1, H, S, D)
+    and the segments as ``cu_seq_lens_q`` (the packed call) or none (one segment) ->
+    (1, S, H, D)."""
+    if attention_mask is not None:
+        raise ValueError("the grouped vision attention takes segments, not a mask")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = segment_attention(q, k, v, cu_seq_lens_q, scale, max_length_q)
+    return out.unsqueeze(0), None

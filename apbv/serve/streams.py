@@ -1,0 +1,427 @@
+"""Live streams over HTTP: open, push frames, ask, stats, close (``/v1/streams``).
+
+Each open stream lives on one replica (the least loaded ready one with room in its budget);
+its ranks hold their part of an :class:`apbv.engine.stream.Stream` under the stream's id. Every
+operation that touches the ranks is a :class:`apbv.serve.replicas.GroupOp` in that replica's
+queue, so it runs alone on the group, in turn with chat requests. Everything a client sends is
+checked here first (fields, limits, images, timestamps, the memory budget of
+:mod:`apbv.serve.stream_budget`), and the engine checks again on every rank alike.
+
+A stream pushed by the client opens on the ranks at once when ``width`` / ``height`` were
+given, else with its first push (which fixes the frame size). A stream with a ``source`` (a
+media file under a ``--media-root``) is fed by a task that takes frames from an
+:class:`apbv.stream.Capture` (a followed file) and appends them. A stream lost with its
+replica's ranks (a rank died and the group was rebuilt) answers 410 and frees its budget; a
+stream no client touched for ``--stream-idle-s`` is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from apbv.engine.request import check_choices
+from apbv.engine.stream import StreamSpec
+from apbv.serve import api, stream_budget
+from apbv.serve.frames import parse_push
+from apbv.serve.policy import ClientError, resolve_media
+from apbv.serve.replicas import GroupOp, Replica
+from apbv.stream import Capture, FollowFile, stream_frame_size
+
+OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
+               "window_tokens", "keep_vision", "source"}
+ASK_FIELDS = {"question", "max_tokens", "choices", "fresh"}
+
+
+@dataclass
+class StreamOptions:
+    budget_bytes: int
+    """Per-rank KV bytes all streams of one replica may reserve (--stream-memory-gb)."""
+    max_streams: int = 8
+    idle_s: float = 600.0
+    sizing: stream_budget.KVSizing | None = None
+
+
+@dataclass(eq=False)
+class LiveStream:
+    id: str
+    replica: Replica
+    generation: int
+    spec: StreamSpec
+    """With the frame size once known (before that, 28x28 stands in)."""
+    sized: bool
+    pixels: tuple[int | None, int | None]
+    reserved: int
+    native: tuple[int, int] | None = None
+    opened_on_ranks: bool = False
+    source: str | None = None
+    capture: Any = None
+    feeder: asyncio.Task | None = None
+    opened: float = field(default_factory=time.monotonic)
+    used: float = field(default_factory=time.monotonic)
+    frames_pushed: int = 0
+    pushes: int = 0
+    asks: int = 0
+    last_ts: float | None = None
+    last_push_wall: float | None = None
+    error: str | None = None
+    closing: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a push from its parse to its append, so pushes keep their order."""
+
+
+def _field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
+    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
+            (low is not None and value < low):
+        what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
+                else "a number")
+        raise ClientError(400, f"{name} must be {what}"
+                               f"{f' >= {low:g}' if low is not None else ''}, got {value!r}")
+    return value
+
+
+class Streams:
+    """The open streams of one server, their budget and their routes."""
+
+    def __init__(self, server: Any, options: StreamOptions):
+        self.server, self.opt = server, options
+        self.live: dict[str, LiveStream] = {}
+        self.sweeper: asyncio.Task | None = None
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def held(self, replica: Replica) -> int:
+        return sum(s.reserved for s in self.live.values() if s.replica is replica)
+
+    def _get(self, stream_id: str) -> LiveStream:
+        live = self.live.get(stream_id)
+        if live is None or live.closing:
+            raise ClientError(404, f"no open stream {stream_id[:64]!r}")
+        if live.generation != live.replica.generation:
+            self._forget(live)
+            raise ClientError(410, f"stream {stream_id!r} was lost: a rank of replica "
+                                   f"{live.replica.index} died and its group was rebuilt; open "
+                                   "a new stream")
+        live.used = time.monotonic()
+        return live
+
+    def _forget(self, live: LiveStream) -> None:
+        self.live.pop(live.id, None)
+        if live.feeder is not None:
+            live.feeder.cancel()
+        if live.capture is not None:
+            live.capture.close()
+
+    async def _run(self, live: LiveStream, op: str, *args: Any, **kwargs: Any) -> Any:
+        """``op`` on every rank of the stream's replica, in turn with every other job there."""
+        replica, generation = live.replica, live.generation
+
+        async def run(group: Any) -> Any:
+            if replica.generation != generation:
+                raise ClientError(410, f"stream {live.id!r} was lost with replica "
+                                       f"{replica.index}'s ranks; open a new stream")
+            return await group.stream(op, live.id, *args, **kwargs)
+
+        job = replica.admission.admit(GroupOp(run), {}, predicted_s=0.0)
+        job.replica = replica
+        try:
+            return await job.future
+        except ClientError:
+            if replica.generation != generation:
+                self._forget(live)
+            raise
+
+    # --- open ---------------------------------------------------------------------------------
+    def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
+                                         tuple[int, int] | None]:
+        limits = self.server.opt.limits
+        fps = _field(body, "fps", (int, float))
+        width, height = _field(body, "width", (int,), 1), _field(body, "height", (int,), 1)
+        min_pixels = _field(body, "min_pixels", (int,), 1)
+        max_pixels = _field(body, "max_pixels", (int,), 1)
+        if (width is None) != (height is None):
+            raise ClientError(400, "width and height go together (the native size of the "
+                                   "frames you will push), or neither (the first push fixes it)")
+        size = None
+        try:
+            if width is not None:
+                size = stream_frame_size(height, width, min_pixels=min_pixels,
+                                         max_pixels=max_pixels)
+            spec = StreamSpec(
+                height=size[0] if size else 28, width=size[1] if size else 28,
+                fps=2.0 if fps is None else fps, window_s=_field(body, "window_s", (int, float)),
+                window_tokens=_field(body, "window_tokens", (int,)),
+                keep_vision=bool(_field(body, "keep_vision", (bool,))))
+        except ValueError as exc:
+            raise ClientError(400, str(exc)) from None
+        if size is not None:
+            limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
+                         "max-pixels-per-frame", "pixels per resized frame")
+        native = (height, width) if width is not None else None
+        return spec, size is not None, (min_pixels, max_pixels), native
+
+    def _need(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
+        limits = self.server.opt.limits
+        if sized:
+            pixels = spec.height * spec.width
+        else:
+            pixels = min(max_pixels or limits.max_pixels_per_frame, limits.max_pixels_per_frame)
+        sizing = self.opt.sizing
+        assert sizing is not None
+        return sizing.need(max(1, pixels // (28 * 28)), spec.fps, spec.window_s,
+                           spec.window_tokens)
+
+    def _place(self, need: int) -> Replica:
+        if len(self.live) >= self.opt.max_streams:
+            raise ClientError(429, f"{len(self.live)} streams are open, the limit is "
+                                   f"{self.opt.max_streams} (--max-streams): close one first")
+        usable = [r for r in self.server.replicas if r.status == "ready"]
+        if not usable:
+            raise ClientError(503, "no engine group is ready; retry shortly")
+        replica = min(usable, key=lambda r: (self.held(r), r.load, r.index))
+        stream_budget.check_fits(need, self.held(replica), self.opt.budget_bytes,
+                                 sum(s.replica is replica for s in self.live.values()))
+        return replica
+
+    async def open(self, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        body = await self.server._read_json(request)
+        if not isinstance(body, dict):
+            raise ClientError(400, "the body must be a JSON object")
+        unknown = sorted(set(body) - OPEN_FIELDS)
+        if unknown:
+            raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(OPEN_FIELDS)}")
+        spec, sized, pixels, native = self._spec(body)
+        source = body.get("source")
+        path = None if source is None else resolve_media(source, self.server.opt.policy)
+        need = self._need(spec, sized, pixels[1])
+        replica = self._place(need)
+        live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
+                          sized, pixels, need, native=native)
+        self.live[live.id] = live
+        try:
+            if sized:
+                await self._run(live, "open", spec)
+                live.opened_on_ranks = True
+            if path is not None:
+                live.source = path
+                live.capture = _start_capture(path, spec, sized, pixels)
+                live.feeder = asyncio.ensure_future(self._feed(live))
+        except BaseException:
+            self._forget(live)
+            raise
+        return JSONResponse(self._summary(live), status_code=201)
+
+    # --- frames -------------------------------------------------------------------------------
+    async def push(self, stream_id: str, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        live = self._get(stream_id)
+        if live.capture is not None:
+            raise ClientError(409, f"stream {stream_id!r} is fed by its source; it takes no "
+                                   "pushed frames")
+        body = await self.server._read_json(request)
+        async with live.lock:
+            size = (live.spec.height, live.spec.width) if live.sized else None
+            push = await asyncio.to_thread(parse_push, body, self.server.opt.limits,
+                                           live.native, size, live.last_ts, live.spec.fps)
+            if not live.sized:
+                self._fix_size(live, self._size_of(live, push.native))
+                live.native = push.native
+                push = dataclasses.replace(push, frames=await asyncio.to_thread(
+                    _resize, push.frames, (live.spec.height, live.spec.width)))
+            out = await self._append(live, push.frames, push.timestamps)
+        return JSONResponse({"id": live.id, **out, "frames_pushed": live.frames_pushed})
+
+    def _size_of(self, live: LiveStream, native: tuple[int, int]) -> tuple[int, int]:
+        """The stream's frame size for frames of the ``native`` (H, W) size."""
+        limits = self.server.opt.limits
+        try:
+            size = stream_frame_size(native[0], native[1], min_pixels=live.pixels[0],
+                               max_pixels=live.pixels[1])
+        except ValueError as exc:
+            raise ClientError(400, str(exc)) from None
+        limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
+                     "max-pixels-per-frame", "pixels per resized frame")
+        return size
+
+    def _fix_size(self, live: LiveStream, size: tuple[int, int]) -> None:
+        """The first frames fix the frame size: the spec and the reservation with it."""
+        spec = dataclasses.replace(live.spec, height=size[0], width=size[1])
+        need = self._need(spec, True, None)
+        if need > live.reserved:
+            replica = live.replica
+            stream_budget.check_fits(need - live.reserved, self.held(replica),
+                                     self.opt.budget_bytes,
+                                     sum(s.replica is replica for s in self.live.values()))
+        live.spec, live.sized, live.reserved = spec, True, need
+
+    async def _append(self, live: LiveStream, frames: Any, stamps: list[float]) -> dict:
+        if not live.opened_on_ranks:
+            await self._run(live, "open", live.spec)
+            live.opened_on_ranks = True
+        result, _ = await self._run(live, "append", frames, stamps)
+        live.frames_pushed += len(stamps)
+        live.pushes += 1
+        live.last_ts = stamps[-1]
+        live.last_push_wall = time.monotonic()
+        return {"appended": len(stamps), "chunk": result["chunk"], "owner": result["owner"],
+                "tokens": result["tokens"], "evicted": result["evicted"]}
+
+    async def _feed(self, live: LiveStream) -> None:
+        """Move frames from the stream's capture to its ranks until the capture ends."""
+        import torch
+
+        cap, limit = live.capture, self.server.opt.limits.max_frames_per_push
+        try:
+            while True:
+                frames = await asyncio.to_thread(cap.take, limit, timeout=0.5)
+                if frames:
+                    if not live.sized:
+                        self._fix_size(live, tuple(frames[0].image.shape[1:]))
+                    batch = torch.stack([f.image for f in frames])
+                    while True:
+                        try:
+                            await self._append(live, batch, [f.timestamp for f in frames])
+                            break
+                        except ClientError as exc:
+                            if exc.status != 429:  # the queue is full: try again shortly
+                                raise
+                            await asyncio.sleep(0.25)
+                elif cap.stats()["ended"]:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # kept for GET; the stream stays open for asks
+            live.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+
+    # --- ask, stats, close ----------------------------------------------------------------------
+    async def ask(self, stream_id: str, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        live = self._get(stream_id)
+        body = await self.server._read_json(request)
+        limits = self.server.opt.limits
+        if not isinstance(body, dict) or set(body) - ASK_FIELDS:
+            raise ClientError(400, f"the body must be a JSON object with fields among "
+                                   f"{sorted(ASK_FIELDS)}")
+        question = body.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ClientError(400, "question must be a non-empty string")
+        limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
+                     "the question's length in characters")
+        max_tokens = _field(body, "max_tokens", (int,), 1) or \
+            self.server.cfg.generate.max_new_tokens
+        limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
+        choices = body.get("choices")
+        fresh = bool(_field(body, "fresh", (bool,)))
+        try:
+            choices = None if choices is None else list(check_choices(choices))
+        except ValueError as exc:
+            raise ClientError(400, str(exc)) from None
+        if not live.opened_on_ranks:
+            raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
+        live.asks += 1
+        result, wait = await self._run(live, "ask", question, max_new_tokens=max_tokens,
+                                       choices=choices, fresh=fresh)
+        out = api.answer(self.server.opt.model_name, max_tokens, api.completion_id(), result,
+                         wait, live.replica.index)
+        out["apbv"]["stream"] = live.id
+        self.server._observe(result)
+        return JSONResponse(out)
+
+    async def stats(self, stream_id: str, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        live = self._get(stream_id)
+        out = self._summary(live)
+        if live.opened_on_ranks:
+            out["engine"], _ = await self._run(live, "describe")
+        return JSONResponse(out)
+
+    async def close(self, stream_id: str, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        live = self._get(stream_id)
+        await self._close(live)
+        return JSONResponse({"id": live.id, "closed": True})
+
+    async def _close(self, live: LiveStream) -> None:
+        """Close on every rank, then free the budget (a full queue leaves it open)."""
+        if live.feeder is not None:
+            live.feeder.cancel()
+        live.closing = True  # no new operation from here on
+        try:
+            if live.opened_on_ranks and live.generation == live.replica.generation:
+                await self._run(live, "close")
+        except ClientError as exc:
+            if exc.status == 429:
+                live.closing = False
+                raise
+        self._forget(live)
+
+    def _summary(self, live: LiveStream) -> dict[str, Any]:
+        now = time.monotonic()
+        out = {
+            "id": live.id, "replica": live.replica.index,
+            "spec": {**dataclasses.asdict(live.spec),
+                     "height": live.spec.height if live.sized else None,
+                     "width": live.spec.width if live.sized else None},
+            "native_size": None if live.native is None else
+            {"height": live.native[0], "width": live.native[1]},
+            "source": live.source, "open_s": now - live.opened,
+            "frames_pushed": live.frames_pushed, "pushes": live.pushes, "asks": live.asks,
+            "last_timestamp": live.last_ts,
+            "since_last_frame_s": None if live.last_push_wall is None
+            else now - live.last_push_wall,
+            "frames_dropped": 0, "ingest_lag_s": 0.0, "error": live.error,
+            **stream_budget.describe(live.reserved, self.opt.budget_bytes),
+        }
+        if live.capture is not None:
+            capture = live.capture.stats()
+            out.update(frames_dropped=capture["frames_dropped"],
+                       ingest_lag_s=capture["ingest_lag_s"], capture=capture)
+        return out
+
+    async def sweep(self) -> None:
+        """Close the streams no client touched for ``idle_s`` seconds (forever)."""
+        while True:
+            await asyncio.sleep(min(5.0, self.opt.idle_s / 2))
+            now = time.monotonic()
+            for live in [s for s in self.live.values() if now - s.used > self.opt.idle_s]:
+                try:
+                    await self._close(live)
+                except ClientError:
+                    pass  # lost with its ranks, or the queue is full: forgotten anyway
+
+    def register(self, app: FastAPI) -> None:
+        app.post("/v1/streams")(self.open)
+        app.post("/v1/streams/{stream_id}/frames")(self.push)
+        app.post("/v1/streams/{stream_id}/ask")(self.ask)
+        app.get("/v1/streams/{stream_id}")(self.stats)
+        app.delete("/v1/streams/{stream_id}")(self.close)
+
+
+def _resize(frames: Any, size: tuple[int, int]) -> Any:
+    from apbv.video.load import _resize_fn
+
+    if tuple(frames.shape[2:]) == size:
+        return frames
+    resize, bicubic = _resize_fn()
+    return resize(frames, list(size), interpolation=bicubic, antialias=True).contiguous()
+
+
+def _start_capture(path: str, spec: StreamSpec, sized: bool,
+                   pixels: tuple[int | None, int | None]) -> Capture:
+    source = FollowFile(path)
+    size = (spec.height, spec.width) if sized else None
+    return Capture(source, fps=spec.fps, size=size,
+                           min_pixels=None if sized else pixels[0],
+                           max_pixels=None if sized else pixels[1])
+

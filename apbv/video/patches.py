@@ -1,0 +1,93 @@
+"""Resized uint8 frames -> the vision tower's normalised patch rows, in few passes over memory.
+
+The rows equal the HF video processor's (``pixel_values_videos``) bit for bit: the same
+float32 arithmetic per element, ``(x - 255 * mean) / (255 * std)``, only arranged so that the
+patch layout is built on the uint8 frames (a quarter of the bytes) and the float tensor is
+written once and normalised in place. Work is cut into chunks of temporal patches, which a
+thread pool processes in parallel (``workers``), each chunk into its own rows of the output.
+
+Row order: temporal patch, merged row, merged column, row inside the merge square, column
+inside it; each row holds (channel, frame of the temporal patch, patch row, patch column).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+PREPROCESS = ("fused", "processor")
+"""``vision.preprocess``: frames to patch rows by this module or by the HF video processor."""
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """The processor settings that decide the rows."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    rescale_factor: float
+
+    def scaled(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std times 1 / rescale_factor, float32 (3,), as the processor fuses them."""
+        mean = torch.tensor(self.mean, device=device) * (1.0 / self.rescale_factor)
+        std = torch.tensor(self.std, device=device) * (1.0 / self.rescale_factor)
+        return mean, std
+
+
+def _pad_frames(frames: torch.Tensor, temporal: int) -> torch.Tensor:
+    if pad := -frames.shape[0] % temporal:
+        frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
+    return frames
+
+
+def _rows_u8(frames: torch.Tensor, spec: PatchSpec) -> torch.Tensor:
+    """(2k, 3, H, W) uint8 -> (k * h * w, 3, 2, p, p) uint8 in the tower's row order."""
+    f, c, height, width = frames.shape
+    p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    hm, wm = height // (p * m), width // (p * m)
+    # axes: t, tp, c, hm, m(h), p(h), wm, m(w), p(w)
+    view = frames.reshape(f // tp, tp, c, hm, m, p, wm, m, p)
+    rows = view.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # t, hm, wm, m(h), m(w), c, tp, p(h), p(w)
+    return rows.reshape(-1, c, tp, p, p)
+
+
+def _fill(out: torch.Tensor, frames: torch.Tensor, spec: PatchSpec, mean: torch.Tensor,
+          std: torch.Tensor) -> None:
+    rows = _rows_u8(frames, spec)
+    target = out.view(rows.shape)
+    target.copy_(rows)
+    target.sub_(mean.view(1, 3, 1, 1, 1)).div_(std.view(1, 3, 1, 1, 1))
+
+
+def patch_rows(frames: torch.Tensor, spec: PatchSpec, *, workers: int = 1,
+               chunk_patches: int = 8, device: torch.device | None = None,
+               ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """Resized frames (F, 3, H, W) uint8 -> float32 rows (t * h * w, 3 * tp * p * p) and the
+    (t, h, w) patch grid; an odd frame count is padded with the last frame (as the processor
+    does). ``device``: where the rows are made (default: the frames' device)."""
+    device = frames.device if device is None else device
+    frames = _pad_frames(frames, spec.temporal_patch_size).to(device)
+    f, c, height, width = frames.shape
+    p, tp = spec.patch_size, spec.temporal_patch_size
+    grid = (f // tp, height // p, width // p)
+    per_patch = grid[1] * grid[2]
+    out = torch.empty((grid[0] * per_patch, c * tp * p * p), dtype=torch.float32, device=device)
+    mean, std = spec.scaled(device)
+    chunks = [(t, min(t + chunk_patches, grid[0])) for t in range(0, grid[0], chunk_patches)]
+
+    def one(bounds: tuple[int, int]) -> None:
+        lo, hi = bounds
+        _fill(out[lo * per_patch:hi * per_patch], frames[lo * tp:hi * tp], spec, mean, std)
+
+    if workers <= 1 or len(chunks) == 1 or device.type != "cpu":
+        for bounds in chunks:
+            one(bounds)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, chunks))
+    return out, grid

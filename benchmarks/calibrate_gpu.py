@@ -1,0 +1,251 @@
+"""Measure the cost model's device constants on one GPU and write them as JSON.
+
+    python benchmarks/calibrate_gpu.py      # one CUDA device, about 2 minutes on an H200
+    python benchmarks/calibrate_gpu.py --dry-run   # the same code on CPU at toy sizes
+
+What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
+
+- the kernel adapter (apbv.attention.kernels.attention) with SDPA, and flash-attn when it is
+  installed: its error against the fp32 CPU reference on a small case, and its time on causal
+  squares of several lengths (attention_flops, a fit over the lengths);
+- F.linear at the 7B's MLP shape (matmul_flops), a large add (memory_bw), the vision tower's
+  patch embedding (conv_flops);
+- one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
+  vision tower (grouped window attention, and the stock per-window path once) on frames of
+  the 1440p video cap (1008x560) at several temporal-patch counts;
+- host overhead: the layer and the tower on inputs too small to compute.
+
+The output has the form ``benchmarks/calibrate_cpu.py`` writes (``{"hardware": {...},
+"measurements": {...}, ...}``; ``apbv.cost.Hardware.from_json`` reads it). What one GPU cannot
+measure keeps the ``h200`` preset's value and is listed under ``"not_measured"``: the link
+(one device has no peer) and the host's frame decoding, processing and tokenizing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from apbv.attention import kernels
+from apbv.cost import Hardware, hardware
+from apbv.cost.hardware import write_calibration
+
+# (7B-shaped sizes, toy sizes for --dry-run)
+SIZES = {
+    "gpu": {"attn_lengths": (4096, 8192, 16384), "layer_lengths": (4096, 16384, 32768),
+            "vision_patches": (2, 8, 16), "matmul_rows": 8192, "add_elements": 1 << 28,
+            "conv_patches": 65536, "repeats": 5},
+    "dry": {"attn_lengths": (128, 256), "layer_lengths": (64, 128), "vision_patches": (1, 2),
+            "matmul_rows": 64, "add_elements": 1 << 16, "conv_patches": 256, "repeats": 1},
+}
+HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128  # the 7B's decoder attention
+FRAME_GRID = (40, 72)  # ViT patches of a 1008x560 frame (the 1440p video cap)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _kernel_checks(device: torch.device, dtype: torch.dtype, sizes: dict) -> dict[str, Any]:
+    backends = ["sdpa"] + (["flash"] if device.type == "cuda" and kernels.flash_available()
+                           else [])
+    g = torch.Generator().manual_seed(0)
+    small = [torch.randn(1, 300, h, HEAD_DIM, generator=g).to(dtype)
+             for h in (HEADS, KV_HEADS, KV_HEADS)]
+    ref, _ = kernels.attention(*(t.float() for t in small), causal=True, backend="reference")
+    out: dict[str, Any] = {"backends": backends, "max_abs_error_vs_cpu_reference": {},
+                           "causal_s": {}}
+    for backend in backends:
+        got, _ = kernels.attention(*(t.to(device) for t in small), causal=True, backend=backend)
+        err = (got.float().cpu() - ref).abs().max().item()
+        out["max_abs_error_vs_cpu_reference"][backend] = err
+        for length in sizes["attn_lengths"]:
+            q, k, v = (torch.randn(1, length, h, HEAD_DIM, device=device, dtype=dtype)
+                       for h in (HEADS, KV_HEADS, KV_HEADS))
+            out["causal_s"][f"{backend} {length}"] = _best(
+                lambda q=q, k=k, v=v, b=backend: kernels.attention(q, k, v, causal=True,
+                                                                   backend=b),
+                device, sizes["repeats"])
+        print(f"[calibrate-gpu] kernel {backend}: max abs error {err:.2e} vs the CPU reference",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def _attention_flops(checks: dict[str, Any], backend: str, sizes: dict) -> float:
+    """FLOP/s at the longest length (4 * D FLOPs per visible pair and head)."""
+    length = sizes["attn_lengths"][-1]
+    pairs = length * (length + 1) / 2
+    return 4 * HEAD_DIM * pairs * HEADS / checks["causal_s"][f"{backend} {length}"]
+
+
+def seven_b_config() -> Any:
+    """Qwen2.5-VL-7B's widths (the tiny checkpoint's vocabulary and token ids), one decoder
+    layer."""
+    from transformers import Qwen2_5_VLConfig
+
+    from apbv.model.qwen2_5_vl import rope_config
+    from apbv.model.tiny import tiny_config
+
+    data = tiny_config("tiny").to_dict()
+    data["text_config"].update({
+        "hidden_size": 3584, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "intermediate_size": 18944, "num_hidden_layers": 1, "max_window_layers": 1,
+        **rope_config([16, 24, 24], 1000000.0)})
+    for key in ("head_dim", "layer_types"):
+        data["text_config"].pop(key, None)
+    data["vision_config"].update({
+        "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+        "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]})
+    return Qwen2_5_VLConfig.from_dict(data)
+
+
+def _model(device: torch.device, dtype: torch.dtype, dry: bool) -> Any:
+    """A Qwen2.5-VL-7B-shaped random model with one decoder layer (the tiny one for dry runs)."""
+    from apbv.model.qwen2_5_vl import register_attention
+    from apbv.model.tiny import build_tiny_model
+
+    register_attention()
+    if dry:
+        return build_tiny_model().to(device, dtype).eval()
+    config = seven_b_config()
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    return model.to(dtype).eval()
+
+
+def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
+                     sizes: dict, dry: bool) -> dict[str, Any]:
+    from apbv.model.qwen2_5_vl import set_vision_attention
+
+    lm = model.model.language_model
+    lm.config._attn_implementation = "sdpa"
+    hidden = lm.config.hidden_size
+    out: dict[str, Any] = {"layer_s": {}, "vision_s": {}, "vision_per_window_s": {}}
+
+    def layer(length: int) -> float:
+        x = torch.randn(1, length, hidden, device=device, dtype=dtype)
+        pos = torch.arange(length, device=device).view(1, 1, -1).expand(3, 1, -1)
+        return _best(lambda: lm(inputs_embeds=x, position_ids=pos, use_cache=False), device,
+                     sizes["repeats"])
+
+    with torch.inference_mode():
+        out["layer_s"]["16"] = layer(16)
+        for length in sizes["layer_lengths"]:
+            out["layer_s"][str(length)] = layer(length)
+            print(f"[calibrate-gpu] decoder layer at {length} tokens: "
+                  f"{out['layer_s'][str(length)]:.4f} s", file=sys.stderr, flush=True)
+        visual = model.model.visual
+        rows, cols = (8, 12) if dry else FRAME_GRID
+        dim = visual.patch_embed.proj.weight[0].numel()
+
+        def tower(patches: int, h: int = rows, w: int = cols) -> float:
+            px = torch.randn(patches * h * w, dim, device=device, dtype=dtype)
+            grid = torch.tensor([[patches, h, w]], device=device)
+            return _best(lambda: visual(px, grid_thw=grid), device, sizes["repeats"])
+
+        set_vision_attention(model, "grouped")
+        out["vision_small_s"] = tower(1, 8, 8)  # one window per frame: host overhead
+        for patches in sizes["vision_patches"]:
+            out["vision_s"][str(patches)] = tower(patches)
+            print(f"[calibrate-gpu] vision tower, {patches} temporal patches of {rows}x{cols}:"
+                  f" {out['vision_s'][str(patches)]:.4f} s", file=sys.stderr, flush=True)
+        set_vision_attention(model, "per_window")
+        first = sizes["vision_patches"][0]
+        out["vision_per_window_s"][str(first)] = tower(first)
+        set_vision_attention(model, "grouped")
+        out["vision_depth"] = len(visual.blocks)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/h200_calibration.json")
+    parser.add_argument("--name", default="h200", help="the hardware name written")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="toy sizes on CPU (checks the code path without a GPU)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    if not args.dry_run and not torch.cuda.is_available():
+        print("[calibrate-gpu] skipped: no CUDA device (use --dry-run to check the code path)")
+        return
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    dtype = torch.bfloat16
+    sizes = SIZES["dry" if args.dry_run else "gpu"]
+    torch.manual_seed(0)
+
+    checks = _kernel_checks(device, dtype, sizes)
+    backend = "flash" if "flash" in checks["backends"] else "sdpa"
+    rows, (d_in, d_out) = sizes["matmul_rows"], (3584, 18944)
+    x = torch.randn(rows, d_in, device=device, dtype=dtype)
+    w = torch.randn(d_out, d_in, device=device, dtype=dtype)
+    matmul_s = _best(lambda: F.linear(x, w), device, sizes["repeats"])
+    a = torch.randn(sizes["add_elements"], device=device, dtype=dtype)
+    add_s = _best(lambda: a + a, device, sizes["repeats"])
+
+    model = _model(device, dtype, args.dry_run)
+    proj = model.model.visual.patch_embed
+    patch_in = proj.proj.weight[0].numel()
+    pixels = torch.randn(sizes["conv_patches"], patch_in, device=device, dtype=dtype)
+    conv_s = _best(lambda: proj(pixels), device, sizes["repeats"])
+    conv_flops = 2 * sizes["conv_patches"] * patch_in * proj.proj.weight.shape[0] / conv_s
+    measured = _layer_and_tower(model, device, dtype, sizes, args.dry_run)
+
+    base = hardware("h200")
+    depth = measured["vision_depth"]
+    hw = Hardware.from_json({
+        **base.to_json(),
+        "name": args.name,
+        "matmul_flops": float(f"{2 * rows * d_in * d_out / matmul_s:.4g}"),
+        "conv_flops": float(f"{conv_flops:.4g}"),
+        "attention_flops": float(f"{_attention_flops(checks, backend, sizes):.4g}"),
+        "attention_pair_s": 0.0,
+        "memory_bw": float(f"{3 * 2 * sizes['add_elements'] / add_s:.4g}"),  # 2 reads, 1 write
+        "layer_overhead_s": float(f"{measured['layer_s']['16']:.4g}"),
+        "vision_layer_overhead_s": float(f"{measured['vision_small_s'] / depth:.4g}"),
+        # grouped windows: one call per window size, so calls no longer scale with windows;
+        # their host cost is inside the per-block overhead measured above
+        "call_overhead_s": 0.0,
+    })
+    report = {
+        "hardware": hw.to_json(),
+        "measurements": {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s,
+                         "conv_s": conv_s, **measured},
+        "not_measured": ["link_bw", "link_latency_s", "decode_s_per_pixel",
+                         "process_s_per_pixel", "preprocess_fixed_s", "tokenize_s_per_token"],
+        "setup": {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                             else "cpu (dry run)"),
+                  "dtype": "bfloat16", "sizes": sizes, "attention_backend": backend,
+                  "model": "qwen2.5-vl-7b shape, 1 decoder layer, random weights"
+                  if not args.dry_run else "tiny (dry run)",
+                  "frame_grid": FRAME_GRID},
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "seconds": time.perf_counter() - started,
+    }
+    write_calibration(args.out, report, "calibrate_gpu")
+
+
+if __name__ == "__main__":
+    main()
