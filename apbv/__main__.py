@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                               "videos (CPU, about 15 minutes)")
     train.add_argument("--out", required=True, help="checkpoint directory to write")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--steps", type=int, default=None, help="training steps (default 1200)")
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 5000)")
     train.add_argument("--threads", type=int, default=2)
     train.add_argument("--overwrite", action="store_true")
 

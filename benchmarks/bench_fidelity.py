@@ -61,16 +61,12 @@ def _sample(job: dict[str, Any]):
                        index=job["index"], depth=job["depth"])
 
 
-def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict], variants: list[str],
-              fast_vision: bool) -> list[dict]:
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
+              variants: list[str]) -> list[dict]:
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
 
     engine = Engine(cfg, info)
-    if fast_vision:
-        from apbv.model.train_tiny import batch_vision_attention
-
-        batch_vision_attention(engine.qwen.model)
     rows = []
     for n, job in enumerate(jobs):
         sample = _sample(job)
@@ -201,8 +197,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     jobs = _jobs(tokens, args.samples, depths)
     print(f"[bench] {len(jobs)} videos x {len(variants)} variants on {args.world_size} ranks",
           file=sys.stderr, flush=True)
-    rows = spawn_local(_rank_job, args.world_size,
-                       (cfg, jobs, variants, not args.hf_vision_loop),
+    rows = spawn_local(_rank_job, args.world_size, (cfg, jobs, variants),
                        timeout_s=7200, collective_timeout_s=args.timeout)[0]
     _add_agreement(rows)
     return rows
@@ -259,9 +254,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depths", default="0.1,0.5,0.9",
                         help="depth of the first needle (fraction of the video), in turn")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--hf-vision-loop", action="store_true",
-                        help="run the vision tower's attention as transformers does (one call "
-                             "per frame); default: one batched call, the same arithmetic")
     parser.add_argument("--timeout", type=float, default=600.0, help="collective timeout (s)")
     parser.add_argument("--write-vnbench", metavar="DIR",
                         help="write the sets in VNBench's format to DIR and exit")
