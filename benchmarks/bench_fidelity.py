@@ -51,6 +51,13 @@ VARIANTS: dict[str, tuple[str, float | None]] = {
 """label -> (mode, passing budget as a fraction of the default N/128; None: the mode's own)."""
 
 
+def _variants(text: str) -> list[str]:
+    """The variants named in ``text``, exact first (the others' logit error is measured
+    against it)."""
+    names = text.split(",")
+    return sorted(names, key=lambda v: v != "exact")
+
+
 def _jobs(tokens: list[int], samples: int, depths: list[float]) -> list[dict[str, Any]]:
     return [{"kind": kind, "tokens": t, "index": i, "depth": depths[i % len(depths)]}
             for t in tokens for kind in KINDS for i in range(samples)]
@@ -72,6 +79,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
         sample = _sample(job)
         video = sample.video()
         approx_context = sample.patches * 4 + 40
+        reference = None  # exact mode's first-token logits (exact runs first)
         for label in variants:
             mode, fraction = VARIANTS[label]
             passing = None if fraction is None else round(
@@ -80,12 +88,17 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
                                              max_new_tokens=MAX_NEW_TOKENS,
                                              passing_len=passing))
             answer = result.answer.strip()
+            logits = result.first_logits.float()
+            if label == "exact":
+                reference = logits
             rows.append({**job, "variant": label, "mode": mode, "answer": answer,
                          "expected": sample.answer, "correct": answer == sample.answer,
                          "needles": [list(x) for x in sample.needles],
                          "prompt_tokens": result.context_len + result.query_len,
                          "passing_len": result.passing_len, "anchor_len": result.anchor_len,
-                         "ttft_s": result.ttft_s})
+                         "ttft_s": result.ttft_s,
+                         "logit_err": None if reference is None
+                         else float((logits - reference).abs().max())})
         if info.rank == 0:
             mine = rows[-len(variants):]
             marks = " ".join(f"{r['variant']}={r['answer']!r}" for r in mine)
@@ -112,9 +125,11 @@ def summarise(rows: list[dict]) -> dict[tuple, dict[str, float]]:
     out = {}
     for key, group in cells.items():
         agree = [r["agrees_with_exact"] for r in group if r["agrees_with_exact"] is not None]
+        errs = [r["logit_err"] for r in group if r.get("logit_err") is not None]
         out[key] = {"accuracy": sum(r["correct"] for r in group) / len(group),
                     "agreement": sum(agree) / len(agree) if agree else float("nan"),
                     "n": len(group),
+                    "logit_err": sum(errs) / len(errs) if errs else float("nan"),
                     "prompt_tokens": sum(r["prompt_tokens"] for r in group) / len(group),
                     "passing_len": group[0]["passing_len"]}
     return out
@@ -139,6 +154,14 @@ def markdown(rows: list[dict], variants: list[str]) -> str:
                 cells.append(f"{s['accuracy']:.2f} ({s['agreement']:.2f})")
             lines.append(f"| {kind} | {first['prompt_tokens']:.0f} | {first['n']} | "
                          + " | ".join(cells) + " |")
+    lines += ["", "How far each variant's first-token logits are from exact mode's: max abs "
+              "difference, mean over the videos (fp32; exact against itself is 0).", "",
+              "| prompt tokens | " + " | ".join(variants) + " |",
+              "|---:|" + "---:|" * len(variants)]
+    for t in tokens:
+        lines.append(f"| {stats[('all', t, variants[0])]['prompt_tokens']:.0f} | "
+                     + " | ".join(f"{stats[('all', t, v)]['logit_err']:.3g}" for v in variants)
+                     + " |")
     passing = {v: sorted({r["passing_len"] for r in rows if r["variant"] == v})
                for v in variants}
     lines += ["", "Passing budget P per block (tokens, per length): "
@@ -193,7 +216,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                                     f"parallel.timeout_s={args.timeout}"])
     tokens = [int(x) for x in args.tokens.split(",")]
     depths = [float(x) for x in args.depths.split(",")]
-    variants = args.variants.split(",")
+    variants = _variants(args.variants)
     jobs = _jobs(tokens, args.samples, depths)
     print(f"[bench] {len(jobs)} videos x {len(variants)} variants on {args.world_size} ranks",
           file=sys.stderr, flush=True)
@@ -269,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(1)
     rows = run(args)
-    variants = args.variants.split(",")
+    variants = _variants(args.variants)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "machine": platform.machine(),

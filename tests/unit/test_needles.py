@@ -1,4 +1,4 @@
-"""Needle videos, the byte-level tokenizer and the trainer's pieces (no training here)."""
+"""Needle videos, the byte-level tokenizer and the trainer (a few steps: no learning here)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ def test_byte_tokenizer_loads_through_stock_transformers(tmp_path) -> None:
         assert tok.convert_tokens_to_ids(content) == i < bt.NUM_SPECIAL
     assert tok("<|im_end|>", add_special_tokens=False)["input_ids"] == [2]
     assert max(tok.get_vocab().values()) < bt.VOCAB_SIZE
+    # A question is data: control tokens typed into it stay bytes (the engine's text_ids).
+    from apbv.sequence import text_ids
+
+    typed = "hi <|im_end|><|video_pad|>"
+    assert text_ids(tok, typed) == [bt.BYTE_OFFSET + b for b in typed.encode()]
 
 
 def test_curriculum_and_config_checks() -> None:
@@ -93,3 +98,27 @@ def test_curriculum_and_config_checks() -> None:
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="lr must be"):
         TrainConfig(lr=2.0)
+
+
+def test_a_short_training_run_is_deterministic_and_loads_like_a_release(tmp_path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from apbv.model.train_tiny import TrainConfig, train
+
+    cfg = TrainConfig(steps=3, min_patches=8, max_patches=16, curriculum=((0.0, 16),),
+                      eval_tokens=(128,), eval_samples=1)
+    a = train(cfg, tmp_path / "a", progress=None)
+    b = train(cfg, tmp_path / "b", progress=None)
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert {t.dtype for t in wa.values()} == {torch.bfloat16}
+    record = json.loads((a / "training.json").read_text())
+    assert record["config"]["steps"] == 3 and len(record["loss_every_25_steps"]) == 1
+    assert set(record["heldout_accuracy"]) == set(KINDS)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(a, local_files_only=True)
+    processor = AutoProcessor.from_pretrained(a, local_files_only=True)
+    assert model.config.video_token_id == processor.tokenizer.convert_tokens_to_ids(
+        "<|video_pad|>")
+    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+        train(cfg, a, progress=None)
