@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="the whole pipeline on local CPU ranks, spava vs exact")
     _add_config_args(demo, default_preset="tiny_cpu")
     demo.add_argument("--world-size", type=int, default=2)
-    demo.add_argument("--video", help="video file (default: a generated test video)")
-    demo.add_argument("--question", default="What colour is the square at the end?")
+    demo.add_argument("--video", help="video file (default: a generated needle video, asked of "
+                                      "the trained tiny model)")
+    demo.add_argument("--question", help="question (default: the needle video's, or 'What "
+                                         "colour is the square at the end?' for --video)")
     demo.add_argument("--json", action="store_true", help="also print one JSON line")
 
     plan = sub.add_parser("plan", help="print the layout and memory without loading weights; "
@@ -281,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--overwrite", action="store_true")
     tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
                       help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
+
+    train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
+                                              "videos (CPU, about 15 minutes)")
+    train.add_argument("--out", required=True, help="checkpoint directory to write")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 5000)")
+    train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--overwrite", action="store_true")
 
     video = sub.add_parser("make-test-video", help="write a synthetic test video")
     video.add_argument("--out", required=True, help="file to write (.mp4)")
@@ -391,14 +401,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from apbv.demo import run_pipeline_demo
 
+            model_given = args.model is not None or any(
+                s.strip().startswith("model.path") for s in args.set)
             run_pipeline_demo(_config_from_args(args), world_size=args.world_size,
-                              video=args.video, question=args.question, as_json=args.json)
+                              video=args.video, question=args.question, as_json=args.json,
+                              model_given=model_given)
             return 0
         if args.command == "make-tiny-model":
             from apbv.model.tiny import write_tiny_checkpoint
 
             print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
                                         size=args.size))
+            return 0
+        if args.command == "train-tiny":
+            from apbv.model.train_tiny import TrainConfig, train
+
+            overrides = {"steps": args.steps} if args.steps is not None else {}
+            cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
+            command = "python -m apbv " + " ".join(
+                a for a in (argv if argv is not None else sys.argv[1:]))
+            print(train(cfg, args.out, overwrite=args.overwrite, command=command))
             return 0
         if args.command == "make-test-video":
             from apbv.synthetic import write_test_video

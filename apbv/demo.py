@@ -1,10 +1,15 @@
 """The embedded default job: the whole pipeline on local CPU ranks, spava next to exact.
 
-It writes (once, under .cache/) the tiny random Qwen2.5-VL checkpoint and a synthetic test
-video, starts ``world_size`` gloo ranks, loads the engine on each, and answers one question in
-spava and in exact mode. It prints each answer with its TTFT breakdown and whether the two
-modes agree. The tiny model's weights are random, so the answer is not meaningful text; what
-the demo shows is the machinery and the agreement.
+By default it asks the tiny Qwen2.5-VL trained on synthetic needle videos (shipped in
+``apbv/assets/needle-tiny``; :mod:`apbv.model.train_tiny`) about a generated held-out needle
+video of about 8k prompt tokens (:mod:`apbv.needles`; frames made in memory and handed to the
+engine already decoded), starts ``world_size`` gloo ranks, loads the engine on each, and
+answers in spava and in exact mode. It prints the question, the right answer, each mode's
+answer (marked right or wrong) with its TTFT breakdown, and whether the two modes agree.
+
+With ``--video FILE`` it answers a question about that file instead, with the configured model
+(by default the tiny random checkpoint, written once under .cache/, whose answers are noise:
+that run shows the machinery and the agreement only).
 """
 
 from __future__ import annotations
@@ -20,6 +25,16 @@ from apbv.distributed import DistInfo, spawn_local
 CACHE = Path(".cache")
 DEMO_VIDEO = CACHE / "demo-40s.mp4"
 DEMO_MODES = ("spava", "exact")
+FILE_QUESTION = "What colour is the square at the end?"
+NEEDLE = {"kind": "retrieval", "tokens": 8192, "seed": 2026, "index": 0, "depth": 0.3}
+"""The default job's video: a held-out retrieval sample (the trainer never sees seed 2026)."""
+
+
+def needle_sample(job: dict[str, Any] = NEEDLE):
+    from apbv.needles import make_sample, patches_for_tokens
+
+    return make_sample(job["kind"], patches=patches_for_tokens(job["tokens"]), seed=job["seed"],
+                       index=job["index"], depth=job["depth"])
 
 
 def _ensure_inputs(cfg: RuntimeConfig, video: str | None) -> str:
@@ -40,25 +55,53 @@ def _ensure_inputs(cfg: RuntimeConfig, video: str | None) -> str:
     return str(DEMO_VIDEO)
 
 
-def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, question: str) -> list[dict]:
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str | None,
+              question: str) -> list[dict]:
     from apbv.engine.engine import Engine
+    from apbv.engine.request import Request
 
     engine = Engine(cfg, info)
     results = []
     for mode in DEMO_MODES:
-        results.append(engine.generate(engine.request(video, question, mode=mode)).to_json())
+        if video is None:  # the needle video, made on every rank alike
+            request = Request(video=needle_sample().video(), question=question, mode=mode,
+                              max_new_tokens=cfg.generate.max_new_tokens)
+        else:
+            request = engine.request(video, question, mode=mode)
+        results.append(engine.generate(request).to_json())
         if info.rank == 0:
             print(f"[apbv] {mode}: done", file=sys.stderr, flush=True)
     return results
 
 
 def run_pipeline_demo(
-    cfg: RuntimeConfig, *, world_size: int, video: str | None, question: str, as_json: bool
+    cfg: RuntimeConfig, *, world_size: int, video: str | None, question: str | None,
+    as_json: bool, model_given: bool = False,
 ) -> bool:
     """Run the demo and print its report; returns whether spava and exact gave the same tokens
-    (spava is approximate: on a random tiny model they may differ, which is not an error)."""
-    video = _ensure_inputs(cfg, video)
-    print(f"[apbv] {world_size} gloo rank(s), model {cfg.model.path}, video {video}",
+    (spava is approximate: they may differ, which is not an error).
+
+    Without ``video``: the needle video, and the trained tiny checkpoint unless
+    ``model_given``. With ``video``: that file and ``cfg``'s model."""
+    expected = None
+    if video is None:
+        sample = needle_sample()
+        question, expected = question or sample.question, sample.answer
+        if not model_given:
+            import dataclasses
+
+            from apbv.assets import needle_tiny
+
+            cfg = dataclasses.replace(
+                cfg, model=dataclasses.replace(cfg.model, path=str(needle_tiny())))
+        where = ", ".join(f"second {t}" for t, _ in sample.needles)
+        shown = (f"generated needle video, {sample.frames.shape[0]} frames of "
+                 f"{sample.frames.shape[-1]}x{sample.frames.shape[-2]} at {sample.fps:g} fps "
+                 f"(in memory), noise with a {sample.answer} flash at {where}")
+    else:
+        video = _ensure_inputs(cfg, video)
+        question, shown = question or FILE_QUESTION, video
+    print(f"[apbv] {world_size} gloo rank(s), model {cfg.model.path}, video {shown}",
           file=sys.stderr, flush=True)
     results: list[dict[str, Any]] = spawn_local(
         _rank_job, world_size, (cfg, video, question),
@@ -66,6 +109,8 @@ def run_pipeline_demo(
     )[0]
     first = results[0]
     print(f"question: {question!r}")
+    if expected is not None:
+        print(f"video: {shown}\nright answer: {expected!r}")
     print(f"prompt: {first['context_len']} context + {first['query_len']} query tokens from "
           f"{first['frames']} frames; anchor {first['anchor_len']}, passing "
           f"{first['passing_len']} per block; {world_size} ranks")
@@ -73,7 +118,9 @@ def run_pipeline_demo(
     print(f"\n{'mode':<7} {'TTFT s':>7} " + " ".join(f"{s:>11}" for s in stages) + "  answer")
     for r in results:
         times = " ".join(f"{r['seconds'][s]:>11.3f}" for s in stages)
-        print(f"{r['mode']:<7} {r['ttft_s']:>7.3f} {times}  {r['answer']!r}")
+        mark = "" if expected is None else (
+            "  (right)" if r["answer"].strip() == expected else "  (WRONG)")
+        print(f"{r['mode']:<7} {r['ttft_s']:>7.3f} {times}  {r['answer']!r}{mark}")
     spava, exact = results
     agree = spava["token_ids"] == exact["token_ids"]
     same = next((i for i, (a, b) in enumerate(zip(spava["token_ids"], exact["token_ids"]))
@@ -84,9 +131,11 @@ def run_pipeline_demo(
     if agree:
         print("spava and exact agree on every token")
     else:
-        print(f"spava and exact agree on the first {same} token(s); this checkpoint has random "
-              "weights, which amplify any approximation (exact mode is the one that must match "
-              "full attention, and the tests check that it does)")
+        note = ("this checkpoint has random weights, which amplify any approximation"
+                if expected is None else "spava's attention is approximate")
+        print(f"spava and exact agree on the first {same} token(s); {note} (exact mode is the "
+              "one that must match full attention, and the tests check that it does)")
     if as_json:
-        print(json.dumps({"question": question, "results": results, "agree": agree}))
+        print(json.dumps({"question": question, "expected": expected, "results": results,
+                          "agree": agree}))
     return agree

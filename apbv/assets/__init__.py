@@ -1,0 +1,23 @@
+"""Files shipped inside the package.
+
+``needle-tiny/``: the tiny Qwen2.5-VL trained on synthetic needle videos
+(:mod:`apbv.model.train_tiny`; ``training.json`` beside the weights records the command, seed,
+steps, wall time and held-out accuracy). It loads like a released checkpoint::
+
+    Qwen2_5_VLForConditionalGeneration.from_pretrained(NEEDLE_TINY, local_files_only=True)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NEEDLE_TINY = Path(__file__).resolve().parent / "needle-tiny"
+"""The trained tiny checkpoint directory."""
+
+
+def needle_tiny() -> Path:
+    """:data:`NEEDLE_TINY`, checked to hold its weights (a ValueError names what is missing)."""
+    if not (NEEDLE_TINY / "model.safetensors").is_file():
+        raise ValueError(f"the trained tiny checkpoint is missing from {NEEDLE_TINY} (retrain it: "
+                         "python -m apbv train-tiny --out apbv/assets/needle-tiny)")
+    return NEEDLE_TINY

@@ -1,0 +1,338 @@
+"""Train the tiny Qwen2.5-VL on synthetic needle videos: a checkpoint that actually watches.
+
+``python -m apbv train-tiny --out DIR`` builds a Qwen2.5-VL-shaped model (the tiny widths of
+:mod:`apbv.model.tiny`: 2 decoder layers of width 64, a 2-block vision tower; tied embeddings
+and the byte-level tokenizer of :mod:`apbv.model.byte_tokenizer`, so about 0.2 M parameters)
+and trains it with teacher forcing on the answer tokens of :mod:`apbv.needles` questions
+(retrieval, ordering, counting), with a curriculum over video lengths up to
+:attr:`TrainConfig.max_patches` temporal patches (about 8k prompt tokens). Prompts are built
+exactly as the engine builds them (the checkpoint's chat template, context and query tokenized
+apart, apbv's M-RoPE positions), so what the model learns is what the engine asks.
+
+The result is a checkpoint directory that loads through the same ``from_pretrained`` path as a
+released one, weights in bfloat16, plus ``training.json``: the command, seed, steps, wall time,
+loss curve and held-out accuracy (greedy answer tokens, single-process exact attention) per
+task kind and length. Training is seeded and deterministic on a given torch build and thread
+count. This is tooling, not part of the request path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from apbv.model import byte_tokenizer as bt
+from apbv.needles import KINDS, make_sample, patches_for_tokens
+
+FORMAT_VERSION = 1
+
+SEED_OFFSETS = {"train": 0, "heldout": 1_000_003}
+"""Sample seeds are ``seed + offset``: training and held-out sets never share a sample."""
+
+
+KIND_SCHEDULE = ("retrieval", "ordering", "retrieval", "counting")
+"""Task kind of each step, in turn: retrieval (the benchmark's accuracy bar) gets half."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 5000
+    lr: float = 3e-3
+    warmup: int = 30
+    weight_decay: float = 0.0
+    min_patches: int = 12
+    """Shortest training video (temporal patches; 4 prompt tokens each)."""
+    max_patches: int = 2048
+    """Longest training video: about 8.3k prompt tokens."""
+    curriculum: tuple[tuple[float, int], ...] = ((0.0, 64), (0.5, 256), (0.75, 1024),
+                                                  (0.9, 2048))
+    """(fraction of the steps, longest video from then on, in patches); lengths are drawn
+    log-uniformly between ``min_patches`` and the current longest."""
+    eval_tokens: tuple[int, ...] = (2048, 8192)
+    """Prompt lengths of the held-out accuracy written beside the weights."""
+    eval_samples: int = 20
+    """Held-out samples per kind and length."""
+    threads: int = 2
+    batch_tokens: int = 2048
+    """Short videos are batched (same kind and length) up to about this many video tokens."""
+    max_batch: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "min_patches", "max_patches", "threads", "eval_samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
+        if self.min_patches > self.max_patches:
+            raise ValueError("min_patches must not exceed max_patches")
+
+    def longest(self, step: int) -> int:
+        """Longest video (patches) at ``step``."""
+        current = self.curriculum[0][1]
+        for fraction, patches in self.curriculum:
+            if step >= fraction * self.steps:
+                current = patches
+        return max(self.min_patches, min(current, self.max_patches))
+
+
+def trained_config():
+    """The Qwen2.5-VL config of the trained tiny model: tiny widths, byte-level vocabulary."""
+    from transformers import Qwen2_5_VLConfig
+
+    from apbv.model.tiny import tiny_config
+
+    base = tiny_config("tiny").to_dict()
+    text, vision = dict(base["text_config"]), dict(base["vision_config"])
+    ids = bt.SPECIAL_IDS
+    text.update(vocab_size=bt.VOCAB_SIZE, bos_token_id=ids["<|endoftext|>"],
+                eos_token_id=ids["<|im_end|>"], tie_word_embeddings=True)
+    for key in ("model_type", "architectures", "dtype", "torch_dtype", "transformers_version"):
+        text.pop(key, None)
+        vision.pop(key, None)
+    return Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, dtype="bfloat16",
+    )
+
+
+def build_model(seed: int):
+    """The untrained model (fp32, small normal init, seeded)."""
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(trained_config()).float()
+    ids = bt.SPECIAL_IDS
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
+        eos_token_id=list(bt.EOS_TOKEN_IDS))
+    return model
+
+
+def write_support_files(directory: Path) -> None:
+    """Everything but the weights: tokenizer, chat template, processor config."""
+    from apbv.model.tiny import CHAT_TEMPLATE, PREPROCESSOR_CONFIG
+
+    (directory / "tokenizer.json").write_text(bt.tokenizer_json(), encoding="utf-8")
+    _write_json(directory / "tokenizer_config.json", bt.tokenizer_config(CHAT_TEMPLATE))
+    _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+
+
+def _write_json(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=True) + "\n", encoding="utf-8")
+
+
+@dataclass
+class Encoded:
+    input_ids: torch.Tensor
+    """(1, T) prompt + answer + <|im_end|>."""
+    labels: torch.Tensor
+    """(1, T) -100 except the answer tokens and <|im_end|>."""
+    positions: torch.Tensor
+    """(3, 1, T) apbv's M-RoPE positions (answer tokens continue at max + 1)."""
+    pixels: torch.Tensor
+    grid: torch.Tensor
+    prompt_len: int
+
+
+class Encoder:
+    """Builds model inputs for a needle sample the way the engine builds its prompt."""
+
+    def __init__(self, processor: Any, config: Any):
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.video_token_id = config.video_token_id
+        self.tokens_per_second = config.vision_config.tokens_per_second
+        self.end_id = bt.SPECIAL_IDS["<|im_end|>"]
+
+    def __call__(self, sample, *, with_answer: bool = True) -> Encoded:
+        from apbv.model.qwen2_5_vl import video_processor_kwargs
+        from apbv.positions import mrope_positions
+        from apbv.sequence import prompt_ids, split_prompt
+
+        vp = self.processor.video_processor
+        out = vp(videos=[sample.frames], do_resize=False, do_sample_frames=False,
+                 return_tensors="pt", **video_processor_kwargs(vp))
+        grid = out["video_grid_thw"]
+        t, h, w = (int(x) for x in grid[0].tolist())
+        context_text, query_text = split_prompt(self.processor, sample.question)
+        context, query = prompt_ids(self.tokenizer, context_text, query_text, sample.question,
+                                    t * h * w // 4)
+        prompt = torch.cat([context, query])
+        positions = mrope_positions(prompt, [(t, h, w)], [2.0 / sample.fps],
+                                    video_token_id=self.video_token_id, spatial_merge_size=2,
+                                    tokens_per_second=self.tokens_per_second)
+        answer = (self.tokenizer(sample.answer, add_special_tokens=False)["input_ids"]
+                  + [self.end_id]) if with_answer else []
+        ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
+        more = torch.arange(len(answer)) + int(positions.max()) + 1
+        positions = torch.cat([positions, more.view(1, 1, -1).expand(3, 1, -1)], dim=2)
+        labels = torch.full_like(ids, -100)
+        if answer:  # logits at i predict token i + 1: labels are the ids, HF shifts them
+            labels[len(prompt):] = ids[len(prompt):]
+        return Encoded(ids.unsqueeze(0), labels.unsqueeze(0), positions,
+                       out["pixel_values_videos"], grid, len(prompt))
+
+
+def collate(encs: list[Encoded]) -> Encoded:
+    """One batch of samples with the same prompt length; shorter answers are padded with
+    <|endoftext|> after their <|im_end|> (causal: padding changes no earlier logit)."""
+    if len(encs) == 1:
+        return encs[0]
+    if len({e.prompt_len for e in encs}) != 1:
+        raise ValueError("a batch needs samples with the same prompt length")
+    width = max(e.input_ids.shape[1] for e in encs)
+    pad = bt.SPECIAL_IDS["<|endoftext|>"]
+
+    def widen(t: torch.Tensor, value: int) -> torch.Tensor:
+        extra = width - t.shape[-1]
+        return torch.nn.functional.pad(t, (0, extra), value=value) if extra else t
+
+    ids = torch.cat([widen(e.input_ids, pad) for e in encs])
+    labels = torch.cat([widen(e.labels, -100) for e in encs])
+    positions = []
+    for e in encs:
+        extra = width - e.positions.shape[-1]
+        more = torch.arange(extra) + int(e.positions.max()) + 1
+        positions.append(torch.cat([e.positions, more.view(1, 1, -1).expand(3, 1, -1)], dim=2))
+    return Encoded(ids, labels, torch.cat(positions, dim=1),
+                   torch.cat([e.pixels for e in encs]), torch.cat([e.grid for e in encs]),
+                   encs[0].prompt_len)
+
+
+def forward(model, enc: Encoded):
+    return model(input_ids=enc.input_ids, pixel_values_videos=enc.pixels,
+                 video_grid_thw=enc.grid, position_ids=enc.positions, labels=enc.labels)
+
+
+@torch.no_grad()
+def answers_greedily(model, enc: Encoded) -> bool:
+    """Whether greedy decoding yields exactly the answer tokens and then <|im_end|>: one
+    teacher-forced forward, the argmax at every answer position equal to the next token
+    (which is what greedy decoding from the prompt would produce, token by token)."""
+    logits = forward(model, enc).logits[0]
+    targets = enc.input_ids[0, enc.prompt_len:]
+    return bool((logits[enc.prompt_len - 1:-1].argmax(-1) == targets).all())
+
+
+def heldout_accuracy(model, encoder: Encoder, cfg: TrainConfig,
+                     progress=None) -> dict[str, dict[str, float]]:
+    """{kind: {tokens: accuracy}} of greedy answers on held-out samples (single process,
+    full causal attention)."""
+    model.eval()
+    result: dict[str, dict[str, float]] = {}
+    for kind in KINDS:
+        result[kind] = {}
+        for tokens in cfg.eval_tokens:
+            patches = patches_for_tokens(tokens)
+            right = 0
+            for i in range(cfg.eval_samples):
+                sample = make_sample(kind, patches=patches, index=i,
+                                     seed=cfg.seed + SEED_OFFSETS["heldout"])
+                right += answers_greedily(model, encoder(sample))
+            result[kind][str(tokens)] = right / cfg.eval_samples
+            if progress:
+                print(f"held-out {kind} @ {tokens} tokens: {result[kind][str(tokens)]:.2f}",
+                      file=progress, flush=True)
+    return result
+
+
+def _lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool = False,
+          command: str | None = None, progress=sys.stderr) -> Path:
+    """Train, evaluate on held-out samples and write the checkpoint to ``out_dir``."""
+    from transformers import AutoProcessor
+
+    from apbv.model.qwen2_5_vl import set_vision_attention
+
+    out = Path(out_dir).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        raise ValueError(f"{out} exists and is not an empty directory (pass --overwrite)")
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        write_support_files(tmp)
+        processor = AutoProcessor.from_pretrained(tmp, local_files_only=True)
+        model = build_model(cfg.seed)
+        set_vision_attention(model, "grouped")
+        encoder = Encoder(processor, model.config)
+        optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  betas=(0.9, 0.98))
+        gen = torch.Generator().manual_seed(cfg.seed)
+        losses: list[tuple[int, int, float]] = []
+        start = time.perf_counter()
+        model.train()
+        window: list[float] = []
+        for step in range(cfg.steps):
+            longest = cfg.longest(step)
+            u = float(torch.rand((), generator=gen))
+            patches = round(math.exp(math.log(cfg.min_patches)
+                                     + u * (math.log(longest) - math.log(cfg.min_patches))))
+            patches = max(patches, cfg.min_patches)
+            kind = KIND_SCHEDULE[step % len(KIND_SCHEDULE)]
+            batch = max(1, min(cfg.max_batch, cfg.batch_tokens // (4 * patches)))
+            samples = [make_sample(kind, patches=patches, index=step * cfg.max_batch + j,
+                                   seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch)]
+            for group in optim.param_groups:
+                group["lr"] = _lr_at(cfg, step)
+            loss = forward(model, collate([encoder(s) for s in samples])).loss
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            window.append(float(loss.detach()))
+            if (step + 1) % 25 == 0 or step + 1 == cfg.steps:
+                mean = sum(window) / len(window)
+                losses.append((step + 1, longest, round(mean, 4)))
+                window = []
+                if progress:
+                    elapsed = time.perf_counter() - start
+                    print(f"step {step + 1}/{cfg.steps}  loss {mean:.4f}  longest {longest} "
+                          f"patches  {elapsed:.0f}s", file=progress, flush=True)
+        train_s = time.perf_counter() - start
+        model.eval()
+        model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
+        accuracy = heldout_accuracy(model, encoder, cfg, progress)
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        _write_json(tmp / "training.json", {
+            "generator": "apbv.model.train_tiny", "format_version": FORMAT_VERSION,
+            "command": command, "config": asdict(cfg), "torch": torch.__version__,
+            "train_seconds": round(train_s, 1), "threads": cfg.threads,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "loss_every_25_steps": losses, "heldout_accuracy": accuracy,
+            "heldout": {"seed": cfg.seed + SEED_OFFSETS["heldout"],
+                        "samples_per_cell": cfg.eval_samples,
+                        "decoding": "greedy, single process, full causal attention"},
+        })
+        for path in tmp.iterdir():
+            os.chmod(path, 0o644)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return out
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
