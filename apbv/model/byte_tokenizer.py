@@ -11,8 +11,6 @@ special ids from :data:`SPECIAL_IDS`. With a vocabulary of :data:`VOCAB_SIZE` ro
 
 from __future__ import annotations
 
-from typing import Any
-
 from apbv.model.qwen_bpe import ADDED_TOKENS
 
 NUM_SPECIAL = len(ADDED_TOKENS)
@@ -52,29 +50,3 @@ def tokenizer_json() -> str:
         if tokenizer.token_to_id(content) != token_id:
             raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, not {token_id}")
     return tokenizer.to_str()
-
-
-def tokenizer_config(chat_template: str) -> dict[str, Any]:
-    """``tokenizer_config.json``: the released layout with this tokenizer's ids."""
-    decoder = {
-        str(SPECIAL_IDS[content]): {
-            "content": content, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": special,
-        }
-        for _, content, special in ADDED_TOKENS
-    }
-    return {
-        "add_prefix_space": False,
-        "added_tokens_decoder": decoder,
-        "additional_special_tokens": [c for _, c, s in ADDED_TOKENS[1:] if s],
-        "bos_token": None,
-        "chat_template": chat_template,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": 131072,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": None,
-    }

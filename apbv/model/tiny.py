@@ -234,10 +234,10 @@ def _write_files(directory: Path, seed: int, size: str) -> None:
         if bar_was_enabled:
             hf_logging.enable_progress_bar()
     (directory / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
-    _write_json(directory / "tokenizer_config.json", _tokenizer_config())
-    _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
-    _write_json(
+    write_json(directory / "tokenizer_config.json", tokenizer_config())
+    write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    write_json(
         directory / _MARKER,
         {"generator": "apbv.model.tiny", "format_version": FORMAT_VERSION, "seed": seed,
          "size": size},
@@ -270,14 +270,16 @@ def build_tiny_model(seed: int = 0, size: str = "tiny") -> Qwen2_5_VLForConditio
     return model.float().eval()
 
 
-def _write_json(path: Path, obj: object) -> None:
+def write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=True) + "\n", encoding="utf-8")
 
 
-def _tokenizer_config() -> dict[str, Any]:
-    """``tokenizer_config.json`` as in the released Qwen2.5-VL-Instruct repositories."""
+def tokenizer_config(ids: dict[str, int] | None = None) -> dict[str, Any]:
+    """``tokenizer_config.json`` as in the released Qwen2.5-VL-Instruct repositories; ``ids``
+    (special-token text -> id) for a tokenizer that numbers them otherwise (default: the
+    released ids)."""
     decoder = {
-        str(token_id): {
+        str(token_id if ids is None else ids[content]): {
             "content": content,
             "lstrip": False,
             "normalized": False,

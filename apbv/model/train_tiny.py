@@ -18,7 +18,6 @@ count. This is tooling, not part of the request path.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from apbv.model import byte_tokenizer as bt
+from apbv.model.tiny import write_json
 from apbv.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
@@ -124,16 +124,12 @@ def build_model(seed: int):
 
 def write_support_files(directory: Path) -> None:
     """Everything but the weights: tokenizer, chat template, processor config."""
-    from apbv.model.tiny import CHAT_TEMPLATE, PREPROCESSOR_CONFIG
+    from apbv.model.tiny import CHAT_TEMPLATE, PREPROCESSOR_CONFIG, tokenizer_config
 
     (directory / "tokenizer.json").write_text(bt.tokenizer_json(), encoding="utf-8")
-    _write_json(directory / "tokenizer_config.json", bt.tokenizer_config(CHAT_TEMPLATE))
-    _write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
-
-
-def _write_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=True) + "\n", encoding="utf-8")
+    write_json(directory / "tokenizer_config.json", tokenizer_config(bt.SPECIAL_IDS))
+    write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
 
 
 @dataclass
@@ -316,7 +312,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
         accuracy = heldout_accuracy(model, encoder, cfg, progress)
         model.to(torch.bfloat16).save_pretrained(tmp)
-        _write_json(tmp / "training.json", {
+        write_json(tmp / "training.json", {
             "generator": "apbv.model.train_tiny", "format_version": FORMAT_VERSION,
             "command": command, "config": asdict(cfg), "torch": torch.__version__,
             "train_seconds": round(train_s, 1), "threads": cfg.threads,

@@ -67,11 +67,11 @@ def test_bad_arguments_are_refused() -> None:
 def test_byte_tokenizer_loads_through_stock_transformers(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from apbv.model.tiny import CHAT_TEMPLATE
+    from apbv.model.tiny import tokenizer_config
 
     (tmp_path / "tokenizer.json").write_text(bt.tokenizer_json())
     (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps(bt.tokenizer_config(CHAT_TEMPLATE)))
+        json.dumps(tokenizer_config(bt.SPECIAL_IDS)))
     tok = AutoTokenizer.from_pretrained(tmp_path)
     text = "What colour? é ✓"
     ids = tok(text, add_special_tokens=False)["input_ids"]
