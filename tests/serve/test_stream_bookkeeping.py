@@ -1,0 +1,94 @@
+"""The server's open streams without ranks: the --max-streams limit, the idle sweep, and a
+stream lost with its replica's ranks (410, then forgotten)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+pytest.importorskip("fastapi")
+
+from apbv.engine.stream import StreamSpec  # noqa: E402
+from apbv.serve.admission import Admission  # noqa: E402
+from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.policy import ClientError  # noqa: E402
+from apbv.serve.replicas import Replica  # noqa: E402
+from apbv.serve.streams import LiveStream, StreamOptions, Streams  # noqa: E402
+
+KIB = 1024
+
+
+def _streams(**options) -> tuple[Streams, Replica]:
+    group = SimpleNamespace(pids=[], world_size=1)
+    replica = Replica(0, group, Admission(2), Metrics(), lambda _: None)
+    replica.status = "ready"
+    streams = Streams(SimpleNamespace(replicas=[replica]),
+                      StreamOptions(budget_bytes=100 * KIB, **options))
+    return streams, replica
+
+
+def _add(streams: Streams, replica: Replica, name: str, idle_for: float = 0.0) -> LiveStream:
+    """A stream as open would register it, not yet opened on any rank."""
+    live = LiveStream(id=name, replica=replica, generation=replica.generation,
+                      spec=StreamSpec(height=28, width=28), sized=False,
+                      pixels=(None, None), reserved=10 * KIB)
+    live.used = time.monotonic() - idle_for
+    streams.live[name] = live
+    return live
+
+
+def _refused(exc: pytest.ExceptionInfo, status: int, text: str) -> None:
+    assert exc.value.status == status and text in exc.value.message, (status, exc.value.message)
+
+
+def test_max_streams_refuses_the_next_open_with_the_limit_named():
+    streams, replica = _streams(max_streams=2)
+    assert streams._place(10 * KIB) is replica
+    _add(streams, replica, "a")
+    _add(streams, replica, "b")
+    with pytest.raises(ClientError) as exc:
+        streams._place(10 * KIB)
+    _refused(exc, 429, "2 streams are open, the limit is 2 (--max-streams): close one first")
+    asyncio.run(streams._close(streams.live["a"]))
+    assert streams._place(10 * KIB) is replica and set(streams.live) == {"b"}
+
+
+def test_idle_streams_are_closed_and_their_budget_freed():
+    streams, replica = _streams(idle_s=0.2)
+    _add(streams, replica, "idle", idle_for=5.0)
+    busy = _add(streams, replica, "busy")
+    assert streams.held(replica) == 20 * KIB
+
+    async def run() -> None:
+        sweeper = asyncio.create_task(streams.sweep())
+        for _ in range(20):  # the sweep looks every idle_s / 2 = 0.1 s
+            await asyncio.sleep(0.05)
+            busy.used = time.monotonic()  # a client keeps using this one
+            if "idle" not in streams.live:
+                break
+        sweeper.cancel()
+
+    asyncio.run(run())
+    assert set(streams.live) == {"busy"} and streams.held(replica) == 10 * KIB
+    with pytest.raises(ClientError) as exc:
+        streams._get("idle")
+    _refused(exc, 404, "no open stream 'idle'")
+
+
+def test_a_stream_lost_with_its_ranks_is_410_then_forgotten():
+    streams, replica = _streams()
+    _add(streams, replica, "s")
+    assert streams._get("s").id == "s"
+    replica.generation += 1  # a rank died and the group was rebuilt
+    with pytest.raises(ClientError) as exc:
+        streams._get("s")
+    _refused(exc, 410, "stream 's' was lost: a rank of replica 0 died and its group was "
+                       "rebuilt; open a new stream")
+    assert streams.held(replica) == 0  # its budget is free again
+    with pytest.raises(ClientError) as exc:
+        streams._get("s")
+    _refused(exc, 404, "no open stream 's'")
