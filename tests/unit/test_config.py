@@ -138,7 +138,8 @@ def test_source_configs_is_the_packaged_copy() -> None:
 @pytest.mark.timeout(120)
 def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     """pip wheel (no deps, no build isolation: offline) of a copy of the tree; the wheel holds
-    every preset of configs/, and load_config finds them when installed elsewhere."""
+    every preset of configs/ and the trained tiny checkpoint, and load_config finds the presets
+    when installed elsewhere."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -157,6 +158,11 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
         assert shipped == presets
         for name in presets:
             assert zf.read(f"apbv/configs/{name}") == (ROOT / "configs" / name).read_bytes()
+        # the trained tiny checkpoint (apbv.assets.needle_tiny), every file of it
+        checkpoint = ROOT / "apbv" / "assets" / "needle-tiny"
+        for path in checkpoint.iterdir():
+            name = f"apbv/assets/needle-tiny/{path.name}"
+            assert zf.read(name) == path.read_bytes(), name
         zf.extractall(tmp_path / "site")
     code = ("import apbv.config as c; cfg = c.load_config('tiny_cpu'); "
             "print(c.resolve_preset('tiny_cpu').parent.parent.parent, cfg.video.max_pixels)")
