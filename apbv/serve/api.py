@@ -227,9 +227,9 @@ def answer(model: str, max_new_tokens: int, cid: str, result: Any, queue_wait_s:
     }
 
 
-def chunk(call: ChatCall, cid: str, delta: dict[str, Any], finish: str | None = None,
+def chunk(model: str, cid: str, delta: dict[str, Any], finish: str | None = None,
           **extra: Any) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": call.model,
+            "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
             **extra}

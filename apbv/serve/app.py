@@ -165,7 +165,7 @@ class Server:
         job.replica = replica
         cid = api.completion_id()
         if call.stream:
-            return StreamingResponse(self._sse(job, cid, request), media_type="text/event-stream")
+            return self.sse(job, cid, request, call.model, call.request.max_new_tokens)
         result, wait = await self._wait(job, request)
         return JSONResponse(api.completion(call, cid, result, wait, replica.index))
 
@@ -179,20 +179,28 @@ class Server:
                 if self._drop(job):
                     raise ClientError(499, "the client disconnected while queued")
 
-    async def _sse(self, job: Job, cid: str, request: Request) -> AsyncIterator[bytes]:
-        call, tokenizer = job.call, self.processor.tokenizer
+    def sse(self, job: Job, cid: str, request: Request, model: str, max_new_tokens: int,
+            **apbv: Any) -> StreamingResponse:
+        """The answer of a job admitted to stream, as chat.completion.chunk server-sent
+        events; ``apbv`` adds fields to the last chunk's ``apbv`` block."""
+        return StreamingResponse(self._sse(job, cid, request, model, max_new_tokens, apbv),
+                                 media_type="text/event-stream")
+
+    async def _sse(self, job: Job, cid: str, request: Request, model: str,
+                   max_new_tokens: int, extra: dict[str, Any]) -> AsyncIterator[bytes]:
+        tokenizer = self.processor.tokenizer
         ids: list[int] = []
         sent = ""
 
         def event(payload: dict) -> bytes:
             return f"data: {json.dumps(payload)}\n\n".encode()
 
-        yield event(api.chunk(call, cid, {"role": "assistant", "content": ""}))
+        yield event(api.chunk(model, cid, {"role": "assistant", "content": ""}))
         waiter = asyncio.ensure_future(self._wait(job, request))
         try:
             async for piece in self._deltas(job, waiter, ids, tokenizer):
                 sent += piece
-                yield event(api.chunk(call, cid, {"content": piece}))
+                yield event(api.chunk(model, cid, {"content": piece}))
             result, wait = await waiter
         except ClientError as exc:
             yield event({"error": {"message": exc.message, "code": exc.status}})
@@ -202,11 +210,12 @@ class Server:
             if job.started is None:
                 self._drop(job)
         if result.answer.startswith(sent) and len(result.answer) > len(sent):
-            yield event(api.chunk(call, cid, {"content": result.answer[len(sent):]}))
-        yield event(api.chunk(call, cid, {},
-                              api.finish_reason(result, call.request.max_new_tokens),
+            yield event(api.chunk(model, cid, {"content": result.answer[len(sent):]}))
+        yield event(api.chunk(model, cid, {},
+                              api.finish_reason(result, max_new_tokens),
                               usage=api.usage(result),
-                              apbv=api.apbv_block(result, wait, job.replica.index)))
+                              apbv={**api.apbv_block(result, wait, job.replica.index),
+                                    **extra}))
         yield b"data: [DONE]\n\n"
 
     @staticmethod

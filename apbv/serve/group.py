@@ -76,24 +76,13 @@ class RankActor:
 
     def generate_stream(self, request: Any) -> Iterator[Any]:
         """Yield each token id as soon as it is known, then the Result."""
-        items: queue.Queue = queue.Queue()
+        yield from _streamed(lambda on_token: self.generate_with(request, on_token))
 
-        def work() -> None:
-            try:
-                items.put(("result", self.generate_with(request, items.put)))
-            except BaseException as exc:  # handed to the caller below
-                items.put(("error", exc))
+    def ask_stream(self, stream_id: str, question: str, **kwargs: Any) -> Iterator[Any]:
+        """A stream's ``ask``: each token id as soon as it is known, then the Result."""
+        yield from _streamed(lambda on_token: self.stream("ask", stream_id, question,
+                                                          on_token=on_token, **kwargs))
 
-        threading.Thread(target=work, daemon=True).start()
-        while True:
-            item = items.get()
-            if isinstance(item, int):
-                yield item
-            elif item[0] == "result":
-                yield item[1]
-                return
-            else:
-                raise item[1]
 
     def generate_with(self, request: Any, on_token: Callable[[int], None]) -> Any:
         result = self.engine.generate(request, on_token=on_token)
@@ -121,6 +110,29 @@ class RankActor:
         if op in ("append", "describe"):
             return getattr(stream, op)(*args, **kwargs)
         raise ValueError(f"unknown stream operation {op!r}")
+
+
+def _streamed(work: Callable[[Callable[[int], None]], Any]) -> Iterator[Any]:
+    """Run ``work(on_token)`` in a thread; yield each token id it reports, then its result
+    (or raise its error)."""
+    items: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            items.put(("result", work(items.put)))
+        except BaseException as exc:  # handed to the caller below
+            items.put(("error", exc))
+
+    threading.Thread(target=run, daemon=True).start()
+    while True:
+        item = items.get()
+        if isinstance(item, int):
+            yield item
+        elif item[0] == "result":
+            yield item[1]
+            return
+        else:
+            raise item[1]
 
 
 class RankGroup:
@@ -204,6 +216,12 @@ class RankGroup:
         """
         gen = self.actors[0].generate_stream.options(num_returns="streaming").remote(request)
         others = [a.generate.remote(request) for a in self.actors[1:]]
+        return await self._streaming(gen, others, on_token)
+
+    async def _streaming(self, gen: Any, others: list[Any],
+                         on_token: Callable[[int], None] | None) -> Any:
+        """Rank 0's streamed result (token ids to ``on_token`` as they come) and the other
+        ranks' refs, as in :meth:`_outcome`."""
 
         async def rank0() -> Any:
             async for ref in gen:
@@ -219,9 +237,17 @@ class RankGroup:
                                                     for r, ref in enumerate(others)]
         return await self._outcome(tasks)
 
-    async def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
+    async def stream(self, op: str, stream_id: str, *args: Any,
+                     on_token: Callable[[int], None] | None = None, **kwargs: Any) -> Any:
         """Rank 0's answer to one stream operation handed to every rank alike (see
-        :meth:`RankActor.stream`); failures as in :meth:`generate`."""
+        :meth:`RankActor.stream`); failures as in :meth:`generate`. ``on_token`` (``ask``
+        only) gets each token id from rank 0 as soon as it is known."""
+        if on_token is not None:
+            assert op == "ask", op
+            gen = self.actors[0].ask_stream.options(num_returns="streaming").remote(
+                stream_id, *args, **kwargs)
+            others = [a.stream.remote(op, stream_id, *args, **kwargs) for a in self.actors[1:]]
+            return await self._streaming(gen, others, on_token)
         tasks = [asyncio.ensure_future(_tagged(r, a.stream.remote(op, stream_id, *args,
                                                                   **kwargs)))
                  for r, a in enumerate(self.actors)]

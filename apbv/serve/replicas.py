@@ -36,9 +36,10 @@ RECENT_VIDEOS = 256
 
 @dataclass(frozen=True)
 class GroupOp:
-    """A job that is not a chat request: ``run(group)`` on the replica's rank group, in turn."""
+    """A job that is not a chat request: ``run(group, on_token)`` on the replica's rank group,
+    in turn (``on_token``: the job's token queue when it was admitted to stream, else None)."""
 
-    run: Callable[[Any], Awaitable[Any]]
+    run: Callable[[Any, Callable[[int], None] | None], Awaitable[Any]]
     what: str = "stream"
     deadline_ms: None = None
     downloaded: None = None
@@ -99,7 +100,7 @@ class Replica:
             on_token = job.tokens.put_nowait if job.tokens is not None else None
             try:
                 if isinstance(job.call, GroupOp):
-                    result = await job.call.run(self.group)
+                    result = await job.call.run(self.group, on_token)
                     self.metrics.requests.labels(job.call.what).inc()
                 else:
                     result = await self.group.generate(job.call.request, on_token)

@@ -21,15 +21,17 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from apbv.engine.request import check_choices
 from apbv.engine.stream import StreamSpec
 from apbv.serve import api, stream_budget
+from apbv.serve.admission import Job
 from apbv.serve.frames import parse_push
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
@@ -37,7 +39,7 @@ from apbv.stream import Capture, FollowFile, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
-ASK_FIELDS = {"question", "max_tokens", "choices", "fresh"}
+ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream"}
 
 
 @dataclass
@@ -122,22 +124,29 @@ class Streams:
         if live.capture is not None:
             live.capture.close()
 
-    async def _run(self, live: LiveStream, op: str, *args: Any, **kwargs: Any) -> Any:
-        """``op`` on every rank of the stream's replica, in turn with every other job there."""
+    def _admit(self, live: LiveStream, op: str, *args: Any, stream: bool = False,
+               **kwargs: Any) -> Job:
+        """Queue ``op`` for every rank of the stream's replica, in turn with every other job
+        there; ``stream``: the job's token queue gets the answer's ids as they come."""
         replica, generation = live.replica, live.generation
 
-        async def run(group: Any) -> Any:
+        async def run(group: Any, on_token: Callable[[int], None] | None) -> Any:
             if replica.generation != generation:
                 raise ClientError(410, f"stream {live.id!r} was lost with replica "
                                        f"{replica.index}'s ranks; open a new stream")
-            return await group.stream(op, live.id, *args, **kwargs)
+            return await group.stream(op, live.id, *args, on_token=on_token, **kwargs)
 
-        job = replica.admission.admit(GroupOp(run), {}, predicted_s=0.0)
+        job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0)
         job.replica = replica
+        return job
+
+    async def _run(self, live: LiveStream, op: str, *args: Any, **kwargs: Any) -> Any:
+        """``op`` on every rank of the stream's replica (:meth:`_admit`), its outcome."""
+        generation = live.generation
         try:
-            return await job.future
+            return await self._admit(live, op, *args, **kwargs).future
         except ClientError:
-            if replica.generation != generation:
+            if live.replica.generation != generation:
                 self._forget(live)
             raise
 
@@ -305,7 +314,7 @@ class Streams:
             live.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
 
     # --- ask, stats, close ----------------------------------------------------------------------
-    async def ask(self, stream_id: str, request: Request) -> JSONResponse:
+    async def ask(self, stream_id: str, request: Request) -> Response:
         self.server._authorize(request)
         live = self._get(stream_id)
         body = await self.server._read_json(request)
@@ -323,17 +332,28 @@ class Streams:
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
         choices = body.get("choices")
         fresh = bool(_field(body, "fresh", (bool,)))
+        streamed = bool(_field(body, "stream", (bool,)))
         try:
             choices = None if choices is None else list(check_choices(choices))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         if not live.opened_on_ranks:
             raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
+        if streamed and choices is not None:
+            raise ClientError(400, "stream and choices do not go together: a closed-vocabulary "
+                                   "answer is one scored choice, not a token stream")
         live.asks += 1
+        model, cid = self.server.opt.model_name, api.completion_id()
+        if streamed:
+            job = self._admit(live, "ask", question, max_new_tokens=max_tokens, fresh=fresh,
+                              stream=True)
+            job.future.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else
+                self.server._observe(f.result()[0]))
+            return self.server.sse(job, cid, request, model, max_tokens, stream=live.id)
         result, wait = await self._run(live, "ask", question, max_new_tokens=max_tokens,
                                        choices=choices, fresh=fresh)
-        out = api.answer(self.server.opt.model_name, max_tokens, api.completion_id(), result,
-                         wait, live.replica.index)
+        out = api.answer(model, max_tokens, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
         self.server._observe(result)
         return JSONResponse(out)

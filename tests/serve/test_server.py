@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json as json_module
 import os
 import re
 import shutil
@@ -270,6 +271,21 @@ def _delete(url: str) -> httpx.Response:
     return httpx.delete(url, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
 
 
+def _events(url: str, json: dict) -> list[dict]:
+    """The server-sent events of a streamed answer, in order, up to [DONE]."""
+    out = []
+    with httpx.stream("POST", url, json=json, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                if line == "data: [DONE]":
+                    return out
+                out.append(json_module.loads(line[len("data: "):]))
+    raise AssertionError(f"no [DONE] after {len(out)} events")
+
+
 def _refused(response: httpx.Response, status: int, text: str) -> None:
     assert response.status_code == status, response.text
     assert text in response.json()["error"]["message"], response.text
@@ -293,6 +309,19 @@ def test_stream_pushed_frames_answer_like_one_shot(server):
     assert out["object"] == "chat.completion" and out["apbv"]["stream"] == sid
     assert out["apbv"]["token_ids"] == token_ids
     assert out["usage"]["completion_tokens"] == len(token_ids) and out["apbv"]["ttft_s"] > 0
+    events = _events(f"{base}/v1/streams/{sid}/ask",
+                     {"question": STREAM_QUESTION, "max_tokens": 5, "stream": True})
+    assert all(e["object"] == "chat.completion.chunk" for e in events), events
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(events) >= 3, events  # the role, the text as it came, the finish
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert text == out["choices"][0]["message"]["content"]
+    last = events[-1]
+    assert last["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]
+    assert last["apbv"]["token_ids"] == token_ids and last["apbv"]["stream"] == sid
+    _refused(_post(f"{base}/v1/streams/{sid}/ask",
+                   json={"question": STREAM_QUESTION, "choices": CHOICES, "stream": True}),
+             400, "stream and choices do not go together")
     scored = _post(f"{base}/v1/streams/{sid}/ask",
                    json={"question": STREAM_QUESTION, "choices": CHOICES}).json()
     got = scored["apbv"]["choices"]
@@ -301,7 +330,7 @@ def test_stream_pushed_frames_answer_like_one_shot(server):
                                                         abs=1e-4)
     assert scored["choices"][0]["message"]["content"] == max(got, key=lambda c: c["prob"])["text"]
     stats = _get(f"{base}/v1/streams/{sid}").json()
-    assert stats["frames_pushed"] == 10 and stats["pushes"] == 3 and stats["asks"] == 2
+    assert stats["frames_pushed"] == 10 and stats["pushes"] == 3 and stats["asks"] == 3
     assert stats["spec"]["height"] == stats["spec"]["width"] == SIZE
     assert stats["native_size"] == {"height": SIZE, "width": SIZE}
     engine = stats["engine"]
