@@ -83,7 +83,6 @@ class RankActor:
         yield from _streamed(lambda on_token: self.stream("ask", stream_id, question,
                                                           on_token=on_token, **kwargs))
 
-
     def generate_with(self, request: Any, on_token: Callable[[int], None]) -> Any:
         result = self.engine.generate(request, on_token=on_token)
         result.first_logits = None
