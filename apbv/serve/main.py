@@ -59,6 +59,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-idle-s", type=float, default=600,
                    help="close a live stream no client touched for this long (default: "
                         "%(default)s)")
+    p.add_argument("--stream-end-after-s", type=float, default=10.0,
+                   help="a stream's source (a followed file or a segment directory) ends after "
+                        "this long without news, giving its last frames (0: never; default: "
+                        "%(default)s)")
     defaults = Limits()
     for f in dataclasses.fields(Limits):
         p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float,
@@ -82,7 +86,7 @@ def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool
         budget = default_budget_gb(cfg.parallel.memory_gb, args.world_size)
     return StreamOptions(
         budget_bytes=int(budget * GIB), max_streams=args.max_streams,
-        idle_s=args.stream_idle_s,
+        idle_s=args.stream_idle_s, end_after_s=args.stream_end_after_s or None,
         sizing=KVSizing.of_checkpoint(path, dtype_bytes, args.world_size,
                                       limits.max_frames_per_push))
 
@@ -110,6 +114,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         raise ValueError("--max-streams must be >= 0, --stream-idle-s and --stream-memory-gb "
                          f"> 0, got {args.max_streams}, {args.stream_idle_s} and "
                          f"{args.stream_memory_gb}")
+    if not args.stream_end_after_s >= 0:
+        raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:

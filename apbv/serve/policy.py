@@ -97,12 +97,14 @@ def remote_url(url: object, policy: MediaPolicy) -> str | None:
     return url
 
 
-def resolve_media(url: object, policy: MediaPolicy) -> str:
+def resolve_media(url: object, policy: MediaPolicy, *, directory: bool = False) -> str:
     """The real local path of a ``file://`` URL under one of the media roots, or ClientError.
 
     Refused: anything but a string, schemes other than file (http(s) is :func:`remote_url`'s),
     a host in a file URL, a path with a ``..`` component, a path whose real path (symlinks
-    followed) leaves every root, and a path that is not a regular file.
+    followed) leaves every root, and a path that is not a regular file (or, with
+    ``directory``, a directory: a live stream's segment directory, whose own symbolic links
+    its reader does not follow).
     """
     if not isinstance(url, str) or not url:
         raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
@@ -128,6 +130,9 @@ def resolve_media(url: object, policy: MediaPolicy) -> str:
     if not any(_under(real, root) for root in policy.roots):
         raise ClientError(403, f"the video path {path[:200]!r} resolves (symlinks followed) to "
                                f"{real!r}, outside the media roots ({', '.join(policy.roots)})")
+    if directory and os.path.isdir(real):
+        return real
     if not os.path.isfile(real):
-        raise ClientError(404, f"no video file at {path[:200]!r}")
+        raise ClientError(404, f"no video file{' or segment directory' if directory else ''} "
+                               f"at {path[:200]!r}")
     return real

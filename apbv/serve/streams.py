@@ -9,8 +9,9 @@ checked here first (fields, limits, images, timestamps, the memory budget of
 
 A stream pushed by the client opens on the ranks at once when ``width`` / ``height`` were
 given, else with its first push (which fixes the frame size). A stream with a ``source`` (a
-media file under a ``--media-root``) is fed by a task that takes frames from an
-:class:`apbv.stream.Capture` (a followed file) and appends them. A stream lost with its
+media file under a ``--media-root``, or a directory of segment files there) is fed by a task
+that takes frames from an :class:`apbv.stream.Capture` (a followed file, or the segments in
+name order, symbolic links not followed) and appends them. A stream lost with its
 replica's ranks (a rank died and the group was rebuilt) answers 410 and frees its budget; a
 stream no client touched for ``--stream-idle-s`` is closed.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from apbv.serve.admission import Job
 from apbv.serve.frames import parse_push
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
-from apbv.stream import Capture, FollowFile, stream_frame_size
+from apbv.stream import Capture, FollowFile, SegmentDir, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
@@ -48,6 +50,8 @@ class StreamOptions:
     """Per-rank KV bytes all streams of one replica may reserve (--stream-memory-gb)."""
     max_streams: int = 8
     idle_s: float = 600.0
+    end_after_s: float | None = 10.0
+    """A source ends after this long without news (--stream-end-after-s; None: never)."""
     sizing: stream_budget.KVSizing | None = None
 
 
@@ -212,7 +216,8 @@ class Streams:
             raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(OPEN_FIELDS)}")
         spec, sized, pixels, native = self._spec(body)
         source = body.get("source")
-        path = None if source is None else resolve_media(source, self.server.opt.policy)
+        path = None if source is None else resolve_media(source, self.server.opt.policy,
+                                                         directory=True)
         need = self._need(spec, sized, pixels[1])
         replica = self._place(need)
         live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
@@ -224,7 +229,7 @@ class Streams:
                 live.opened_on_ranks = True
             if path is not None:
                 live.source = path
-                live.capture = _start_capture(path, spec, sized, pixels)
+                live.capture = _start_capture(path, spec, sized, pixels, self.opt.end_after_s)
                 live.feeder = asyncio.ensure_future(self._feed(live))
         except BaseException:
             self._forget(live)
@@ -438,8 +443,9 @@ def _resize(frames: Any, size: tuple[int, int]) -> Any:
 
 
 def _start_capture(path: str, spec: StreamSpec, sized: bool,
-                   pixels: tuple[int | None, int | None]) -> Capture:
-    source = FollowFile(path)
+                   pixels: tuple[int | None, int | None], end_after_s: float | None) -> Capture:
+    source = (SegmentDir(path, follow_symlinks=False, end_after_s=end_after_s)
+              if os.path.isdir(path) else FollowFile(path, end_after_s=end_after_s))
     size = (spec.height, spec.width) if sized else None
     return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],

@@ -288,14 +288,19 @@ class SegmentDir(Source):
     skipped: ``segments_failed`` grows and ``errors`` gets "name: error" (frames it yielded
     before failing stay, and its duration is what they covered); the stream goes on with the
     next segment. The source ends when no segment is pending and none has appeared for
-    ``end_after_s`` seconds (None: never). The directory must exist (ValueError).
+    ``end_after_s`` seconds (None: never). The directory must exist (ValueError). With
+    ``follow_symlinks=False`` (the server's choice, so that a segment cannot lead outside the
+    media roots) a segment that is a symbolic link is skipped and reported in ``errors``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, order: str = "name",
                  settle_s: float = 1.0, poll_s: float = 0.05, end_after_s: float | None = None,
-                 extensions: Sequence[str] = SEGMENT_EXTENSIONS) -> None:
+                 extensions: Sequence[str] = SEGMENT_EXTENSIONS,
+                 follow_symlinks: bool = True) -> None:
         super().__init__()
         self.path = os.fspath(path)
+        self.follow_symlinks = follow_symlinks
+        self._links: set[str] = set()
         if order not in SEGMENT_ORDERS:
             raise ValueError(f"order must be one of {SEGMENT_ORDERS}, got {order!r}")
         if not os.path.isdir(self.path):
@@ -319,6 +324,12 @@ class SegmentDir(Source):
                 if not entry.name.lower().endswith(self.extensions):
                     continue
                 try:
+                    if not self.follow_symlinks and entry.is_symlink():
+                        if entry.name not in self._links:
+                            self._links.add(entry.name)
+                            self.errors.append(f"{entry.name}: a symbolic link, not followed "
+                                               "(skipped)")
+                        continue
                     if not entry.is_file():
                         continue
                     st = entry.stat()

@@ -52,6 +52,10 @@ def media(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
     outside = tmp_path_factory.mktemp("outside")
     shutil.copy(short_video, outside / "secret.mp4")
     os.symlink(outside / "secret.mp4", root / "escape.mp4")
+    segments = root / "segments"  # a recorder's directory: one segment, one link leading out
+    segments.mkdir()
+    shutil.copy(short_video, segments / "seg_000.mp4")
+    os.symlink(outside / "secret.mp4", segments / "seg_001.mp4")
     return root
 
 
@@ -63,6 +67,7 @@ def server(tiny_model_dir: Path, media: Path):
                  KEY, "--max-frames", "16", "--max-queue", "4", "--max-body-bytes", "65536",
                  "--max-prompt-tokens", "1000", "--vision-cache-gb", "0.25",
                  "--max-frames-per-push", "8", "--stream-memory-gb", STREAM_BUDGET_GB,
+                 "--stream-end-after-s", "0.5",
                  "--set", "parallel.timeout_s=20") as srv:
         ranks = spawn_local(_reference, 2, (str(tiny_model_dir), str(media / "clip.mp4"),
                                             QUESTION, 6, _frames()), timeout_s=120)
@@ -339,6 +344,38 @@ def test_stream_pushed_frames_answer_like_one_shot(server):
     assert all(t > 0 for t in engine["tokens_per_rank"]) and engine["seconds_held"] == 5.0
     assert _delete(f"{base}/v1/streams/{sid}").json()["closed"] is True
     _refused(_get(f"{base}/v1/streams/{sid}"), 404, "no open stream")
+
+
+def _fed(base: str, source: Path) -> tuple[dict, list[int]]:
+    """Open a stream fed by ``source``, wait until its frames are held, ask, close: (its
+    stats, the answer's token ids)."""
+    opened = _open(base, source=f"file://{source}")
+    assert opened.status_code == 201, opened.text
+    url = f"{base}/v1/streams/{opened.json()['id']}"
+    deadline = time.monotonic() + 60
+    while True:  # 6 s of video sampled at 2 fps: 12 frames
+        stats = _get(url).json()
+        if stats.get("engine", {}).get("frames_held") == 12 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    asked = _post(url + "/ask", json={"question": STREAM_QUESTION, "max_tokens": 5})
+    assert asked.status_code == 200, asked.text
+    assert _delete(url).status_code == 200
+    return stats, asked.json()["apbv"]["token_ids"]
+
+
+def test_stream_fed_by_a_file_and_by_a_segment_directory(server, media):
+    base = server[0]
+    file_stats, file_ids = _fed(base, media / "clip.mp4")
+    dir_stats, dir_ids = _fed(base, media / "segments")
+    for stats in (file_stats, dir_stats):
+        assert stats["engine"]["frames_held"] == 12 and stats["error"] is None, stats
+    assert dir_ids == file_ids  # the same frames, whichever way they came
+    capture = dir_stats["capture"]
+    assert capture["segments_done"] == 1, capture
+    assert capture["errors"] == ["seg_001.mp4: a symbolic link, not followed (skipped)"]
+    _refused(_open(base, source=f"file://{media / 'nothing'}"), 404,
+             "no video file or segment directory at")
 
 
 def test_stream_memory_budget_and_delete(server):

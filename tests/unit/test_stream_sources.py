@@ -3,6 +3,7 @@ thread's sampling, drop policies, stats and shutdown. Tiny videos (64x48, a few 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -111,6 +112,22 @@ def test_segment_dir_skips_a_corrupt_segment_and_goes_on(tmp_path):
     assert stats["errors"] == [
         "seg_001.mp4: InvalidDataError: Invalid data found when processing input"]
     assert stats["ended"] and stats["error"] is None
+
+
+def test_segment_dir_can_refuse_to_follow_symbolic_links(tmp_path):
+    outside = _video(tmp_path / "outside.mp4", 4, seed=3)
+    segments = tmp_path / "segments"
+    segments.mkdir()
+    _video(segments / "seg_000.mp4", 4, seed=1)
+    os.symlink(outside, segments / "seg_001.mp4")
+    source = SegmentDir(segments, settle_s=0.1, end_after_s=0.3, follow_symlinks=False)
+    capture = Capture(source, max_pixels=SMALL)
+    assert _times(_drain(capture)) == [0.0, 0.25, 0.5, 0.75]  # the linked segment is not read
+    stats = capture.stats()
+    assert (stats["segments_done"], stats["segments_failed"]) == (1, 0)
+    assert stats["errors"] == ["seg_001.mp4: a symbolic link, not followed (skipped)"]
+    followed = Capture(SegmentDir(segments, settle_s=0.1, end_after_s=0.3), max_pixels=SMALL)
+    assert len(_drain(followed)) == 8  # by default a link is a segment like any other
 
 
 def test_segment_dir_takes_a_segment_only_when_a_newer_one_exists_or_it_settles(tmp_path):
