@@ -60,3 +60,15 @@ def test_request_errors(capsys, tmp_path, tiny_model_dir, short_video) -> None:
     assert main(_generate(tiny_model_dir, short_video, "--set", "parallel.memory_gb=0.01")) == 2
     line = _one_error_line(capsys)
     assert "does not fit in memory on rank 0" in line and "parallel.memory_gb is 0.01 GiB" in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-queue", "0"], "error: --max-queue must be >= 1, got 0"),
+    (["--stream-idle-s", "0"], "error: --max-streams must be >= 0, --stream-idle-s and "
+                               "--stream-memory-gb > 0, got 8, 0.0 and None"),
+    (["--stream-end-after-s", "-1"], "error: --stream-end-after-s must be >= 0, got -1.0"),
+])
+def test_serve_refuses_bad_options_before_starting(capsys, flags: list[str], message: str):
+    pytest.importorskip("ray")
+    assert main(["serve", "--config", "tiny_cpu", *flags]) == 2
+    assert _one_error_line(capsys) == message
