@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import pyplot, save_figure
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
@@ -170,14 +171,9 @@ def markdown(rows: list[dict], variants: list[str]) -> str:
 
 
 def plot(rows: list[dict], variants: list[str], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
-        print("[bench] matplotlib is not installed: no plot (pip install matplotlib)",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     stats = summarise(rows)
     tokens = sorted({r["tokens"] for r in rows})
@@ -203,9 +199,7 @@ def plot(rows: list[dict], variants: list[str], path: Path) -> bool:
            title=f"spava vs passing, {longest} tokens", ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return save_figure(fig, (), path, dpi=110)  # grids and legends set above
 
 
 def run(args: argparse.Namespace) -> list[dict]:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import add_model_args, model_dir, pyplot, save_figure
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
@@ -166,11 +167,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="apbv-bench-") as tmp:
-        model = args.model
-        if model is None:
-            from apbv.model.tiny import write_tiny_checkpoint
-
-            model = str(write_tiny_checkpoint(Path(tmp) / f"{args.size}-model", size=args.size))
+        model = model_dir(args, Path(tmp))
         cfg = load_config(args.config, [f"model.path={model!r}",
                                         f"parallel.timeout_s={args.timeout}"])
         opts = {"fps": args.fps, "size": args.frame_size, "chunk_frames": args.chunk_frames,
@@ -218,13 +215,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
-        print("[bench] matplotlib is not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rows = report["rows"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -241,19 +234,12 @@ def plot(report: dict[str, Any], path: Path) -> bool:
                    label=f"rank {rank}")
     right.set(xlabel="video seconds", ylabel="KV MiB",
               title=f"windowed stream ({report['meta']['window_minutes']:g} min window)")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return save_figure(fig, (left, right), path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint directory (default: a generated random one)")
-    parser.add_argument("--size", default="tiny", choices=("tiny", "medium"),
-                        help="random model size when --model is not given")
+    add_model_args(parser)
     parser.add_argument("--config", default="tiny_cpu", help="config preset")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--minutes", default="1,5,10,20", help="ask marks, comma-separated")

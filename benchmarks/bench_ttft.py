@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import add_model_args, model_dir, pyplot, save_figure
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
@@ -89,11 +90,7 @@ def _videos(root: Path, frames: list[int], resolutions: list[tuple[int, int]]) -
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="apbv-bench-") as tmp:
         root = Path(tmp)
-        model = args.model
-        if model is None:
-            from apbv.model.tiny import write_tiny_checkpoint
-
-            model = str(write_tiny_checkpoint(root / f"{args.size}-model", size=args.size))
+        model = model_dir(args, root)
         resolutions = [tuple(int(x) for x in r.split("x")) for r in args.resolutions.split(",")]
         frames = [int(x) for x in args.frames.split(",")]
         videos = _videos(root, frames, resolutions)
@@ -183,14 +180,9 @@ def old_over_new(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
-        print("[bench] matplotlib is not installed: no plot (pip install matplotlib)",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode in dict.fromkeys(r["mode"] for r in rows):
@@ -204,19 +196,12 @@ def plot(rows: list[dict], path: Path) -> bool:
     left.set(xlabel="prompt tokens", ylabel="TTFT (s)", title="time to first token")
     right.set(xlabel="prompt tokens", ylabel="speedup over full", title="speedup over full")
     right.axhline(1.0, color="grey", linewidth=0.8)
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return save_figure(fig, (left, right), path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint directory (default: a generated random one)")
-    parser.add_argument("--size", default="tiny", choices=("tiny", "medium"),
-                        help="random model size when --model is not given")
+    add_model_args(parser)
     parser.add_argument("--config", default="tiny_cpu", help="config preset")
     parser.add_argument("--modes", default=",".join(MODE_NAMES))
     parser.add_argument("--old-modes", default="",

@@ -1,0 +1,51 @@
+"""Pieces the benchmark scripts share: the model arguments and the plot's set-up and finish.
+
+The scripts run as ``python benchmarks/NAME.py``, so this directory is on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (a checkpoint directory) or ``--size`` of a generated random one."""
+    parser.add_argument("--model", help="checkpoint directory (default: a generated random one)")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "medium"),
+                        help="random model size when --model is not given")
+
+
+def model_dir(args: argparse.Namespace, root: Path) -> str:
+    """``args.model``, or a random checkpoint of ``args.size`` written under ``root``."""
+    if args.model is not None:
+        return args.model
+    from apbv.model.tiny import write_tiny_checkpoint
+
+    return str(write_tiny_checkpoint(root / f"{args.size}-model", size=args.size))
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None (said on stderr) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("[bench] matplotlib is not installed: no plot (pip install matplotlib)",
+              file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, axes: Any, path: Path, dpi: int = 120) -> bool:
+    """Grid and legend on every axis, tight layout, written to ``path``; True."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    return True
