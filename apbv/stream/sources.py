@@ -136,6 +136,14 @@ def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple
             yield frame.to_ndarray(format="rgb24"), t
 
 
+def _from_start(container: Any, stop: threading.Event, where: str) -> Iterator[RawFrame]:
+    """:func:`_decode`'s frames as tensors, their times counted from the first frame's."""
+    origin: float | None = None
+    for image, t in _decode(container, stop, where):
+        origin = t if origin is None else origin
+        yield torch.from_numpy(image), t - origin
+
+
 def _frame_step(container: Any) -> float:
     """One frame period of the container's first video stream in seconds (0.0: unknown)."""
     stream = container.streams.video[0]
@@ -227,11 +235,8 @@ class FollowFile(Source):
                 raise ValueError(f"followed video {self.path!r} cannot be opened by PyAV "
                                  f"(not a streamable video format?): {err}") from err
             with container:
-                origin: float | None = None
                 try:
-                    for image, t in _decode(container, stop, f"followed video {self.path!r}"):
-                        origin = t if origin is None else origin
-                        yield torch.from_numpy(image), t - origin
+                    yield from _from_start(container, stop, f"followed video {self.path!r}")
                 except av.FFmpegError as err:
                     raise ValueError(f"followed video {self.path!r} failed while decoding: "
                                      f"{_error_text(err)}") from err
@@ -266,11 +271,8 @@ class UrlSource(Source):
         except (av.FFmpegError, OSError) as err:
             raise ValueError(f"video URL {self.url!r} cannot be opened by PyAV: {err}") from err
         with container:
-            origin: float | None = None
             try:
-                for image, t in _decode(container, stop, f"video URL {self.url!r}"):
-                    origin = t if origin is None else origin
-                    yield torch.from_numpy(image), t - origin
+                yield from _from_start(container, stop, f"video URL {self.url!r}")
             except av.FFmpegError as err:
                 raise ValueError(f"video URL {self.url!r} failed while reading: {err}") from err
 
@@ -374,19 +376,17 @@ class SegmentDir(Source):
                  stop: threading.Event) -> Iterator[RawFrame | None]:
         """Yield one segment's frames at ``offset``; returns the next segment's offset."""
         path = os.path.join(self.path, name)
-        origin: float | None = None
         last: float | None = None
         step = 0.0
         try:
             with av.open(path) as container:
                 if container.streams.video:
                     step = _frame_step(container)
-                for image, t in _decode(container, stop, f"segment {name!r}"):
-                    origin = t if origin is None else origin
-                    if last is not None and t - origin <= last:
+                for image, t in _from_start(container, stop, f"segment {name!r}"):
+                    if last is not None and t <= last:
                         continue  # not after the previous frame: never out of order
-                    last = t - origin
-                    yield torch.from_numpy(image), offset + last
+                    last = t
+                    yield image, offset + t
         except (av.FFmpegError, OSError, ValueError) as err:
             self.segments_failed += 1
             self.errors.append(f"{name}: {_error_text(err)}")
