@@ -44,6 +44,21 @@ def video_token_runs(input_ids: torch.Tensor, video_token_id: int) -> list[tuple
     return runs
 
 
+def video_positions(patches: Sequence[int], gh: int, gw: int, seconds_per_patch: float,
+                    tokens_per_second: float, offset: int) -> torch.Tensor:
+    """(3, len(patches) * gh * gw) int64 M-RoPE positions of video tokens: temporal patch
+    ``g`` at ``floor(g * seconds_per_patch * tokens_per_second)``, rows and columns of the
+    merged (gh, gw) grid, all plus ``offset``."""
+    temporal = torch.tensor(
+        [math.floor(g * seconds_per_patch * tokens_per_second) for g in patches],
+        dtype=torch.long,
+    )
+    grid_t, grid_h, grid_w = torch.meshgrid(
+        temporal, torch.arange(gh), torch.arange(gw), indexing="ij"
+    )
+    return torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + offset
+
+
 def mrope_positions(
     input_ids: torch.Tensor,
     video_grids: Sequence[tuple[int, int, int]],
@@ -81,14 +96,8 @@ def mrope_positions(
             )
         text = torch.arange(start - cursor) + next_pos
         pieces.append(text.expand(3, -1))
-        offset = next_pos + start - cursor
-        temporal = torch.tensor(
-            [math.floor(g * seconds * tokens_per_second) for g in range(t)], dtype=torch.long
-        )
-        grid_t, grid_h, grid_w = torch.meshgrid(
-            temporal, torch.arange(gh), torch.arange(gw), indexing="ij"
-        )
-        video = torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + offset
+        video = video_positions(range(t), gh, gw, seconds, tokens_per_second,
+                                next_pos + start - cursor)
         pieces.append(video)
         next_pos = int(video.max()) + 1
         cursor = end

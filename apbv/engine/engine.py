@@ -192,10 +192,10 @@ class Engine:
         return (estimate.total - weights, _available_host_bytes() // max(1, local),
                 f"this rank's share (1/{local}) of the host's available memory")
 
-    def check_same_request(self, request: Request) -> None:
-        """ValueError on every rank, naming each differing field, unless every rank holds an
-        equal request (one small all-gather; the values only travel on a mismatch)."""
-        fingerprint = request.fingerprint()
+    def check_same(self, what: str, fingerprint: dict[str, str]) -> None:
+        """ValueError on every rank ("the ranks were given different ``what``"), naming each
+        differing field, unless every rank holds an equal ``fingerprint`` (one small
+        all-gather; the values only travel on a mismatch)."""
         gathered = comm.all_gather_ints(field_hashes(fingerprint), self.info.group)
         differ = [name for i, name in enumerate(fingerprint)
                   if not bool((gathered[:, i] == gathered[0, i]).all())]
@@ -205,7 +205,7 @@ class Engine:
         details = "; ".join(
             f"{k}: " + ", ".join(f"rank {r} {v[k][:80]}" for r, v in enumerate(values))
             for k in differ)
-        raise ValueError(f"the ranks were given different requests ({', '.join(differ)} "
+        raise ValueError(f"the ranks were given different {what} ({', '.join(differ)} "
                          f"differ): {details}")
 
     def open_stream(self, spec: StreamSpec) -> Stream:
@@ -224,7 +224,7 @@ class Engine:
         is called on this rank with each token id as soon as it is known (first included).
         """
         group = self.info.group
-        self.check_same_request(request)
+        self.check_same("requests", request.fingerprint())
         timer = StageTimer(self.info.device, group)
         error: Exception | None = None
         with timer.stage("preprocess"):

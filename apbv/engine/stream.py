@@ -52,12 +52,11 @@ from apbv.engine.request import (
     Result,
     StreamWindow,
     check_choices,
-    field_hashes,
 )
 from apbv.engine.runtime import finish_answer, raise_if_any_failed, run_prompt
 from apbv.modes import get_mode
 from apbv.plan import QUERY_RANK, check_int, patch_ranges
-from apbv.positions import rope_shift
+from apbv.positions import rope_shift, video_positions
 from apbv.sequence import VIDEO_PAD, prompt_ids, split_prompt
 from apbv.timing import TTFT_STAGES, StageTimer
 from apbv.video import TEMPORAL_PATCH_SIZE
@@ -228,14 +227,6 @@ class Stream:
         with active(ctx):
             return self.qwen.decoder(embeds, positions)
 
-    def _same_everywhere(self, what: str, fingerprint: dict[str, str]) -> None:
-        gathered = comm.all_gather_ints(field_hashes(fingerprint), self.info.group)
-        differ = [name for i, name in enumerate(fingerprint)
-                  if not bool((gathered[:, i] == gathered[0, i]).all())]
-        if differ:
-            raise ValueError(f"the ranks were given different {what} ({', '.join(differ)} "
-                             "differ)")
-
     # -- append ------------------------------------------------------------------------------
 
     def _check_frames(self, frames: torch.Tensor,
@@ -274,13 +265,9 @@ class Stream:
     def _positions(self, patches: list[int]) -> torch.Tensor:
         """(3, 1, tokens) M-RoPE positions of the chunk's tokens (after the current shift)."""
         merge = self.qwen.spatial_merge_size
-        gh, gw = self.grid_hw[0] // merge, self.grid_hw[1] // merge
-        step = self.spec.seconds_per_patch * self.qwen.tokens_per_second
-        temporal = torch.tensor([math.floor(g * step) for g in patches], dtype=torch.long)
-        grid_t, grid_h, grid_w = torch.meshgrid(temporal, torch.arange(gh), torch.arange(gw),
-                                                indexing="ij")
-        offset = self.header_len - self.stats.shift
-        return (torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + offset).unsqueeze(1)
+        return video_positions(patches, self.grid_hw[0] // merge, self.grid_hw[1] // merge,
+                               self.spec.seconds_per_patch, self.qwen.tokens_per_second,
+                               self.header_len - self.stats.shift).unsqueeze(1)
 
     def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> dict[str, Any]:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
@@ -294,7 +281,7 @@ class Stream:
             error = exc
         raise_if_any_failed(error, self.info.group)
         digest = hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()
-        self._same_everywhere("frames", {"frames": digest, "timestamps": repr(stamps)})
+        self.engine.check_same("frames", {"frames": digest, "timestamps": repr(stamps)})
         self.stats.frames += len(stamps)
         if stamps:
             self._last_ts = stamps[-1]
@@ -443,7 +430,7 @@ class Stream:
         except ValueError as exc:
             error = exc
         raise_if_any_failed(error, self.info.group)
-        self._same_everywhere("questions", {"question": question, "choices": repr(choices),
+        self.engine.check_same("questions", {"question": question, "choices": repr(choices),
                                             "max_new_tokens": str(max_new_tokens),
                                             "fresh": str(fresh)})
         if fresh:
