@@ -11,7 +11,7 @@ special ids from :data:`SPECIAL_IDS`. With a vocabulary of :data:`VOCAB_SIZE` ro
 
 from __future__ import annotations
 
-from apbv.model.qwen_bpe import ADDED_TOKENS
+from apbv.model.qwen_bpe import ADDED_TOKENS, finish_byte_level
 
 NUM_SPECIAL = len(ADDED_TOKENS)
 BYTE_OFFSET = NUM_SPECIAL
@@ -26,7 +26,7 @@ EOS_TOKEN_IDS = (SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"])
 
 def tokenizer_json() -> str:
     """The serialised fast tokenizer (``tokenizer.json``)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers import Tokenizer, pre_tokenizers
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -37,16 +37,4 @@ def tokenizer_json() -> str:
                               fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                        trim_offsets=False, use_regex=False)
-    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                                    use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    for _, content, special in ADDED_TOKENS:
-        added = AddedToken(content, special=special, normalized=False)
-        if special:
-            tokenizer.add_special_tokens([added])
-        else:
-            tokenizer.add_tokens([added])
-    for content, token_id in SPECIAL_IDS.items():
-        if tokenizer.token_to_id(content) != token_id:
-            raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, not {token_id}")
-    return tokenizer.to_str()
+    return finish_byte_level(tokenizer, SPECIAL_IDS)

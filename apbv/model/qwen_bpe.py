@@ -12,6 +12,7 @@ import base64
 import functools
 import hashlib
 from importlib import resources
+from typing import Any
 
 NUM_BPE_TOKENS = 151643
 """Regular (byte-level BPE) tokens: ids 0..151642."""
@@ -103,13 +104,10 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 def tokenizer_json() -> str:
     """The serialised fast tokenizer (about 5 MB; built in about 3 s, cached per process)."""
     from tokenizers import (
-        AddedToken,
         Regex,
         Tokenizer,
-        decoders,
         normalizers,
         pre_tokenizers,
-        processors,
     )
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -142,16 +140,26 @@ def tokenizer_json() -> str:
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
+    return finish_byte_level(tokenizer, {content: i for i, content, _ in ADDED_TOKENS})
+
+
+def finish_byte_level(tokenizer: Any, ids: dict[str, int]) -> str:
+    """A byte-level ``tokenizers.Tokenizer`` finished as Qwen's: byte-level post-processor
+    and decoder, and the chat's added tokens (:data:`ADDED_TOKENS`) at ``ids`` (special-token
+    text -> id; RuntimeError if one lands elsewhere); the serialised ``tokenizer.json``."""
+    from tokenizers import AddedToken, decoders, processors
+
     tokenizer.post_processor = processors.ByteLevel(
         add_prefix_space=False, trim_offsets=False, use_regex=False
     )
     tokenizer.decoder = decoders.ByteLevel()
-    for token_id, content, special in ADDED_TOKENS:
+    for _, content, special in ADDED_TOKENS:
         added = AddedToken(content, special=special, normalized=False)
         if special:
             tokenizer.add_special_tokens([added])
         else:
             tokenizer.add_tokens([added])
-        if tokenizer.token_to_id(content) != token_id:
-            raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, not {token_id}")
+        if tokenizer.token_to_id(content) != ids[content]:
+            raise RuntimeError(f"{content} got id {tokenizer.token_to_id(content)}, "
+                               f"not {ids[content]}")
     return tokenizer.to_str()
