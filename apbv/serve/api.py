@@ -36,14 +36,17 @@ class ChatCall:
     """The local copy of a remote video (deleted when the request is over)."""
 
 
-def _number(body: dict, name: str, kind: type, low: float) -> Any:
+def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
+    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (kind is int and not isinstance(value, int)) or value < low:
-        raise ClientError(400, f"{name} must be {'an integer' if kind is int else 'a number'} "
-                               f">= {low:g}, got {value!r}")
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
+            (low is not None and value < low):
+        what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
+                else "a number")
+        raise ClientError(400, f"{name} must be {what}"
+                               f"{f' >= {low:g}' if low is not None else ''}, got {value!r}")
     return value
 
 
@@ -101,18 +104,18 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     url, question = _message_parts(body)
     limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                  "the question's length in characters")
-    max_tokens = _number(body, "max_tokens", int, 1)
+    max_tokens = typed_field(body, "max_tokens", (int,), 1)
     if max_tokens is None:
-        max_tokens = _number(body, "max_completion_tokens", int, 1)
+        max_tokens = typed_field(body, "max_completion_tokens", (int,), 1)
     if max_tokens is not None:
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens",
                      "max_tokens")
-    fps = _number(body, "fps", float, 0)
-    nframes = _number(body, "nframes", int, 2)
+    fps = typed_field(body, "fps", (int, float), 0)
+    nframes = typed_field(body, "nframes", (int,), 2)
     if fps is not None and nframes is not None:
         raise ClientError(400, f"fps ({fps}) and nframes ({nframes}) exclude each other")
-    max_pixels = _number(body, "max_pixels", int, 1)
-    deadline = _number(body, "deadline_ms", float, 0)
+    max_pixels = typed_field(body, "max_pixels", (int,), 1)
+    deadline = typed_field(body, "deadline_ms", (int, float), 0)
     mode = body.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise ClientError(400, f"mode must be a string, got {mode!r}")

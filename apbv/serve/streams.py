@@ -83,20 +83,6 @@ class LiveStream:
     """Held by a push from its parse to its append, so pushes keep their order."""
 
 
-def _field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
-    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
-            (low is not None and value < low):
-        what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
-                else "a number")
-        raise ClientError(400, f"{name} must be {what}"
-                               f"{f' >= {low:g}' if low is not None else ''}, got {value!r}")
-    return value
-
-
 class Streams:
     """The open streams of one server, their budget and their routes."""
 
@@ -158,10 +144,11 @@ class Streams:
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
                                          tuple[int, int] | None]:
         limits = self.server.opt.limits
-        fps = _field(body, "fps", (int, float))
-        width, height = _field(body, "width", (int,), 1), _field(body, "height", (int,), 1)
-        min_pixels = _field(body, "min_pixels", (int,), 1)
-        max_pixels = _field(body, "max_pixels", (int,), 1)
+        fps = api.typed_field(body, "fps", (int, float))
+        width = api.typed_field(body, "width", (int,), 1)
+        height = api.typed_field(body, "height", (int,), 1)
+        min_pixels = api.typed_field(body, "min_pixels", (int,), 1)
+        max_pixels = api.typed_field(body, "max_pixels", (int,), 1)
         if (width is None) != (height is None):
             raise ClientError(400, "width and height go together (the native size of the "
                                    "frames you will push), or neither (the first push fixes it)")
@@ -172,9 +159,10 @@ class Streams:
                                          max_pixels=max_pixels)
             spec = StreamSpec(
                 height=size[0] if size else 28, width=size[1] if size else 28,
-                fps=2.0 if fps is None else fps, window_s=_field(body, "window_s", (int, float)),
-                window_tokens=_field(body, "window_tokens", (int,)),
-                keep_vision=bool(_field(body, "keep_vision", (bool,))))
+                fps=2.0 if fps is None else fps,
+                window_s=api.typed_field(body, "window_s", (int, float)),
+                window_tokens=api.typed_field(body, "window_tokens", (int,)),
+                keep_vision=bool(api.typed_field(body, "keep_vision", (bool,))))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         if size is not None:
@@ -332,12 +320,12 @@ class Streams:
             raise ClientError(400, "question must be a non-empty string")
         limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                      "the question's length in characters")
-        max_tokens = _field(body, "max_tokens", (int,), 1) or \
+        max_tokens = api.typed_field(body, "max_tokens", (int,), 1) or \
             self.server.cfg.generate.max_new_tokens
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
         choices = body.get("choices")
-        fresh = bool(_field(body, "fresh", (bool,)))
-        streamed = bool(_field(body, "stream", (bool,)))
+        fresh = bool(api.typed_field(body, "fresh", (bool,)))
+        streamed = bool(api.typed_field(body, "stream", (bool,)))
         try:
             choices = None if choices is None else list(check_choices(choices))
         except ValueError as exc:
