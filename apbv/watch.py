@@ -95,18 +95,14 @@ class WatchOptions:
 def open_source(options: WatchOptions) -> Any:
     """The :mod:`apbv.stream` source for ``options.source``: UrlSource for a URL, SegmentDir
     for a directory, FollowFile for a file (UrlSource for a finished one, ``follow=False``)."""
-    from apbv.stream import FollowFile, SegmentDir, UrlSource
+    from apbv.stream import UrlSource, local_source
 
     where = options.source
     if "://" in where:
         return UrlSource(where)
-    if os.path.isdir(where):
-        return SegmentDir(where, end_after_s=options.end_after_s)
-    if not os.path.isfile(where):
+    if not (os.path.isdir(where) or os.path.isfile(where)):
         raise ValueError(f"source {where!r} is not a URL, a directory or an existing file")
-    if options.follow:
-        return FollowFile(where, end_after_s=options.end_after_s)
-    return UrlSource(where)
+    return local_source(where, end_after_s=options.end_after_s, follow=options.follow)
 
 
 class _StopSignals:

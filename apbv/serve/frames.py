@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from apbv.serve.policy import ClientError, Limits
-from apbv.video.load import _resize_fn
+from apbv.video.load import resize_frames
 
 FORMATS = ("PNG", "JPEG")
 @dataclass(frozen=True)
@@ -94,7 +94,6 @@ def parse_push(body: object, limits: Limits, native: tuple[int, int] | None,
                                    "has one size")
     batch = torch.stack(images).permute(0, 3, 1, 2)  # (F, 3, H, W), channels-last strides
     if size is not None and tuple(batch.shape[2:]) != tuple(size):
-        resize, bicubic = _resize_fn()
-        batch = resize(batch, list(size), interpolation=bicubic, antialias=True)
+        batch = resize_frames(batch, size)
     return Push(batch.contiguous(), [float(t) for t in stamps], (want[0], want[1]))
 

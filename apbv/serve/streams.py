@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from apbv.serve.admission import Job
 from apbv.serve.frames import parse_push
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
-from apbv.stream import Capture, FollowFile, SegmentDir, stream_frame_size
+from apbv.stream import Capture, local_source, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
@@ -422,18 +421,16 @@ class Streams:
 
 
 def _resize(frames: Any, size: tuple[int, int]) -> Any:
-    from apbv.video.load import _resize_fn
+    from apbv.video.load import resize_frames
 
     if tuple(frames.shape[2:]) == size:
         return frames
-    resize, bicubic = _resize_fn()
-    return resize(frames, list(size), interpolation=bicubic, antialias=True).contiguous()
+    return resize_frames(frames, size).contiguous()
 
 
 def _start_capture(path: str, spec: StreamSpec, sized: bool,
                    pixels: tuple[int | None, int | None], end_after_s: float | None) -> Capture:
-    source = (SegmentDir(path, follow_symlinks=False, end_after_s=end_after_s)
-              if os.path.isdir(path) else FollowFile(path, end_after_s=end_after_s))
+    source = local_source(path, end_after_s=end_after_s, follow_symlinks=False)
     size = (spec.height, spec.width) if sized else None
     return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],

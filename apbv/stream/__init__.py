@@ -12,10 +12,12 @@ from apbv.stream.sources import (
     SegmentDir,
     Source,
     UrlSource,
+    local_source,
     stream_frame_size,
 )
 
 __all__ = [
     "DROP_POLICIES", "SEGMENT_EXTENSIONS", "SEGMENT_ORDERS", "Capture", "FollowFile", "Frame",
-    "PushSource", "SegmentDir", "Source", "UrlSource", "stream_frame_size",
+    "PushSource", "SegmentDir", "Source", "UrlSource", "local_source",
+    "stream_frame_size",
 ]

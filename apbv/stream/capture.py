@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from apbv.stream.sources import Frame, Source, _check_seconds, _error_text, stream_frame_size
-from apbv.video.load import _resize_fn
+from apbv.video.load import resize_frames
 
 DROP_POLICIES = ("newest", "every_k")
 """How a full buffer makes room; see :class:`Capture`."""
@@ -162,9 +162,8 @@ class Capture:
             min_pixels, max_pixels = self._pixels
             self.frame_size = stream_frame_size(int(image.shape[0]), int(image.shape[1]),
                                                 min_pixels=min_pixels, max_pixels=max_pixels)
-        resize, bicubic = _resize_fn()
         chw = image.permute(2, 0, 1).unsqueeze(0)  # channels-last strides, as the one-shot path
-        return resize(chw, list(self.frame_size), interpolation=bicubic, antialias=True)[0]
+        return resize_frames(chw, self.frame_size)[0]
 
     def _add(self, frame: Frame) -> None:
         with self._cond:

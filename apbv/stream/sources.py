@@ -396,6 +396,19 @@ class SegmentDir(Source):
         return offset if last is None else offset + last + step
 
 
+def local_source(path: str, *, end_after_s: float | None = None, follow: bool = True,
+                 follow_symlinks: bool = True) -> Source:
+    """The source for an existing local ``path``: a directory is a :class:`SegmentDir`
+    (``follow_symlinks`` as there), a file is followed as it grows (:class:`FollowFile`) or,
+    with ``follow=False``, read once to its end as a finished recording (:class:`UrlSource`).
+    Followed files and segment directories end ``end_after_s`` after their last news."""
+    if os.path.isdir(path):
+        return SegmentDir(path, end_after_s=end_after_s, follow_symlinks=follow_symlinks)
+    if follow:
+        return FollowFile(path, end_after_s=end_after_s)
+    return UrlSource(path)
+
+
 class PushSource(Source):
     """Frames pushed by a client (another thread): :meth:`push`, then :meth:`end`.
 

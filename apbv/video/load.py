@@ -25,10 +25,13 @@ from apbv.video.sampling import (
 _CHUNK_ELEMENTS = 1 << 25  # decode + resize at most ~32 Mi uint8 values (one float copy) at once
 
 
-def _resize_fn() -> Any:
-    """torchvision's tensor resize and its bicubic mode, as qwen-vl-utils calls them."""
+def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """uint8 (F, 3, H, W) -> (F, 3, h, w) for ``size`` (h, w), as qwen-vl-utils resizes:
+    torchvision's bicubic tensor resize with antialiasing (keep the strides qwen-vl-utils
+    sees, channels-last from a decoder, for bit-equal frames)."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
-    return functional.resize, functional.InterpolationMode.BICUBIC
+    return functional.resize(frames, list(size),
+                             interpolation=functional.InterpolationMode.BICUBIC, antialias=True)
 
 
 VideoIdentity = tuple[str, tuple[int, int, int, int], tuple[tuple[str, Any], ...]]
@@ -64,7 +67,6 @@ def probe(spec: VideoSpec) -> VideoMeta:
 
 def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling) -> torch.Tensor:
     """Decode ``indices`` and resize them: uint8 (len(indices), 3, H', W')."""
-    resize, bicubic = _resize_fn()
     height, width = sampling.resized_height, sampling.resized_width
     out = torch.empty((len(indices), 3, height, width), dtype=torch.uint8)
     meta = reader.meta
@@ -80,7 +82,7 @@ def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling)
             )
         # (k, 3, H, W) with channels-last strides, exactly the tensor qwen-vl-utils resizes.
         frames = frames.permute(0, 3, 1, 2)
-        resized = resize(frames, [height, width], interpolation=bicubic, antialias=True)
+        resized = resize_frames(frames, (height, width))
         out[start:start + len(resized)] = resized
     return out
 
