@@ -14,7 +14,9 @@ reports the slowest rank. Each mode's first token is compared with exact attenti
 
 ``--old-modes`` runs those modes a second time on the old vision and preprocessing path
 (``vision.attention=per_window``: one SDPA call per window; ``vision.patch_embed=conv``: the
-stock Conv3d; ``vision.preprocess=processor``: the HF video processor), as rows of variant
+stock Conv3d; ``vision.rotary=stock``: the rotary on strided q/k; ``vision.chunk_rows=0``: the
+tower on the whole video at once; ``vision.preprocess=processor``: the HF video processor), as
+rows of variant
 ``old``; the summary prints the vision and preprocess stages old over new. Ratios to full and
 zigzag_ring compare rows of one variant.
 
@@ -42,10 +44,10 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
 from apbv.timing import TTFT_STAGES as STAGES
 
-OLD_PATH = ("vision.attention=per_window", "vision.patch_embed=conv",
-            "vision.preprocess=processor")
-"""The overrides of the ``old`` variant: the stock vision attention and patch embedding, and
-the HF processor."""
+OLD_PATH = ("vision.attention=per_window", "vision.patch_embed=conv", "vision.rotary=stock",
+            "vision.chunk_rows=0", "vision.preprocess=processor")
+"""The overrides of the ``old`` variant: the stock vision attention, patch embedding and
+rotary, the whole video in one tower call, and the HF processor."""
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],

@@ -176,3 +176,25 @@ def test_ttft_benchmark_emits_json_table_and_plot(tmp_path) -> None:
     table = stem.with_suffix(".md").read_text().splitlines()
     assert len([line for line in table if line.startswith("| ")]) == 4  # header + 3 rows
     assert stem.with_suffix(".png").stat().st_size > 1000
+
+
+def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
+    stem = tmp_path / "vision"
+    cmd = [sys.executable, "benchmarks/bench_vision.py", "--temporal-patches", "3", "--grid",
+           "8x12", "--chunk-rows", "96", "--repeats", "2", "--out", str(stem)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(stem.with_suffix(".json").read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert list(rows) == ["old", "+ grouped, linear", "+ contiguous rotary", "+ chunks = new",
+                          "chunks only"]
+    assert rows["old"]["over_old"] == 1.0 and all(r["median_s"] > 0 for r in rows.values())
+    # Exact variants: only the linear patch embedding's fp32 rounding separates them.
+    scale = report["output_scale"]
+    assert rows["chunks only"]["max_abs_diff"] == 0.0, rows["chunks only"]
+    for r in rows.values():
+        assert r["max_abs_diff"] <= 1e-5 * scale, (r, scale)
+    assert "| + chunks = new |" in stem.with_suffix(".md").read_text()
+    bad = subprocess.run([sys.executable, "benchmarks/bench_vision.py", "--grid", "7x8"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--grid sides must be even" in bad.stderr

@@ -69,6 +69,8 @@ class Engine:
                                  dtype=_dtype(cfg.model.dtype, info.device),
                                  vision_attention=cfg.vision.attention,
                                  patch_embed=cfg.vision.patch_embed,
+                                 vision_rotary=cfg.vision.rotary,
+                                 chunk_rows=cfg.vision.chunk_rows,
                                  preprocess=cfg.vision.preprocess,
                                  preprocess_workers=cfg.vision.preprocess_workers)
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))

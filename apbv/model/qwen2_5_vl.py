@@ -8,7 +8,9 @@ vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
 :mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
 varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path. The patch
 embedding runs as one matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv``
-keeps the stock Conv3d).
+keeps the stock Conv3d), the q/k rotary runs on contiguous copies (``vision.rotary``), and the
+tower runs a few temporal patches per call on CPU (``vision.chunk_rows``; every vision block
+attends inside one temporal patch, so the chunks are independent).
 
 Every difference between transformers versions is handled in this module (and, for writing the
 tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
@@ -34,6 +36,9 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
   ours once per window, which stays exact but is not grouped. The implementation is set on
   the loaded vision config (:func:`set_vision_attention`), not passed to ``from_pretrained``,
   whose checks would treat the name as a flash-attn kernel to fetch;
+- vision rotary: 4.57 and 5.x call the module-level ``apply_rotary_pos_emb_vision`` of the
+  modeling module at every block, which :func:`set_vision_rotary` replaces (a version without
+  it keeps its own rotary);
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
   (see :mod:`apbv.positions`).
@@ -55,18 +60,29 @@ from transformers import (
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
 )
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 from transformers.utils import logging as hf_logging
 
 from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.patch_embed import PATCH_EMBED, linear_patch_embed
-from apbv.model.vision_attention import VISION_ATTENTION, hf_vision_attention
+from apbv.model.vision_attention import (
+    VISION_ATTENTION,
+    VISION_ROTARY,
+    contiguous_rotary,
+    hf_vision_attention,
+)
 from apbv.positions import video_token_runs
 from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
 """The grouped vision attention's registry name ("flash": see the drift notes above)."""
+CPU_CHUNK_ROWS = 8192
+"""``vision.chunk_rows`` left unset: patch rows per vision-tower call on CPU (whole temporal
+patches; the activations of a call stay in cache, which made the tower 8-20% faster than one
+call for the video in benchmarks/bench_vision.py); on other devices the video goes in one
+call, as fewer, larger kernels are what a GPU needs."""
 SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 V5 = TRANSFORMERS_VERSION.major >= 5
@@ -145,6 +161,41 @@ def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -
     config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
 
 
+def set_vision_rotary(name: str) -> None:
+    """Select how the vision tower applies its q/k rotary: ``contiguous`` (transformers' own
+    function on contiguous copies, :func:`apbv.model.vision_attention.contiguous_rotary`) or
+    ``stock``. transformers looks the function up in its modeling module at every call, so
+    the choice holds for the whole process; both give bit-equal values, so models of one
+    process never compute different numbers because of it, only at a different speed."""
+    if name not in VISION_ROTARY:
+        raise ValueError(f"vision.rotary must be one of {', '.join(VISION_ROTARY)}, "
+                         f"got {name!r}")
+    current_fn = getattr(modeling_qwen2_5_vl, "apply_rotary_pos_emb_vision", None)
+    if current_fn is None:  # a version without the module-level function (drift notes)
+        return
+    stock = getattr(current_fn, "stock", current_fn)
+    modeling_qwen2_5_vl.apply_rotary_pos_emb_vision = \
+        contiguous_rotary(stock) if name == "contiguous" else stock
+
+
+def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, torch.Tensor]]:
+    """The vision-tower calls for patch rows of ``grid`` ((n, 3) rows of (t, h, w)): (first
+    row, end row, the call's grid) each. ``chunk_rows`` > 0: whole temporal patches of one
+    grid row, at most ``chunk_rows`` patch rows per call (at least one temporal patch);
+    0: one call for everything."""
+    total = int(grid.prod(dim=1).sum())
+    if chunk_rows <= 0:
+        return [(0, total, grid)]
+    calls, row = [], 0
+    for t, h, w in grid.tolist():
+        step = max(1, chunk_rows // (h * w))
+        for first in range(0, t, step):
+            n = min(step, t - first)
+            calls.append((row, row + n * h * w, torch.tensor([[n, h, w]])))
+            row += n * h * w
+    return calls
+
+
 def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
     :mod:`apbv.model.patch_embed`) or ``conv`` (the stock Conv3d). Only this instance changes."""
@@ -191,6 +242,8 @@ class QwenVL:
     preprocess: str = "fused"
     """Frames to patch rows: fused (apbv.video.patches) or processor (the HF processor)."""
     preprocess_workers: int = 1
+    chunk_rows: int = 0
+    """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
 
     @property
     def text_config(self) -> Any:
@@ -289,15 +342,23 @@ class QwenVL:
         self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | tuple[int, int, int]
     ) -> torch.Tensor:
         """Vision tower on patch rows (n_patches, C*2*14*14) with their (t, h, w) grid (a
-        tuple, or a tensor of such rows) -> merged embeddings (n_tokens, hidden)."""
+        tuple, or a tensor of such rows) -> merged embeddings (n_tokens, hidden).
+
+        Every vision block attends inside one temporal patch (a window of it, or all of it), so
+        the tower runs on chunks of whole temporal patches (:attr:`chunk_rows`,
+        :func:`tower_chunks`) and the embeddings are concatenated in order."""
         grid = _grid_rows(grid_thw)
         patches = int(grid.prod(dim=1).sum())
         if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
             raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
                              f"{grid.tolist()} ({patches} patch rows)")
         visual = self.model.model.visual
-        out = visual(pixel_values.to(self.device, visual.dtype), grid_thw=grid.to(self.device))
-        return out if isinstance(out, torch.Tensor) else out.pooler_output
+        outs = []
+        for first, end, call_grid in tower_chunks(grid, self.chunk_rows):
+            out = visual(pixel_values[first:end].to(self.device, visual.dtype),
+                         grid_thw=call_grid.to(self.device))
+            outs.append(out if isinstance(out, torch.Tensor) else out.pooler_output)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids (1, T) -> embeddings (1, T, hidden)."""
@@ -339,10 +400,13 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
          vision_attention: str = "grouped", patch_embed: str = "linear",
+         vision_rotary: str = "contiguous", chunk_rows: int | None = None,
          preprocess: str = "fused", preprocess_workers: int = 1) -> QwenVL:
     """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
     ``vision_attention``: see :func:`set_vision_attention`; ``patch_embed``: see
-    :func:`set_patch_embed`; ``preprocess``,
+    :func:`set_patch_embed`; ``vision_rotary``: see :func:`set_vision_rotary`; ``chunk_rows``:
+    patch rows per vision-tower call (:func:`tower_chunks`; None: :data:`CPU_CHUNK_ROWS` on
+    CPU, the whole video elsewhere); ``preprocess``,
     ``preprocess_workers``: how :meth:`QwenVL.process_frames` makes patch rows.
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
@@ -367,6 +431,9 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     model.to(device).eval()
     set_vision_attention(model, vision_attention)
     set_patch_embed(model, patch_embed)
+    set_vision_rotary(vision_rotary)
+    if chunk_rows is None:
+        chunk_rows = CPU_CHUNK_ROWS if torch.device(device).type == "cpu" else 0
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return QwenVL(model=model, processor=processor, preprocess=preprocess,
-                  preprocess_workers=preprocess_workers)
+                  preprocess_workers=preprocess_workers, chunk_rows=chunk_rows)

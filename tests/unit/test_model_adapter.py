@@ -353,3 +353,59 @@ def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
         f"tower fp32 max abs error {tower_err:.3g} (outputs up to {tower_scale:.3g})")
     with pytest.raises(ValueError, match="vision.patch_embed must be one of linear, conv"):
         qwen2_5_vl.set_patch_embed(qwen.model, "matmul")
+
+
+def test_contiguous_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
+    """transformers' vision rotary on contiguous copies of q and k gives the same bits as on
+    the strided views (the same arithmetic per element), through the whole tower; the choice
+    swaps the modeling module's function and back."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+    pixels = torch.randn(2 * 12 * 20, 3 * 2 * 14 * 14,
+                         generator=torch.Generator().manual_seed(3))
+    try:
+        with torch.inference_mode():
+            qwen2_5_vl.set_vision_rotary("stock")
+            stock_fn = modeling.apply_rotary_pos_emb_vision
+            assert not hasattr(stock_fn, "stock")
+            stock = qwen.vision_tower(pixels, (2, 12, 20))
+            qwen2_5_vl.set_vision_rotary("contiguous")
+            qwen2_5_vl.set_vision_rotary("contiguous")  # idempotent: wraps the stock one once
+            assert modeling.apply_rotary_pos_emb_vision.stock is stock_fn
+            contiguous = qwen.vision_tower(pixels, (2, 12, 20))
+    finally:
+        qwen2_5_vl.set_vision_rotary("contiguous")
+    assert torch.equal(contiguous, stock), (contiguous - stock).abs().max().item()
+    with pytest.raises(ValueError, match="vision.rotary must be one of contiguous, stock"):
+        qwen2_5_vl.set_vision_rotary("fused")
+
+
+def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
+    grid = torch.tensor([[5, 4, 6], [1, 2, 2], [3, 8, 8]])
+    calls = qwen2_5_vl.tower_chunks(grid, 50)  # 50 rows: 2 temporal patches of 24, 1 of 64
+    assert [(a, b, g.tolist()) for a, b, g in calls] == [
+        (0, 48, [[2, 4, 6]]), (48, 96, [[2, 4, 6]]), (96, 120, [[1, 4, 6]]),
+        (120, 124, [[1, 2, 2]]), (124, 188, [[1, 8, 8]]), (188, 252, [[1, 8, 8]]),
+        (252, 316, [[1, 8, 8]])]
+    assert qwen2_5_vl.tower_chunks(grid, 0) == [(0, 316, grid)]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 500, 1000])
+def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -> None:
+    """Every vision block attends inside one temporal patch, so the tower on chunks of whole
+    temporal patches gives the one-call embeddings (fp32: the same sums, batched differently
+    in the linear layers; measured 0.0), on a grid of two videos."""
+    grid = torch.tensor([[5, 12, 20], [2, 8, 8]])
+    pixels = torch.randn(int(grid.prod(dim=1).sum()), 3 * 2 * 14 * 14,
+                         generator=torch.Generator().manual_seed(4))
+    try:
+        with torch.inference_mode():
+            qwen.chunk_rows = 0
+            whole = qwen.vision_tower(pixels, grid)
+            qwen.chunk_rows = chunk_rows
+            chunked = qwen.vision_tower(pixels, grid)
+    finally:
+        qwen.chunk_rows = qwen2_5_vl.CPU_CHUNK_ROWS
+    err, scale = (chunked - whole).abs().max().item(), whole.abs().max().item()
+    assert chunked.shape == whole.shape == ((5 * 12 * 20 + 2 * 8 * 8) // 4, 64)
+    assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
