@@ -62,6 +62,11 @@ def _integer(name: str, value: Any, low: int, high: int | None = None,
         raise ValueError(f"{name} must be an integer {allowed}, got {value}")
 
 
+def _boolean(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
+
+
 def _number(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
             high: float | None = None, optional: bool = True) -> None:
     """A finite int or float (not a bool, not nan/inf) > low (>= low if not low_open) and
@@ -240,6 +245,12 @@ class VisionConfig:
     fewer passes) or processor (the HF video processor itself)."""
     preprocess_workers: int = 1
     """Threads that turn frames into patch rows (fused only), chunk by chunk."""
+    pipeline: bool = False
+    """Decode, patch rows and vision tower chunk by chunk (whole temporal patches) inside each
+    rank: the tower starts before the last frame is decoded and a chunk or two of patch rows
+    are held, not the rank's whole video; on GPUs a worker thread readies the next chunk
+    while the tower encodes the current one. Same embeddings. The decoding then counts in
+    the vision stage, not in preprocess."""
 
     def __post_init__(self) -> None:
         _one_of("vision.attention", self.attention, VISION_ATTENTION)
@@ -248,6 +259,7 @@ class VisionConfig:
         _integer("vision.chunk_rows", self.chunk_rows, 0)
         _one_of("vision.preprocess", self.preprocess, PREPROCESS)
         _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)
+        _boolean("vision.pipeline", self.pipeline)
 
 
 @dataclass

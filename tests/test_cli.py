@@ -161,20 +161,27 @@ def test_pipeline_demo(capsys, tiny_model_dir, short_video) -> None:
 def test_ttft_benchmark_emits_json_table_and_plot(tmp_path) -> None:
     stem = tmp_path / "ttft"
     cmd = [sys.executable, "benchmarks/bench_ttft.py", "--frames", "8", "--resolutions",
-           "112x112", "--modes", "spava,exact,full", "--repeats", "1", "--out", str(stem)]
+           "112x112", "--modes", "spava,exact,full", "--old-modes", "spava",
+           "--pipelined-modes", "spava", "--repeats", "1", "--out", str(stem)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["benchmark"] == "bench_ttft" and summary["rows"] == 3
+    assert summary["benchmark"] == "bench_ttft" and summary["rows"] == 5
     rows = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
-    assert [r["mode"] for r in rows] == ["spava", "exact", "full"]
+    assert [(r["mode"], r["variant"]) for r in rows] == [
+        ("spava", "new"), ("spava", "old"), ("spava", "pipelined"), ("exact", "new"),
+        ("full", "new")]
+    assert rows[0]["token_ids"] == rows[1]["token_ids"] == rows[2]["token_ids"]
+    side = stem.with_suffix(".md").read_text()
+    assert "vision" in side and "(new/old" in side and "(pipelined/new" in side, side
+    rows = [r for r in rows if r["variant"] == "new"]
     for r in rows:
         assert r["ttft_s"] > 0 and r["ttft_over_full"] > 0
         assert isinstance(r["first_token_agrees_with_exact"], bool)
     assert rows[1]["first_token_agrees_with_exact"]  # exact agrees with itself
     assert rows[2]["world_size"] == 1 and rows[0]["world_size"] == 2
     table = stem.with_suffix(".md").read_text().splitlines()
-    assert len([line for line in table if line.startswith("| ")]) == 4  # header + 3 rows
+    assert len([line for line in table if line.startswith("| ")]) == 6  # header + 5 rows
     assert stem.with_suffix(".png").stat().st_size > 1000
 
 

@@ -39,6 +39,7 @@ from apbv.plan import Range, patch_ranges
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.timing import StageTimer
 from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
+from apbv.video.load import rank_frame_chunks
 
 
 def _available_host_bytes() -> int:
@@ -109,10 +110,24 @@ class Engine:
             key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
                              split)
             entry = self.vision_cache.get(key)
-        store = None
+        store, chunks = None, None
         if entry is not None:  # no probe, no decoding, no processor; the preflight still runs
             preflight(entry.sampling)
             sampling, pixel_values = entry.sampling, None
+        elif self.cfg.vision.pipeline:  # decoded and processed in the vision stage, by chunks
+            per_chunk = self.qwen.frames_per_chunk
+            if isinstance(request.video, VideoSpec):
+                sampling, patches, chunks = rank_frame_chunks(
+                    request.video, rank if split else 0, world if split else 1,
+                    frames_per_chunk=per_chunk, before_decode=preflight)
+            else:
+                frames = decoded_rank_frames(request.video, rank if split else 0,
+                                             world if split else 1, before_process=preflight)
+                sampling, patches = frames.sampling, frames.patch_range
+                chunks = frames.frames.split(per_chunk(*frames.frames.shape[-2:]))
+            pixel_values = None
+            if key is not None:
+                store = partial(self._store_vision, key, sampling, patches)
         else:
             frames = load_rank_frames(request.video, rank if split else 0,
                                       world if split else 1, before_decode=preflight) \
@@ -138,6 +153,7 @@ class Engine:
             choice_ids=choice_ids,
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
+            frame_chunks=chunks,
         )
 
     def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -181,13 +181,17 @@ class PromptInputs:
     when the mode does not split the vision work)."""
     pixel_values: torch.Tensor | None
     """The rows of this rank's patches only: ((p1 - p0) * h * w, C * 2 * 14 * 14); None when
-    ``vision_embeds`` came from the vision cache."""
+    ``vision_embeds`` came from the vision cache or ``frame_chunks`` are given."""
     num_frames: int
     """Frames sampled from the video (all ranks together)."""
     choice_ids: list[list[int]] | None = None
     """With ``Request.choices``: each choice's tokens (plain text), tokenized once here."""
     vision_embeds: torch.Tensor | None = None
     """This rank's vision tower output, from the vision cache (then the tower is skipped)."""
+    frame_chunks: Iterable[torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    """With ``vision.pipeline``: this rank's frames, uint8 chunks of whole temporal patches
+    (decoded as they are reached), for :meth:`apbv.model.qwen2_5_vl.QwenVL.encode_frames`;
+    ``pixel_values`` is then None."""
     vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,
                                                                 compare=False)
     """Called with this rank's vision tower output when it was computed (fills the cache)."""

@@ -83,8 +83,13 @@ def run_prompt(
             error, local_video = None, inputs.vision_embeds  # set: a vision cache hit
             try:
                 if local_video is None:
-                    grid = (patch_range[1] - patch_range[0], h, w)
-                    local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                    if inputs.frame_chunks is not None:  # vision.pipeline: decoded here
+                        local_video = qwen.encode_frames(inputs.frame_chunks)
+                    else:
+                        grid = (patch_range[1] - patch_range[0], h, w)
+                        local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                    assert len(local_video) == (patch_range[1] - patch_range[0]) \
+                        * span.tokens_per_patch, (local_video.shape, patch_range)
                     if inputs.vision_store is not None:
                         inputs.vision_store(local_video)
             except Exception as exc:  # e.g. out of memory on this rank only

@@ -46,7 +46,11 @@ Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 import types
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +82,9 @@ from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
 """The grouped vision attention's registry name ("flash": see the drift notes above)."""
+PIPELINE_CHUNK_ROWS = 32768
+"""Patch rows per chunk of the rank's pipeline (:meth:`QwenVL.encode_frames`) where the tower
+takes the whole video in one call (``chunk_rows`` 0)."""
 CPU_CHUNK_ROWS = 8192
 """``vision.chunk_rows`` left unset: patch rows per vision-tower call on CPU (whole temporal
 patches; the activations of a call stay in cache, which made the tower 8-20% faster than one
@@ -194,6 +201,44 @@ def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, to
             calls.append((row, row + n * h * w, torch.tensor([[n, h, w]])))
             row += n * h * w
     return calls
+
+
+def _rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
+                    ) -> Generator[tuple[torch.Tensor, tuple[int, int, int]], None, None]:
+    """``process(chunk)`` for each chunk, run ahead by one in a worker thread: the next
+    chunk's rows are made while the caller uses the current ones (at most one waits). An
+    error in the worker is raised here; closing the generator stops and joins the worker."""
+    ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop, end = threading.Event(), object()
+
+    def hand_over(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not hand_over(process(chunk)):
+                    return
+            hand_over(end)
+        except BaseException as exc:  # raised in the caller's thread
+            hand_over(exc)
+
+    worker = threading.Thread(target=produce, name="apbv-frames", daemon=True)
+    worker.start()
+    try:
+        while (item := ready.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
 
 
 def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
@@ -358,6 +403,42 @@ class QwenVL:
             out = visual(pixel_values[first:end].to(self.device, visual.dtype),
                          grid_thw=call_grid.to(self.device))
             outs.append(out if isinstance(out, torch.Tensor) else out.pooler_output)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def frames_per_chunk(self, height: int, width: int) -> int:
+        """Frames per chunk of :meth:`encode_frames` for frames of ``height`` x ``width``
+        pixels: whole temporal patches, about :attr:`chunk_rows` patch rows (else
+        :data:`PIPELINE_CHUNK_ROWS`)."""
+        vp = self.processor.video_processor
+        rows = (height // vp.patch_size) * (width // vp.patch_size)
+        budget = self.chunk_rows or PIPELINE_CHUNK_ROWS
+        return vp.temporal_patch_size * max(1, budget // rows)
+
+    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
+                      overlap: bool | None = None) -> torch.Tensor:
+        """Patch rows and vision tower chunk by chunk: frame chunks (uint8 (k, 3, H, W), whole
+        temporal patches each, in order; e.g. :class:`apbv.video.load.FrameChunks`, which
+        decode as they are reached) -> merged embeddings (n_tokens, hidden), equal to
+        ``vision_tower(*process_frames(all frames))``, with the rows of a chunk or two held
+        instead of all.
+
+        ``overlap`` (default: on any device but the CPU): a worker thread takes the next chunk
+        (decoding it) and makes its rows while this thread runs the tower on the current one;
+        on a CPU rank the two would only share its core. ``chunks`` is closed at the end (if it
+        has ``close``); an error on either side stops both and is raised here."""
+        if overlap is None:
+            overlap = self.device.type != "cpu"
+        rows = (_rows_in_worker(self.process_frames, chunks) if overlap
+                else (self.process_frames(chunk) for chunk in chunks))
+        outs = []
+        try:
+            with contextlib.closing(rows):  # stops and joins the worker first
+                outs = [self.vision_tower(*item) for item in rows]
+        finally:
+            if (close := getattr(chunks, "close", None)) is not None:
+                close()
+        if not outs:
+            raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from apbv.plan import check_int, patch_ranges
+from apbv.plan import Range, check_int, patch_ranges
 from apbv.video.decoders import _open, _Reader
 from apbv.video.sampling import (
     TEMPORAL_PATCH_SIZE,
@@ -65,13 +65,18 @@ def probe(spec: VideoSpec) -> VideoMeta:
         reader.close()
 
 
-def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling) -> torch.Tensor:
-    """Decode ``indices`` and resize them: uint8 (len(indices), 3, H', W')."""
+def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
+                    frames_per_chunk: int | None = None) -> Iterator[torch.Tensor]:
+    """Decode ``indices`` and resize them, a chunk at a time: uint8 (k, 3, H', W') each, k at
+    most ``frames_per_chunk`` (rounded down to whole temporal patches) and at most what keeps
+    one decoded chunk near 32 Mi values."""
     height, width = sampling.resized_height, sampling.resized_width
-    out = torch.empty((len(indices), 3, height, width), dtype=torch.uint8)
     meta = reader.meta
     per_frame = 3 * max(meta.height * meta.width, height * width)
     chunk = max(1, _CHUNK_ELEMENTS // per_frame)
+    if frames_per_chunk is not None:
+        chunk = max(TEMPORAL_PATCH_SIZE, min(chunk, frames_per_chunk))
+        chunk -= chunk % TEMPORAL_PATCH_SIZE
     for start in range(0, len(indices), chunk):
         frames = reader.read(indices[start:start + chunk])  # (k, H, W, 3)
         assert frames.dtype == torch.uint8 and frames.shape[-1] == 3, (frames.shape, frames.dtype)
@@ -81,25 +86,50 @@ def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling)
                 f"{frames.shape[2]}x{frames.shape[1]} instead of {meta.width}x{meta.height}"
             )
         # (k, 3, H, W) with channels-last strides, exactly the tensor qwen-vl-utils resizes.
-        frames = frames.permute(0, 3, 1, 2)
-        resized = resize_frames(frames, (height, width))
+        yield resize_frames(frames.permute(0, 3, 1, 2), (height, width))
+
+
+def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling) -> torch.Tensor:
+    """Decode ``indices`` and resize them: uint8 (len(indices), 3, H', W')."""
+    out = torch.empty((len(indices), 3, sampling.resized_height, sampling.resized_width),
+                      dtype=torch.uint8)
+    start = 0
+    for resized in _resized_chunks(reader, indices, sampling):
         out[start:start + len(resized)] = resized
+        start += len(resized)
     return out
 
 
-def load_rank_frames(
-    spec: VideoSpec, rank: int, world_size: int, *,
-    before_decode: Callable[[Sampling], None] | None = None,
-) -> RankFrames:
-    """Decode and resize only the frames of ``rank``'s temporal patches (frame parallelism).
+class FrameChunks:
+    """One rank's frames, decoded and resized only as they are iterated, in chunks of whole
+    temporal patches (uint8 (k, 3, H', W'), in order): the vision work can start on the first
+    chunk while later ones decode, and no more than a chunk or two is held at once. The
+    decoder is closed at the end of the iteration, on error, or by :meth:`close`."""
 
-    Every rank probes the file and plans the sampling itself (same file, same result), so the
-    resize target is the global one and the ranks' frames, concatenated in rank order, equal
-    :func:`load_all_frames`. Errors are raised before any decoding and are the same on every
-    rank: see :func:`probe`, :func:`plan_sampling`, and fewer temporal patches than ranks.
-    ``before_decode(sampling)`` runs once the sampling is known and before any frame is
-    decoded (the engine's preflight: prompt length and memory); its error stops the load.
-    """
+    def __init__(self, reader: _Reader, indices: Sequence[int], sampling: Sampling,
+                 frames_per_chunk: int) -> None:
+        self._reader: _Reader | None = reader
+        self._args = (indices, sampling, frames_per_chunk)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        if self._reader is None:
+            raise RuntimeError("the frames were already read (or closed)")
+        try:
+            yield from _resized_chunks(self._reader, *self._args)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def _open_rank(spec: VideoSpec, rank: int, world_size: int,
+               before_decode: Callable[[Sampling], None] | None,
+               ) -> tuple[_Reader, Sampling, Range]:
+    """The open decoder, the global sampling and ``rank``'s temporal patches, checked (see
+    :func:`load_rank_frames`); the decoder is closed when any check fails."""
     check_int("world_size", world_size, 1)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
@@ -115,6 +145,42 @@ def load_rank_frames(
             ) from err
         if before_decode is not None:
             before_decode(sampling)
+    except BaseException:
+        reader.close()
+        raise
+    return reader, sampling, patches
+
+
+def rank_frame_chunks(
+    spec: VideoSpec, rank: int, world_size: int, *,
+    frames_per_chunk: Callable[[int, int], int],
+    before_decode: Callable[[Sampling], None] | None = None,
+) -> tuple[Sampling, Range, FrameChunks]:
+    """:func:`load_rank_frames` without decoding yet: the sampling, ``rank``'s temporal
+    patches, and its frames as :class:`FrameChunks` of at most ``frames_per_chunk(resized
+    height, resized width)`` frames. The same checks, errors and ``before_decode`` run here,
+    before any frame is decoded."""
+    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
+    first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
+    size = frames_per_chunk(sampling.resized_height, sampling.resized_width)
+    return sampling, patches, FrameChunks(reader, sampling.indices[first:last], sampling, size)
+
+
+def load_rank_frames(
+    spec: VideoSpec, rank: int, world_size: int, *,
+    before_decode: Callable[[Sampling], None] | None = None,
+) -> RankFrames:
+    """Decode and resize only the frames of ``rank``'s temporal patches (frame parallelism).
+
+    Every rank probes the file and plans the sampling itself (same file, same result), so the
+    resize target is the global one and the ranks' frames, concatenated in rank order, equal
+    :func:`load_all_frames`. Errors are raised before any decoding and are the same on every
+    rank: see :func:`probe`, :func:`plan_sampling`, and fewer temporal patches than ranks.
+    ``before_decode(sampling)`` runs once the sampling is known and before any frame is
+    decoded (the engine's preflight: prompt length and memory); its error stops the load.
+    """
+    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
+    try:
         first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
         frames = _decode_resized(reader, sampling.indices[first:last], sampling)
     finally:

@@ -76,3 +76,22 @@ def test_grouped_vision_tower_on_cuda_matches_the_stock_tower() -> None:
             outs.append((out if isinstance(out, torch.Tensor) else out.pooler_output).float())
     error = (outs[0] - outs[1]).abs().max().item()
     assert error <= 1e-1, error
+
+
+def test_in_rank_pipeline_on_cuda_matches_rows_then_tower(tmp_path) -> None:
+    """vision.pipeline on CUDA: patch rows made on the host in a worker thread while the
+    device runs the tower on the previous chunk; the same embeddings as rows-then-tower (bf16:
+    the tower's kernels see smaller batches, so the bound is loose, 5e-2 of the scale)."""
+    from apbv.model import qwen2_5_vl
+    from apbv.model.tiny import write_tiny_checkpoint
+
+    qwen = qwen2_5_vl.load(write_tiny_checkpoint(tmp_path / "tiny"), device=torch.device("cuda"),
+                           dtype=torch.bfloat16)
+    assert qwen.chunk_rows == 0  # one tower call per video on GPUs
+    frames = torch.randint(0, 256, (16, 3, 112, 224), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        whole = qwen.vision_tower(*qwen.process_frames(frames)).float()
+        piped = qwen.encode_frames(frames.split(4)).float()
+    error, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
+    assert piped.shape == whole.shape and error <= 5e-2 * scale, (error, scale)

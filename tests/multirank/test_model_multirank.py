@@ -116,3 +116,31 @@ def test_pipeline_matches_hf(world_size: int, tiny_config: RuntimeConfig, short_
         assert by_mode[mode] == reference["tokens"][:3], (mode, by_mode[mode])
     assert by_mode["no_overlap"] == by_mode["spava"] == by_mode["no_vit_split"], by_mode
     assert all(r["modes"] == by_mode for r in per_rank)
+
+
+def _pipeline_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    out = {}
+    for pipeline in (False, True):
+        vision = dataclasses.replace(cfg.vision, pipeline=pipeline, chunk_rows=1)
+        engine = Engine(dataclasses.replace(cfg, vision=vision,
+                                            cache=dataclasses.replace(cfg.cache, vision_gb=0.1)),
+                        info)
+        runs = [engine.generate(engine.request(video, QUESTION, mode=mode, max_new_tokens=3))
+                for mode in ("exact", "spava", "exact")]  # spava and exact again: cache hits
+        out[pipeline] = [(r.token_ids, r.first_logits, r.vision_cache_hit) for r in runs]
+    return out
+
+
+def test_in_rank_pipeline_gives_the_same_answer(tiny_config: RuntimeConfig,
+                                                short_video: Path) -> None:
+    """vision.pipeline (each rank decodes, makes rows and runs the tower chunk by chunk, one
+    temporal patch per chunk here) on 2 ranks: the same tokens and bit-equal first-token
+    logits as decoding first, in exact and spava mode, and its embeddings fill the cache."""
+    per_rank = spawn_local(_pipeline_job, 2, (tiny_config, str(short_video)),
+                           timeout_s=300, collective_timeout_s=120)
+    for rank, r in enumerate(per_rank):
+        for (tokens, logits, hit), (p_tokens, p_logits, p_hit) in zip(r[False], r[True]):
+            assert p_tokens == tokens and p_hit == hit, (rank, tokens, p_tokens, hit, p_hit)
+            err = (p_logits - logits).abs().max().item()
+            assert torch.equal(p_logits, logits), f"rank {rank}: first logits differ by {err:.3g}"
+        assert [hit for *_, hit in r[True]] == [False, True, True]

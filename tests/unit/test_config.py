@@ -19,7 +19,7 @@ FLOAT_KEYS = ["video.fps", "video.video_start", "video.video_end", "parallel.tim
 INT_KEYS = ["video.nframes", "video.min_frames", "video.max_frames", "video.min_pixels",
             "video.max_pixels", "video.total_pixels", "video.resized_height",
             "video.resized_width", "attention.anchor_len", "attention.passing_len",
-            "generate.max_new_tokens"]
+            "generate.max_new_tokens", "vision.chunk_rows"]
 
 
 def _load(*overrides: str) -> RuntimeConfig:
@@ -76,6 +76,10 @@ def test_fps_and_nframes_later_layer_wins(tmp_path: Path) -> None:
     ("attention.anchor_len=-1", r"attention.anchor_len must be an integer >= 0, got -1"),
     ("video.video_start=-0.5", r"video.video_start must be >= 0, got -0.5"),
     ("model.path=3", r"model.path must be a string, got 3 \(int\)"),
+    ("vision.chunk_rows=-1", r"vision.chunk_rows must be an integer >= 0, got -1"),
+    ("vision.rotary=fused", r"vision.rotary must be one of contiguous, stock; got 'fused'"),
+    ("vision.pipeline=1", r"vision.pipeline must be true or false, got 1 \(int\)"),
+    ("vision.pipeline=yes", r"vision.pipeline must be true or false, got 'yes' \(str\)"),
 ])
 def test_bounds_name_key_and_range(override: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -103,7 +107,9 @@ def test_valid_values_pass_through() -> None:
         "parallel.timeout_s=86400", "generate.max_new_tokens=32768", "video.fps=0.5",
         "video.min_pixels=3136", "video.max_pixels=50176", "video.total_pixels=1000000",
         "video.video_start=1", "video.video_end=2.5", "attention.anchor_len=0",
+        "vision.pipeline=true", "vision.chunk_rows=0",
     ])
+    assert cfg.vision.pipeline is True and cfg.vision.chunk_rows == 0
     assert cfg.parallel.timeout_s == 86400 and cfg.generate.max_new_tokens == 32768
     spec = cfg.video.spec("v.mp4")
     assert (spec.fps, spec.min_pixels, spec.max_pixels, spec.total_pixels) == (

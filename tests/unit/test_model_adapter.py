@@ -409,3 +409,72 @@ def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -
     err, scale = (chunked - whole).abs().max().item(), whole.abs().max().item()
     assert chunked.shape == whole.shape == ((5 * 12 * 20 + 2 * 8 * 8) // 4, 64)
     assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
+
+
+class _Chunks:
+    """Frame chunks that can fail after ``fail_after`` chunks and record their close()."""
+
+    def __init__(self, frames: torch.Tensor, size: int, fail_after: int | None = None):
+        self.parts, self.fail_after, self.closed, self.taken = frames.split(size), fail_after, 0, 0
+
+    def __iter__(self):
+        for part in self.parts:
+            if self.taken == self.fail_after:
+                raise ValueError("video 'x.mp4' is truncated at frame 6")
+            self.taken += 1
+            yield part
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _no_worker_left() -> bool:
+    import threading
+
+    return not any(t.name == "apbv-frames" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("size", [2, 4, 6, 12])
+def test_encode_frames_pipeline_equals_rows_then_tower(qwen: QwenVL, size: int,
+                                                       overlap: bool) -> None:
+    """Patch rows and tower by chunks of whole temporal patches, rows made in a worker thread
+    (overlap) or in turn: the embeddings of the rows-then-tower path (fp32; measured 0.0)."""
+    frames = _frames(12, size=112, seed=5)
+    with torch.inference_mode():
+        whole = qwen.vision_tower(*qwen.process_frames(frames))
+        chunks = _Chunks(frames, size)
+        piped = qwen.encode_frames(chunks, overlap=overlap)
+    err, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
+    assert piped.shape == whole.shape and err <= 1e-6 * scale, (err, scale)
+    assert chunks.closed == 1 and _no_worker_left()
+    assert qwen.frames_per_chunk(112, 112) == 2 * (qwen2_5_vl.CPU_CHUNK_ROWS // 64)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_encode_frames_stops_both_sides_on_an_error(qwen: QwenVL, overlap: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = _frames(12, size=56, seed=6)
+    failing = _Chunks(frames, 2, fail_after=3)  # the decoder fails while the tower works
+    with torch.inference_mode(), pytest.raises(ValueError, match="truncated at frame 6"):
+        qwen.encode_frames(failing, overlap=overlap)
+    assert failing.closed == 1 and _no_worker_left()
+
+    calls: list[int] = []
+    real = qwen.vision_tower
+
+    def tower_fails_second(*args: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory on the tower")
+        return real(*args)
+
+    monkeypatch.setattr(qwen, "vision_tower", tower_fails_second)
+    chunks = _Chunks(frames, 2)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="out of memory"):
+        qwen.encode_frames(chunks, overlap=overlap)
+    # the worker stopped: it made at most the rows of two more chunks; the frames are closed
+    assert len(calls) == 2 and chunks.taken <= 2 + 2 * overlap and chunks.closed == 1
+    assert _no_worker_left()
+    with pytest.raises(ValueError, match="no frames"):
+        qwen.encode_frames([], overlap=overlap)

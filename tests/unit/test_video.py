@@ -302,6 +302,52 @@ def test_ranks_concatenate_to_whole_video(videos, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_frame_chunks_are_the_rank_frames_in_whole_temporal_patches(
+        videos, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank_frame_chunks decodes nothing until iterated; its chunks (even sizes, at most the
+    asked frames) concatenate to the rank's frames; the decoder is closed at the end, and on
+    close() without iterating; the preflight and the checks run before any decoding."""
+    spec = VideoSpec(videos.main, fps=5.0, backend=backend, **SMALL)
+    closed: list[int] = []
+    reads: list[int] = []
+    reader_cls = type(apbv.video.load._open(spec))
+    real_close, real_read = reader_cls.close, reader_cls.read
+    monkeypatch.setattr(reader_cls, "close", lambda self: closed.append(1) or real_close(self))
+    monkeypatch.setattr(reader_cls, "read",
+                        lambda self, idx: reads.append(len(idx)) or real_read(self, idx))
+    sizes: list[tuple[int, int]] = []
+    for per_chunk in (1, 2, 5, 100):
+        whole = load_rank_frames(spec, 1, 2)
+        closed.clear(), reads.clear(), sizes.clear()
+        sampling, patches, chunks = apbv.video.load.rank_frame_chunks(
+            spec, 1, 2, frames_per_chunk=lambda h, w, n=per_chunk: sizes.append((h, w)) or n)
+        assert (sampling, patches) == (whole.sampling, whole.patch_range) and not reads
+        assert sizes == [(sampling.resized_height, sampling.resized_width)]
+        got = list(chunks)
+        want = max(2, per_chunk - per_chunk % 2)
+        assert [len(c) for c in got[:-1]] == [want] * (len(got) - 1), [len(c) for c in got]
+        assert all(len(c) % 2 == 0 for c in got)
+        assert torch.equal(torch.cat(got), whole.frames), per_chunk
+        assert closed == [1]
+        with pytest.raises(RuntimeError, match="already read"):
+            list(chunks)
+    closed.clear()
+    _, _, unread = apbv.video.load.rank_frame_chunks(spec, 0, 2, frames_per_chunk=lambda h, w: 4)
+    unread.close()
+    unread.close()
+    assert closed == [1]
+    closed.clear(), reads.clear()
+
+    def refuse(sampling: object) -> None:
+        raise ValueError("prompt too long")
+
+    with pytest.raises(ValueError, match="prompt too long"):
+        apbv.video.load.rank_frame_chunks(spec, 0, 2, frames_per_chunk=lambda h, w: 4,
+                                          before_decode=refuse)
+    assert closed == [1] and not reads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_decoded_frames_are_the_sampled_ones(videos, backend: str) -> None:
     """Native-size frames (no resampling) match apbv.synthetic's frame of the sampled index."""
     spec = VideoSpec(videos.main, nframes=20, min_pixels=56 * 84, max_pixels=56 * 84,
