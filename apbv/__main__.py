@@ -220,7 +220,8 @@ def _plan(args: argparse.Namespace) -> int:
         cost.predict(mode, dims, context_len=context_len, query_len=args.query_len,
                      world_size=args.world_size, frames=frames, grid=grid, hw=hw,
                      source_pixels=source, dtype_bytes=args.dtype_bytes,
-                     anchor_len=args.anchor_len, passing_len=args.passing_len)
+                     anchor_len=args.anchor_len, passing_len=args.passing_len,
+                     pipeline=args.pipeline)
         for mode in modes
     ]
     video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per 2 frames" if frames
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="LLM tokens per 2 frames instead of the runtime's sampling rules, "
                            "e.g. 4641 for the reference's uncapped 1440p frames")
     plan.add_argument("--modes", default=",".join(MODE_NAMES), help="modes to predict")
+    plan.add_argument("--pipeline", action="store_true",
+                      help="predict with vision.pipeline=true (frames decoded and processed "
+                           "chunk by chunk in the vision stage, overlapped on GPUs)")
     plan.add_argument("--dtype-bytes", type=int, default=None,
                       help="bytes per element (default: 2 for the memory estimate; the "
                            "hardware's for predictions, 2 on GPUs and 4 on CPU)")

@@ -21,6 +21,7 @@ from apbv.engine.routing import VideoSpan, embedding_routes, needed_video_tokens
 from apbv.modes import get_mode
 from apbv.plan import Plan, patch_ranges
 from apbv.timing import TTFT_STAGES
+from apbv.video.patches import PIPELINE_CHUNK_ROWS
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def predict(
     anchor_len: int | None = None,
     passing_len: int | None = None,
     vision_attention: str = "grouped",
+    pipeline: bool = False,
 ) -> Prediction:
     """Predicted work and stage times of one request in ``mode`` on ``world_size`` ranks.
 
@@ -135,6 +137,11 @@ def predict(
             chat template's, :func:`apbv.cost.work.template_video_start`).
         anchor_len, passing_len: override the mode's defaults, as the runtime's flags do.
         vision_attention: ``grouped`` or ``per_window``, as ``vision.attention``.
+        pipeline: as ``vision.pipeline``: the frames are decoded and processed in the vision
+            stage, chunk by chunk (:data:`apbv.video.patches.PIPELINE_CHUNK_ROWS` patch rows);
+            where host work overlaps the device (GPUs), a rank's frame work F and tower V
+            take max(F, V) + min(F, V) / chunks (the first chunk's frames and the last
+            chunk's tower do not overlap), elsewhere F + V.
     """
     spec = get_mode(mode)
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0 or frames % 2:
@@ -178,6 +185,18 @@ def predict(
                          f"{vision_attention!r}")
     vision = [vision_cost(dims, n, grid, m, vision_attention == "grouped") for n in shares]
     vision_s = [v[0] for v in vision]
+    if pipeline and patches:
+        rows_per_patch = tokens_per_patch * dims.spatial_merge_size ** 2
+        per_chunk = max(1, PIPELINE_CHUNK_ROWS // rows_per_patch)
+        for r, n in enumerate(shares):
+            frame_work = 2 * n * per_frame / m.scale
+            preprocess[r] -= frame_work
+            if hw.host_overlaps_device and n:
+                chunks = -(-n // per_chunk)
+                vision_s[r] = (max(frame_work, vision_s[r])
+                               + min(frame_work, vision_s[r]) / chunks)
+            else:
+                vision_s[r] += frame_work
 
     # Transfer: every rank's video embeddings to the ranks whose tokens they are.
     if video_start is None:

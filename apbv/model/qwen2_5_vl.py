@@ -77,14 +77,11 @@ from apbv.model.vision_attention import (
     hf_vision_attention,
 )
 from apbv.positions import video_token_runs
-from apbv.video.patches import PREPROCESS, PatchSpec, patch_rows
+from apbv.video.patches import PIPELINE_CHUNK_ROWS, PREPROCESS, PatchSpec, patch_rows
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
 """The grouped vision attention's registry name ("flash": see the drift notes above)."""
-PIPELINE_CHUNK_ROWS = 32768
-"""Patch rows per chunk of the rank's pipeline (:meth:`QwenVL.encode_frames`) where the tower
-takes the whole video in one call (``chunk_rows`` 0)."""
 CPU_CHUNK_ROWS = 8192
 """``vision.chunk_rows`` left unset: patch rows per vision-tower call on CPU (whole temporal
 patches; the activations of a call stay in cache, which made the tower 8-20% faster than one

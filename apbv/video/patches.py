@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+PIPELINE_CHUNK_ROWS = 32768
+"""Patch rows per chunk of a rank's in-rank pipeline (``vision.pipeline``) where the vision
+tower takes the whole video in one call (``vision.chunk_rows`` 0, as on GPUs)."""
+
 PREPROCESS = ("fused", "processor")
 """``vision.preprocess``: frames to patch rows by this module or by the HF video processor."""
 

@@ -118,6 +118,31 @@ def test_grouped_vision_attention_counts_calls_per_window_size() -> None:
         vision("windowed")
 
 
+def test_pipeline_moves_the_frames_into_vision_and_overlaps_them_on_gpus() -> None:
+    """vision.pipeline: the frame work F leaves preprocess; on a CPU (no host/device overlap)
+    vision becomes F + V, on a GPU max(F, V) + min(F, V) / chunks, chunks of
+    PIPELINE_CHUNK_ROWS // (tokens per patch * 4) temporal patches (here 4 per rank)."""
+    from apbv.video.patches import PIPELINE_CHUNK_ROWS
+
+    tokens = PIPELINE_CHUNK_ROWS // 4 // 3  # 3 temporal patches per chunk
+    for hw in (UNIT, H200):
+        plain, piped = (predict("spava", QWEN_7B, context_len=QWEN_7B.video_start + 20 * tokens
+                                + 1, query_len=64, world_size=2, frames=40,
+                                tokens_per_patch=tokens, hw=hw, pipeline=p)
+                        for p in (False, True))
+        for a, b in zip(plain.ranks, piped.ranks):
+            frames = a.seconds["preprocess"] - b.seconds["preprocess"]
+            assert frames > 0 and a.temporal_patches == 10
+            vision = a.seconds["vision"]
+            if hw.host_overlaps_device:
+                want = max(frames, vision) + min(frames, vision) / 4  # ceil(10 / 3) chunks
+            else:
+                want = frames + vision
+            assert b.seconds["vision"] == pytest.approx(want), hw.name
+        assert piped.seconds["prefill"] == plain.seconds["prefill"]
+    assert piped.ttft_s < plain.ttft_s  # on H200 the shorter of the two is mostly hidden
+
+
 @pytest.mark.parametrize("mode", MODE_NAMES)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_attention_work_is_the_counted_pairs(mode: str, world_size: int) -> None:
@@ -278,6 +303,13 @@ def test_plan_command_prints_predictions(capsys: pytest.CaptureFixture[str],
     assert float(rows["full"][-3]) == 1.0 and float(rows["zigzag_ring"][-2]) == 1.0
     assert float(rows["spava"][-3]) > 5 and float(rows["spava"][-2]) > 1
     assert "spava's speedup without preprocessing" in out
+    assert main(["plan", "--preset", "qwen2.5-vl-7b", "--hardware", "h200", "--frames", "256",
+                 "--height", "1440", "--width", "2560", "--world-size", "8", "--modes",
+                 "spava", "--pipeline"]) == 0
+    piped = [line.split() for line in capsys.readouterr().out.splitlines()
+             if line.startswith("spava ")][0]
+    assert float(piped[1]) < float(rows["spava"][1])  # TTFT: the frames overlap the tower
+    assert float(piped[2]) < float(rows["spava"][2]) / 10  # preprocess: no frames left
     # A checkpoint directory: config.json gives the memory estimate and the sizes.
     (tmp_path / "config.json").write_text(json.dumps(RELEASED_7B))
     assert main(["plan", "--model", str(tmp_path), "--hardware", "cpu", "--context-len",
