@@ -37,6 +37,7 @@ SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The source tree's configs/ (where users edit presets), when running from a checkout."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
+RESIZE_DEVICES = ("cpu", "cuda")
 _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
@@ -130,9 +131,15 @@ class VideoConfig:
     """With resized_height: a fixed frame size instead of the pixel settings."""
     backend: str = "decord"
     """Decoder: decord or pyav (chosen explicitly, never a silent fallback)."""
+    resize_device: str = "cpu"
+    """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
+    bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
+    are resized there, which differs from the CPU's uint8 resize by rounding; CUDA ranks
+    only)."""
 
     def __post_init__(self) -> None:
         _one_of("video.backend", self.backend, VIDEO_BACKENDS)
+        _one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         _number("video.fps", self.fps)

@@ -13,7 +13,10 @@ What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
 - one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
   vision tower (grouped window attention, and the stock per-window path once) on frames of
   the 1440p video cap (1008x560) at several temporal-patch counts;
-- host overhead: the layer and the tower on inputs too small to compute.
+- host overhead: the layer and the tower on inputs too small to compute;
+- ``video.resize_device=cuda``: decoded-size uint8 frames (1440p) resized on the device to the
+  1008x560 cap and made into patch rows there, timed, and its pixels' difference to the CPU
+  resize that matches qwen-vl-utils (skipped without torchvision).
 
 The output has the form ``benchmarks/calibrate_cpu.py`` writes (``{"hardware": {...},
 "measurements": {...}, ...}``; ``apbv.cost.Hardware.from_json`` reads it). What one GPU cannot
@@ -96,6 +99,36 @@ def _attention_flops(checks: dict[str, Any], backend: str, sizes: dict) -> float
     length = sizes["attn_lengths"][-1]
     pairs = length * (length + 1) / 2
     return 4 * HEAD_DIM * pairs * HEADS / checks["causal_s"][f"{backend} {length}"]
+
+
+def _device_resize(device: torch.device, frames: int, repeats: int) -> dict[str, Any]:
+    """``video.resize_device``: the resize (+ patch rows) of decoded-size uint8 frames on
+    ``device``, timed, and its difference to the CPU resize (qwen-vl-utils' pixels)."""
+    try:
+        from apbv.video.load import resize_frames
+    except ImportError as err:  # pragma: no cover - torchvision missing
+        return {"skipped": f"{err}"}
+    from apbv.video.patches import PatchSpec, patch_rows
+
+    try:
+        decoded = torch.randint(0, 256, (frames, 1440, 2560, 3), dtype=torch.uint8,
+                                generator=torch.Generator().manual_seed(3))
+        decoded = decoded.permute(0, 3, 1, 2)  # channels-last, as the decoders give them
+        size = (FRAME_GRID[0] * 14, FRAME_GRID[1] * 14)
+        cpu = resize_frames(decoded, size)
+    except ImportError as err:  # torchvision is not installed
+        return {"skipped": f"{err}"}
+    spec = PatchSpec(14, 2, 2, (0.48145466, 0.4578275, 0.40821073),
+                     (0.26862954, 0.26130258, 0.27577711), 1 / 255)
+    on_device = decoded.to(device)
+    seconds = _best(lambda: patch_rows(resize_frames(on_device, size), spec), device, repeats)
+    diff = (resize_frames(on_device, size).cpu().int() - cpu.int()).abs()
+    return {"frames": frames, "source": [1440, 2560], "resized": list(size),
+            "resize_and_rows_s": seconds,
+            "s_per_resized_pixel": seconds / (frames * size[0] * size[1]),
+            "max_abs_diff_levels": int(diff.max()), "mean_abs_diff_levels": float(diff.float()
+                                                                                .mean()),
+            "fraction_differing": float((diff > 0).float().mean())}
 
 
 def seven_b_config() -> Any:
@@ -211,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     conv_s = _best(lambda: proj(pixels), device, sizes["repeats"])
     conv_flops = 2 * sizes["conv_patches"] * patch_in * proj.proj.weight.shape[0] / conv_s
     measured = _layer_and_tower(model, device, dtype, sizes, args.dry_run)
+    resize = _device_resize(device, 2 if args.dry_run else 16, sizes["repeats"])
 
     base = hardware("h200")
     depth = measured["vision_depth"]
@@ -231,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "hardware": hw.to_json(),
         "measurements": {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s,
-                         "conv_s": conv_s, **measured},
+                         "conv_s": conv_s, "device_resize": resize, **measured},
         "not_measured": ["link_bw", "link_latency_s", "decode_s_per_pixel",
                          "process_s_per_pixel", "preprocess_fixed_s", "tokenize_s_per_token"],
         "setup": {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -205,3 +205,21 @@ def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
     bad = subprocess.run([sys.executable, "benchmarks/bench_vision.py", "--grid", "7x8"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--grid sides must be even" in bad.stderr
+
+
+def test_gpu_calibration_dry_run_writes_the_calibration_form(tmp_path) -> None:
+    """scripts/gpu_check.sh's calibration, on CPU at toy sizes: the file calibrate_cpu.py's
+    form and Hardware.from_json read, with the device-resize measurement (CPU vs CPU: 0)."""
+    from apbv.cost import Hardware
+
+    out = tmp_path / "dry.json"
+    result = subprocess.run([sys.executable, "benchmarks/calibrate_gpu.py", "--dry-run",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    hw = Hardware.from_json(report["hardware"])
+    assert hw.matmul_flops > 0 and hw.vision_layer_overhead_s > 0
+    resize = report["measurements"]["device_resize"]
+    assert resize["max_abs_diff_levels"] == 0 and resize["s_per_resized_pixel"] > 0, resize
+    assert report["setup"]["device"] == "cpu (dry run)"

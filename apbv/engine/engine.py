@@ -64,8 +64,13 @@ class Engine:
     """One rank's model and process group; :meth:`generate` is called on every rank alike."""
 
     def __init__(self, cfg: RuntimeConfig, info: DistInfo):
+        if cfg.video.resize_device == "cuda" and info.device.type != "cuda":
+            raise ValueError(f"video.resize_device=cuda needs ranks on CUDA devices; this rank "
+                             f"runs on {info.device.type} (use video.resize_device=cpu)")
         self.cfg = cfg
         self.info = info
+        self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
+        """Where frames are resized and made into patch rows (None: the CPU)."""
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device),
                                  vision_attention=cfg.vision.attention,
@@ -119,7 +124,8 @@ class Engine:
             if isinstance(request.video, VideoSpec):
                 sampling, patches, chunks = rank_frame_chunks(
                     request.video, rank if split else 0, world if split else 1,
-                    frames_per_chunk=per_chunk, before_decode=preflight)
+                    frames_per_chunk=per_chunk, before_decode=preflight,
+                    device=self.frame_device)
             else:
                 frames = decoded_rank_frames(request.video, rank if split else 0,
                                              world if split else 1, before_process=preflight)
@@ -130,7 +136,8 @@ class Engine:
                 store = partial(self._store_vision, key, sampling, patches)
         else:
             frames = load_rank_frames(request.video, rank if split else 0,
-                                      world if split else 1, before_decode=preflight) \
+                                      world if split else 1, before_decode=preflight,
+                                      device=self.frame_device) \
                 if isinstance(request.video, VideoSpec) else \
                 decoded_rank_frames(request.video, rank if split else 0, world if split else 1,
                                     before_process=preflight)

@@ -66,10 +66,12 @@ def probe(spec: VideoSpec) -> VideoMeta:
 
 
 def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
-                    frames_per_chunk: int | None = None) -> Iterator[torch.Tensor]:
+                    frames_per_chunk: int | None = None,
+                    device: torch.device | None = None) -> Iterator[torch.Tensor]:
     """Decode ``indices`` and resize them, a chunk at a time: uint8 (k, 3, H', W') each, k at
     most ``frames_per_chunk`` (rounded down to whole temporal patches) and at most what keeps
-    one decoded chunk near 32 Mi values."""
+    one decoded chunk near 32 Mi values. ``device``: resized there (the decoded uint8 frames
+    are copied to it first); default the CPU, bit-equal to qwen-vl-utils."""
     height, width = sampling.resized_height, sampling.resized_width
     meta = reader.meta
     per_frame = 3 * max(meta.height * meta.width, height * width)
@@ -86,15 +88,19 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
                 f"{frames.shape[2]}x{frames.shape[1]} instead of {meta.width}x{meta.height}"
             )
         # (k, 3, H, W) with channels-last strides, exactly the tensor qwen-vl-utils resizes.
-        yield resize_frames(frames.permute(0, 3, 1, 2), (height, width))
+        frames = frames.permute(0, 3, 1, 2)
+        if device is not None:
+            frames = frames.to(device)
+        yield resize_frames(frames, (height, width))
 
 
-def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling) -> torch.Tensor:
-    """Decode ``indices`` and resize them: uint8 (len(indices), 3, H', W')."""
+def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling,
+                    device: torch.device | None = None) -> torch.Tensor:
+    """Decode ``indices`` and resize them (on ``device``): uint8 (len(indices), 3, H', W')."""
     out = torch.empty((len(indices), 3, sampling.resized_height, sampling.resized_width),
-                      dtype=torch.uint8)
+                      dtype=torch.uint8, device=device)
     start = 0
-    for resized in _resized_chunks(reader, indices, sampling):
+    for resized in _resized_chunks(reader, indices, sampling, device=device):
         out[start:start + len(resized)] = resized
         start += len(resized)
     return out
@@ -107,9 +113,9 @@ class FrameChunks:
     decoder is closed at the end of the iteration, on error, or by :meth:`close`."""
 
     def __init__(self, reader: _Reader, indices: Sequence[int], sampling: Sampling,
-                 frames_per_chunk: int) -> None:
+                 frames_per_chunk: int, device: torch.device | None = None) -> None:
         self._reader: _Reader | None = reader
-        self._args = (indices, sampling, frames_per_chunk)
+        self._args = (indices, sampling, frames_per_chunk, device)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         if self._reader is None:
@@ -155,20 +161,23 @@ def rank_frame_chunks(
     spec: VideoSpec, rank: int, world_size: int, *,
     frames_per_chunk: Callable[[int, int], int],
     before_decode: Callable[[Sampling], None] | None = None,
+    device: torch.device | None = None,
 ) -> tuple[Sampling, Range, FrameChunks]:
     """:func:`load_rank_frames` without decoding yet: the sampling, ``rank``'s temporal
     patches, and its frames as :class:`FrameChunks` of at most ``frames_per_chunk(resized
-    height, resized width)`` frames. The same checks, errors and ``before_decode`` run here,
-    before any frame is decoded."""
+    height, resized width)`` frames, resized on ``device``. The same checks, errors and
+    ``before_decode`` run here, before any frame is decoded."""
     reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
     first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
     size = frames_per_chunk(sampling.resized_height, sampling.resized_width)
-    return sampling, patches, FrameChunks(reader, sampling.indices[first:last], sampling, size)
+    return sampling, patches, FrameChunks(reader, sampling.indices[first:last], sampling, size,
+                                          device)
 
 
 def load_rank_frames(
     spec: VideoSpec, rank: int, world_size: int, *,
     before_decode: Callable[[Sampling], None] | None = None,
+    device: torch.device | None = None,
 ) -> RankFrames:
     """Decode and resize only the frames of ``rank``'s temporal patches (frame parallelism).
 
@@ -178,11 +187,13 @@ def load_rank_frames(
     rank: see :func:`probe`, :func:`plan_sampling`, and fewer temporal patches than ranks.
     ``before_decode(sampling)`` runs once the sampling is known and before any frame is
     decoded (the engine's preflight: prompt length and memory); its error stops the load.
+    ``device``: where the frames are resized and returned (default the CPU: qwen-vl-utils'
+    pixels bit for bit; a GPU rounds differently).
     """
     reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
     try:
         first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
-        frames = _decode_resized(reader, sampling.indices[first:last], sampling)
+        frames = _decode_resized(reader, sampling.indices[first:last], sampling, device)
     finally:
         reader.close()
     return RankFrames(frames, patches, sampling, rank, world_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from apbv import config
 from apbv.config import RuntimeConfig, load_config
@@ -80,10 +82,23 @@ def test_fps_and_nframes_later_layer_wins(tmp_path: Path) -> None:
     ("vision.rotary=fused", r"vision.rotary must be one of contiguous, stock; got 'fused'"),
     ("vision.pipeline=1", r"vision.pipeline must be true or false, got 1 \(int\)"),
     ("vision.pipeline=yes", r"vision.pipeline must be true or false, got 'yes' \(str\)"),
+    ("video.resize_device=gpu", r"video.resize_device must be one of cpu, cuda; got 'gpu'"),
 ])
 def test_bounds_name_key_and_range(override: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _load(override)
+
+
+def test_resizing_on_cuda_needs_cuda_ranks(tiny_config: RuntimeConfig) -> None:
+    from apbv.distributed import DistInfo
+    from apbv.engine.engine import Engine
+
+    cfg = _load("video.resize_device=cuda")
+    assert cfg.video.resize_device == "cuda"
+    cfg = dataclasses.replace(tiny_config, video=cfg.video)
+    with pytest.raises(ValueError, match="video.resize_device=cuda needs ranks on CUDA "
+                                         "devices; this rank runs on cpu"):
+        Engine(cfg, DistInfo(0, 1, 0, torch.device("cpu"), None))
 
 
 def test_cross_field_checks(tmp_path: Path) -> None:

@@ -316,8 +316,10 @@ def test_frame_chunks_are_the_rank_frames_in_whole_temporal_patches(
     monkeypatch.setattr(reader_cls, "read",
                         lambda self, idx: reads.append(len(idx)) or real_read(self, idx))
     sizes: list[tuple[int, int]] = []
+    on_cpu = load_rank_frames(spec, 1, 2, device=torch.device("cpu"))  # the device path
     for per_chunk in (1, 2, 5, 100):
         whole = load_rank_frames(spec, 1, 2)
+        assert torch.equal(whole.frames, on_cpu.frames)
         closed.clear(), reads.clear(), sizes.clear()
         sampling, patches, chunks = apbv.video.load.rank_frame_chunks(
             spec, 1, 2, frames_per_chunk=lambda h, w, n=per_chunk: sizes.append((h, w)) or n)
