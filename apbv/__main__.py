@@ -445,6 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # local ranks (demo): bad input is a ValueError on every rank
+        from apbv.distributed import RankFailure
+
+        if not isinstance(exc, RankFailure):
+            raise
+        messages = {message for kind, message in exc.errors.values()}
+        if any(kind != "ValueError" for kind, _ in exc.errors.values()) or len(messages) != 1:
+            raise
+        print(f"error: {messages.pop()}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

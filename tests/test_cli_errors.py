@@ -51,6 +51,15 @@ def test_broken_checkpoints(capsys, broken_models, short_video, name, message) -
     assert message in line and str(broken_models[name]) in line, line
 
 
+def test_an_error_on_every_local_rank_is_one_line(capsys) -> None:
+    """The demo's ranks are local processes: the same ValueError on each is one error line."""
+    assert main(["demo", "--set", "video.resize_device=cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # after the demo's "[apbv] ..." line
+    assert [line for line in err if not line.startswith("[apbv]")] == [
+        "error: video.resize_device=cuda needs ranks on CUDA devices; this rank runs on cpu "
+        "(use video.resize_device=cpu)"], err
+
+
 def test_request_errors(capsys, tmp_path, tiny_model_dir, short_video) -> None:
     thin = write_test_video(tmp_path / "thin.mp4", num_frames=8, fps=4.0, width=600, height=20)
     assert main(_generate(tiny_model_dir, thin, "--max-pixels", "2000")) == 2
