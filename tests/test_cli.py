@@ -223,3 +223,18 @@ def test_gpu_calibration_dry_run_writes_the_calibration_form(tmp_path) -> None:
     resize = report["measurements"]["device_resize"]
     assert resize["max_abs_diff_levels"] == 0 and resize["s_per_resized_pixel"] > 0, resize
     assert report["setup"]["device"] == "cpu (dry run)"
+
+
+def test_memory_benchmark_measures_and_estimates(tmp_path) -> None:
+    out = tmp_path / "memory.md"
+    cmd = [sys.executable, "benchmarks/bench_memory.py", "--sizes", "tiny", "--frames", "8",
+           "--set", "vision.pipeline=true", "--out", str(out)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = out.read_text()
+    assert "with vision.pipeline=true" in text
+    row = [line for line in text.splitlines() if line.startswith("| tiny | 8 |")]
+    assert len(row) == 1, text
+    measured, estimated, ratio = (float(x) for x in row[0].split("|")[4:7])
+    assert measured > 0 and estimated > 0 and ratio == pytest.approx(estimated / measured,
+                                                                     abs=0.02)

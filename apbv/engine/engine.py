@@ -186,11 +186,8 @@ class Engine:
                 f"the prompt ({context_len + query_len} tokens) plus {what} "
                 f"({reserve}) is {total} tokens, beyond the model's context of "
                 f"{limit}: sample fewer frames or pixels, or lower {what}")
-        plan = request.plan(context_len, query_len, self.info.world_size)
-        estimate = request_memory(
-            self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
-            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=reserve,
-            rank=self.info.rank)
+        estimate = self.memory_estimate(request, context_len, query_len, patches, grid_hw,
+                                        reserve)
         need, budget, source = self._memory_need_and_budget(estimate)
         if need > budget:
             raise ValueError(
@@ -199,6 +196,19 @@ class Engine:
                 f"prompt tokens) but {source} is {budget / 2**30:.2f} GiB: sample fewer frames "
                 f"(video.fps / video.nframes) or pixels (video.max_pixels), use more ranks, "
                 f"or raise parallel.memory_gb")
+
+    def memory_estimate(self, request: Request, context_len: int, query_len: int,
+                        patches: Range, grid_hw: tuple[int, int],
+                        reserve: int) -> MemoryEstimate:
+        """:func:`apbv.cost.request_memory` for ``request`` on this rank (``patches``: its
+        temporal patches, ``grid_hw``: a frame's patch grid, ``reserve``: decode rows). It
+        counts the rank's whole video at once, also where ``vision.chunk_rows`` and
+        ``vision.pipeline`` hold less (the safe side)."""
+        plan = request.plan(context_len, query_len, self.info.world_size)
+        return request_memory(
+            self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
+            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=reserve,
+            rank=self.info.rank)
 
     def _memory_need_and_budget(self, estimate: MemoryEstimate) -> tuple[int, int, str]:
         """(bytes needed, bytes available, what the budget is): parallel.memory_gb counts the
