@@ -21,7 +21,7 @@ from apbv.engine.routing import VideoSpan, embedding_routes, needed_video_tokens
 from apbv.modes import get_mode
 from apbv.plan import Plan, patch_ranges
 from apbv.timing import TTFT_STAGES
-from apbv.video.patches import PIPELINE_CHUNK_ROWS
+from apbv.video.patches import PIPELINE_CHUNK_ROWS, patches_per_chunk
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,8 @@ def predict(
     vision = [vision_cost(dims, n, grid, m, vision_attention == "grouped") for n in shares]
     vision_s = [v[0] for v in vision]
     if pipeline and patches:
-        rows_per_patch = tokens_per_patch * dims.spatial_merge_size ** 2
-        per_chunk = max(1, PIPELINE_CHUNK_ROWS // rows_per_patch)
+        per_chunk = patches_per_chunk(tokens_per_patch * dims.spatial_merge_size ** 2,
+                                      PIPELINE_CHUNK_ROWS)
         for r, n in enumerate(shares):
             frame_work = 2 * n * per_frame / m.scale
             preprocess[r] -= frame_work

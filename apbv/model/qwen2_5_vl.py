@@ -77,7 +77,13 @@ from apbv.model.vision_attention import (
     hf_vision_attention,
 )
 from apbv.positions import video_token_runs
-from apbv.video.patches import PIPELINE_CHUNK_ROWS, PREPROCESS, PatchSpec, patch_rows
+from apbv.video.patches import (
+    PIPELINE_CHUNK_ROWS,
+    PREPROCESS,
+    PatchSpec,
+    patch_rows,
+    patches_per_chunk,
+)
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
@@ -154,12 +160,15 @@ def register_attention() -> None:
     AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, hf_vision_attention)
 
 
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
 def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's attention: ``grouped`` (one call per window size, or one
     varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
-    if name not in VISION_ATTENTION:
-        raise ValueError(f"vision.attention must be one of {', '.join(VISION_ATTENTION)}, "
-                         f"got {name!r}")
+    _one_of("vision.attention", name, VISION_ATTENTION)
     register_attention()
     config = model.model.visual.config
     config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
@@ -171,9 +180,7 @@ def set_vision_rotary(name: str) -> None:
     ``stock``. transformers looks the function up in its modeling module at every call, so
     the choice holds for the whole process; both give bit-equal values, so models of one
     process never compute different numbers because of it, only at a different speed."""
-    if name not in VISION_ROTARY:
-        raise ValueError(f"vision.rotary must be one of {', '.join(VISION_ROTARY)}, "
-                         f"got {name!r}")
+    _one_of("vision.rotary", name, VISION_ROTARY)
     current_fn = getattr(modeling_qwen2_5_vl, "apply_rotary_pos_emb_vision", None)
     if current_fn is None:  # a version without the module-level function (drift notes)
         return
@@ -192,7 +199,7 @@ def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, to
         return [(0, total, grid)]
     calls, row = [], 0
     for t, h, w in grid.tolist():
-        step = max(1, chunk_rows // (h * w))
+        step = patches_per_chunk(h * w, chunk_rows)
         for first in range(0, t, step):
             n = min(step, t - first)
             calls.append((row, row + n * h * w, torch.tensor([[n, h, w]])))
@@ -241,9 +248,7 @@ def _rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
 def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
     :mod:`apbv.model.patch_embed`) or ``conv`` (the stock Conv3d). Only this instance changes."""
-    if name not in PATCH_EMBED:
-        raise ValueError(f"vision.patch_embed must be one of {', '.join(PATCH_EMBED)}, "
-                         f"got {name!r}")
+    _one_of("vision.patch_embed", name, PATCH_EMBED)
     embed = model.model.visual.patch_embed
     if name == "linear":
         embed.forward = types.MethodType(linear_patch_embed, embed)
@@ -408,8 +413,8 @@ class QwenVL:
         :data:`PIPELINE_CHUNK_ROWS`)."""
         vp = self.processor.video_processor
         rows = (height // vp.patch_size) * (width // vp.patch_size)
-        budget = self.chunk_rows or PIPELINE_CHUNK_ROWS
-        return vp.temporal_patch_size * max(1, budget // rows)
+        return vp.temporal_patch_size * patches_per_chunk(
+            rows, self.chunk_rows or PIPELINE_CHUNK_ROWS)
 
     def encode_frames(self, chunks: Iterable[torch.Tensor], *,
                       overlap: bool | None = None) -> torch.Tensor:
@@ -491,9 +496,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     wrong or incomplete checkpoint is a ValueError before any weight is read.
     """
     path = validate_checkpoint(path)
-    if preprocess not in PREPROCESS:
-        raise ValueError(f"vision.preprocess must be one of {', '.join(PREPROCESS)}, "
-                         f"got {preprocess!r}")
+    _one_of("vision.preprocess", preprocess, PREPROCESS)
     if TRANSFORMERS_VERSION < Version("4.57"):
         raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
                          f"transformers{SUPPORTED_TRANSFORMERS}")

@@ -21,6 +21,15 @@ PIPELINE_CHUNK_ROWS = 32768
 """Patch rows per chunk of a rank's in-rank pipeline (``vision.pipeline``) where the vision
 tower takes the whole video in one call (``vision.chunk_rows`` 0, as on GPUs)."""
 
+
+
+def patches_per_chunk(rows_per_patch: int, chunk_rows: int) -> int:
+    """Whole temporal patches in a chunk of about ``chunk_rows`` patch rows when each temporal
+    patch has ``rows_per_patch`` rows: at least one (the vision tower's calls, the in-rank
+    pipeline's chunks and the cost model's use this one rule)."""
+    return max(1, chunk_rows // rows_per_patch)
+
+
 PREPROCESS = ("fused", "processor")
 """``vision.preprocess``: frames to patch rows by this module or by the HF video processor."""
 
