@@ -96,6 +96,7 @@ class Engine:
         built and checked. A miss carries ``vision_store``, which keeps the tower's output."""
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
+        share = (rank, world) if split else (0, 1)  # this rank's place in the frame split
         ids: list[torch.Tensor] = []
         choice_ids = (None if request.choices is None else
                       choice_token_ids(self.qwen.processor.tokenizer, request.choices))
@@ -115,38 +116,29 @@ class Engine:
             key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
                              split)
             entry = self.vision_cache.get(key)
-        store, chunks = None, None
+        pipeline = self.cfg.vision.pipeline  # decoded and processed in the vision stage
+        pixel_values, chunks = None, None
         if entry is not None:  # no probe, no decoding, no processor; the preflight still runs
             preflight(entry.sampling)
-            sampling, pixel_values = entry.sampling, None
-        elif self.cfg.vision.pipeline:  # decoded and processed in the vision stage, by chunks
-            per_chunk = self.qwen.frames_per_chunk
-            if isinstance(request.video, VideoSpec):
-                sampling, patches, chunks = rank_frame_chunks(
-                    request.video, rank if split else 0, world if split else 1,
-                    frames_per_chunk=per_chunk, before_decode=preflight,
-                    device=self.frame_device)
-            else:
-                frames = decoded_rank_frames(request.video, rank if split else 0,
-                                             world if split else 1, before_process=preflight)
-                sampling, patches = frames.sampling, frames.patch_range
-                chunks = frames.frames.split(per_chunk(*frames.frames.shape[-2:]))
-            pixel_values = None
-            if key is not None:
-                store = partial(self._store_vision, key, sampling, patches)
+            sampling = entry.sampling
+        elif pipeline and isinstance(request.video, VideoSpec):  # decoded as it is encoded
+            sampling, patches, chunks = rank_frame_chunks(
+                request.video, *share, frames_per_chunk=self.qwen.frames_per_chunk,
+                before_decode=preflight, device=self.frame_device)
         else:
-            frames = load_rank_frames(request.video, rank if split else 0,
-                                      world if split else 1, before_decode=preflight,
+            frames = load_rank_frames(request.video, *share, before_decode=preflight,
                                       device=self.frame_device) \
                 if isinstance(request.video, VideoSpec) else \
-                decoded_rank_frames(request.video, rank if split else 0, world if split else 1,
-                                    before_process=preflight)
-            sampling = frames.sampling
-            pixel_values, local_grid = self.qwen.process_frames(frames.frames)
-            t, h, w = sampling.grid_thw
-            assert local_grid == (frames.patch_range[1] - frames.patch_range[0], h, w), local_grid
-            if key is not None:
-                store = partial(self._store_vision, key, sampling, frames.patch_range)
+                decoded_rank_frames(request.video, *share, before_process=preflight)
+            sampling, patches = frames.sampling, frames.patch_range
+            if pipeline:  # frames already in memory: the chunks are views
+                chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
+            else:
+                pixel_values, local_grid = self.qwen.process_frames(frames.frames)
+                t, h, w = sampling.grid_thw
+                assert local_grid == (patches[1] - patches[0], h, w), local_grid
+        store = None if key is None or entry is not None else \
+            partial(self._store_vision, key, sampling, patches)
         context_ids, query_ids = ids
         t, h, w = sampling.grid_thw
         return PromptInputs(
