@@ -40,17 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import add_model_args, model_dir, pyplot, save_figure
+from common import STOCK_TOWER, add_model_args, model_dir, pyplot, save_figure
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
 from apbv.timing import TTFT_STAGES as STAGES
 
-OLD_PATH = ("vision.attention=per_window", "vision.patch_embed=conv", "vision.rotary=stock",
-            "vision.chunk_rows=0", "vision.preprocess=processor")
-"""The overrides of the ``old`` variant: the stock vision attention, patch embedding and
-rotary, the whole video in one tower call, and the HF processor."""
+OLD_PATH = (*STOCK_TOWER, "vision.preprocess=processor")
+"""The overrides of the ``old`` variant: the stock vision tower and the HF processor."""
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
@@ -109,13 +107,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "pipelined": (load_config(args.config, [*base, "vision.pipeline=true"]),
                                   args.pipelined_modes)}
         runs = []  # each variant's run right after the new one: the least drift between them
-        for mode in dict.fromkeys(args.modes.split(",") + args.old_modes.split(",")
-                                  + args.pipelined_modes.split(",")):
-            if not mode:
-                continue
-            runs += [(mode, "new", cfg)] if mode in args.modes.split(",") else []
+        for mode in dict.fromkeys(args.modes + args.old_modes + args.pipelined_modes):
+            runs += [(mode, "new", cfg)] if mode in args.modes else []
             runs += [(mode, name, variant_cfg) for name, (variant_cfg, modes) in variants.items()
-                     if mode in modes.split(",")]
+                     if mode in modes]
         rows = []
         for mode, variant, run_cfg in runs:
             world = 1 if mode == "full" else args.world_size
@@ -236,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results/ttft_cpu",
                         help="output stem: writes STEM.jsonl, STEM.md and STEM.png")
     args = parser.parse_args(argv)
-    unknown = (set(args.modes.split(",")) | set(filter(None, args.old_modes.split(",")))
-               | set(filter(None, args.pipelined_modes.split(",")))) - set(MODE_NAMES)
+    for name in ("modes", "old_modes", "pipelined_modes"):  # comma-separated -> a list
+        setattr(args, name, [mode for mode in getattr(args, name).split(",") if mode])
+    unknown = set(args.modes + args.old_modes + args.pipelined_modes) - set(MODE_NAMES)
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}; allowed: {', '.join(MODE_NAMES)}")
     rows = run(args)

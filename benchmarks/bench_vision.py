@@ -30,14 +30,15 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_model_args, model_dir
+from common import STOCK_TOWER, add_model_args, model_dir
 
-VARIANTS = {  # name: (vision.attention, vision.patch_embed, vision.rotary, chunk rows or None)
-    "old": ("per_window", "conv", "stock", 0),
-    "+ grouped, linear": ("grouped", "linear", "stock", 0),
-    "+ contiguous rotary": ("grouped", "linear", "contiguous", 0),
-    "+ chunks = new": ("grouped", "linear", "contiguous", None),
-    "chunks only": ("per_window", "conv", "stock", None),
+VARIANTS = {  # name: config overrides of the vision settings (the rest: the defaults)
+    "old": STOCK_TOWER,
+    "+ grouped, linear": ("vision.rotary=stock", "vision.chunk_rows=0"),
+    "+ contiguous rotary": ("vision.chunk_rows=0",),
+    "+ chunks = new": (),
+    "chunks only": ("vision.attention=per_window", "vision.patch_embed=conv",
+                    "vision.rotary=stock"),  # the stock tower on the chunks
 }
 
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     if h % 2 or w % 2 or h < 2 or w < 2:
         parser.error(f"--grid sides must be even and >= 2 (2x2 patches merge), got {args.grid}")
 
+    from apbv.config import load_config
     from apbv.model import qwen2_5_vl
 
     torch.set_num_threads(args.threads)
@@ -72,12 +74,15 @@ def main(argv: list[str] | None = None) -> None:
     pixels = torch.randn(args.temporal_patches * h * w, 3 * 2 * 14 * 14,
                          generator=torch.Generator().manual_seed(0))
 
+    settings = {name: load_config("tiny_cpu", list(overrides)).vision
+                for name, overrides in VARIANTS.items()}
+
     def run(name: str) -> tuple[float, torch.Tensor]:
-        attention, embed, rotary, rows = VARIANTS[name]
-        qwen2_5_vl.set_vision_attention(qwen.model, attention)
-        qwen2_5_vl.set_patch_embed(qwen.model, embed)
-        qwen2_5_vl.set_vision_rotary(rotary)
-        qwen.chunk_rows = chunk if rows is None else rows
+        vision = settings[name]
+        qwen2_5_vl.set_vision_attention(qwen.model, vision.attention)
+        qwen2_5_vl.set_patch_embed(qwen.model, vision.patch_embed)
+        qwen2_5_vl.set_vision_rotary(vision.rotary)
+        qwen.chunk_rows = chunk if vision.chunk_rows is None else vision.chunk_rows
         start = time.perf_counter()
         out = qwen.vision_tower(pixels, grid)
         return time.perf_counter() - start, out

@@ -104,10 +104,8 @@ def _attention_flops(checks: dict[str, Any], backend: str, sizes: dict) -> float
 def _device_resize(device: torch.device, frames: int, repeats: int) -> dict[str, Any]:
     """``video.resize_device``: the resize (+ patch rows) of decoded-size uint8 frames on
     ``device``, timed, and its difference to the CPU resize (qwen-vl-utils' pixels)."""
-    try:
-        from apbv.video.load import resize_frames
-    except ImportError as err:  # pragma: no cover - torchvision missing
-        return {"skipped": f"{err}"}
+    from apbv.model.tiny import PREPROCESSOR_CONFIG as released
+    from apbv.video.load import resize_frames  # torchvision is imported when it resizes
     from apbv.video.patches import PatchSpec, patch_rows
 
     try:
@@ -118,8 +116,9 @@ def _device_resize(device: torch.device, frames: int, repeats: int) -> dict[str,
         cpu = resize_frames(decoded, size)
     except ImportError as err:  # torchvision is not installed
         return {"skipped": f"{err}"}
-    spec = PatchSpec(14, 2, 2, (0.48145466, 0.4578275, 0.40821073),
-                     (0.26862954, 0.26130258, 0.27577711), 1 / 255)
+    spec = PatchSpec(released["patch_size"], released["merge_size"],
+                     released["temporal_patch_size"], tuple(released["image_mean"]),
+                     tuple(released["image_std"]), 1 / 255)
     on_device = decoded.to(device)
     seconds = _best(lambda: patch_rows(resize_frames(on_device, size), spec), device, repeats)
     diff = (resize_frames(on_device, size).cpu().int() - cpu.int()).abs()
