@@ -116,7 +116,9 @@ class Streams:
     def _admit(self, live: LiveStream, op: str, *args: Any, stream: bool = False,
                **kwargs: Any) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
-        there; ``stream``: the job's token queue gets the answer's ids as they come."""
+        there; ``stream``: the job's token queue gets the answer's ids as they come. A job that
+        fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
+        place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
 
         async def run(group: Any, on_token: Callable[[int], None] | None) -> Any:
@@ -125,19 +127,19 @@ class Streams:
                                        f"{replica.index}'s ranks; open a new stream")
             return await group.stream(op, live.id, *args, on_token=on_token, **kwargs)
 
+        def forget_if_lost(future: Any) -> None:
+            if not future.cancelled() and future.exception() is not None \
+                    and replica.generation != generation:
+                self._forget(live)
+
         job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0)
         job.replica = replica
+        job.future.add_done_callback(forget_if_lost)
         return job
 
     async def _run(self, live: LiveStream, op: str, *args: Any, **kwargs: Any) -> Any:
         """``op`` on every rank of the stream's replica (:meth:`_admit`), its outcome."""
-        generation = live.generation
-        try:
-            return await self._admit(live, op, *args, **kwargs).future
-        except ClientError:
-            if live.replica.generation != generation:
-                self._forget(live)
-            raise
+        return await self._admit(live, op, *args, **kwargs).future
 
     # --- open ---------------------------------------------------------------------------------
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],

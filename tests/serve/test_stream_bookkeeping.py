@@ -79,6 +79,32 @@ def test_idle_streams_are_closed_and_their_budget_freed():
     _refused(exc, 404, "no open stream 'idle'")
 
 
+def test_a_job_failed_by_lost_ranks_forgets_the_stream_streamed_or_not():
+    """However the job's outcome is awaited (a streamed ask only hands its job to the SSE
+    writer), a failure after the replica's ranks were rebuilt frees the stream at once."""
+    async def scenario() -> list[bool]:
+        streams, replica = _streams()
+        replica.admission = Admission(8)  # no dispatcher here: the jobs stay queued
+        kept = []
+        for stream in (True, False):
+            live = _add(streams, replica, "s", idle_for=0.0)
+            live.generation = replica.generation
+            job = streams._admit(live, "ask", "What is shown?", stream=stream)
+            replica.generation += 1  # a rank died while the job waited
+            job.future.set_exception(ClientError(410, "lost"))
+            await asyncio.sleep(0)  # the done-callbacks run
+            kept.append("s" in streams.live)
+            job.future.exception()  # retrieved: no "never retrieved" warning
+        other = _add(streams, replica, "t")
+        job = streams._admit(other, "ask", "q", stream=True)
+        job.future.set_exception(ClientError(400, "bad question"))  # ranks still the same
+        await asyncio.sleep(0)
+        job.future.exception()
+        return [*kept, "t" in streams.live]
+
+    assert asyncio.run(scenario()) == [False, False, True]
+
+
 def test_a_stream_lost_with_its_ranks_is_410_then_forgotten():
     streams, replica = _streams()
     _add(streams, replica, "s")
