@@ -31,7 +31,13 @@ from typing import Any
 import torch
 
 from apbv.model import byte_tokenizer as bt
-from apbv.model.tiny import write_json
+from apbv.model.tiny import (
+    CHAT_TEMPLATE,
+    PREPROCESSOR_CONFIG,
+    tiny_config,
+    tokenizer_config,
+    write_json,
+)
 from apbv.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
@@ -91,8 +97,6 @@ def trained_config():
     """The Qwen2.5-VL config of the trained tiny model: tiny widths, byte-level vocabulary."""
     from transformers import Qwen2_5_VLConfig
 
-    from apbv.model.tiny import tiny_config
-
     base = tiny_config("tiny").to_dict()
     text, vision = dict(base["text_config"]), dict(base["vision_config"])
     ids = bt.SPECIAL_IDS
@@ -124,8 +128,6 @@ def build_model(seed: int):
 
 def write_support_files(directory: Path) -> None:
     """Everything but the weights: tokenizer, chat template, processor config."""
-    from apbv.model.tiny import CHAT_TEMPLATE, PREPROCESSOR_CONFIG, tokenizer_config
-
     (directory / "tokenizer.json").write_text(bt.tokenizer_json(), encoding="utf-8")
     write_json(directory / "tokenizer_config.json", tokenizer_config(bt.SPECIAL_IDS))
     write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
