@@ -80,7 +80,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
         sample = _sample(job)
         video = sample.video()
         approx_context = sample.patches * 4 + 40
-        reference = None  # exact mode's first-token logits (exact runs first)
+        reference = None  # exact mode's answer and first-token logits (exact runs first)
         for label in variants:
             mode, fraction = VARIANTS[label]
             passing = None if fraction is None else round(
@@ -91,15 +91,17 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
             answer = result.answer.strip()
             logits = result.first_logits.float()
             if label == "exact":
-                reference = logits
+                reference = answer, logits
             rows.append({**job, "variant": label, "mode": mode, "answer": answer,
                          "expected": sample.answer, "correct": answer == sample.answer,
                          "needles": [list(x) for x in sample.needles],
                          "prompt_tokens": result.context_len + result.query_len,
                          "passing_len": result.passing_len, "anchor_len": result.anchor_len,
                          "ttft_s": result.ttft_s,
+                         "agrees_with_exact": None if reference is None
+                         else answer == reference[0],
                          "logit_err": None if reference is None
-                         else float((logits - reference).abs().max())})
+                         else float((logits - reference[1]).abs().max())})
         if info.rank == 0:
             mine = rows[-len(variants):]
             marks = " ".join(f"{r['variant']}={r['answer']!r}" for r in mine)
@@ -107,14 +109,6 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
                   f"{job['depth']}: expected {sample.answer!r}; {marks}", file=sys.stderr,
                   flush=True)
     return rows
-
-
-def _add_agreement(rows: list[dict]) -> None:
-    exact = {(r["kind"], r["tokens"], r["index"]): r["answer"] for r in rows
-             if r["variant"] == "exact"}
-    for r in rows:
-        ref = exact.get((r["kind"], r["tokens"], r["index"]))
-        r["agrees_with_exact"] = None if ref is None else r["answer"] == ref
 
 
 def summarise(rows: list[dict]) -> dict[tuple, dict[str, float]]:
@@ -199,7 +193,7 @@ def plot(rows: list[dict], variants: list[str], path: Path) -> bool:
            title=f"spava vs passing, {longest} tokens", ylim=(-0.05, 1.05))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, (), path, dpi=110)  # grids and legends set above
+    return save_figure(fig, path, dpi=110)  # grids and legends set above
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -208,16 +202,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     model = args.model or str(needle_tiny())
     cfg = load_config(args.config, [f"model.path={model!r}",
                                     f"parallel.timeout_s={args.timeout}"])
-    tokens = [int(x) for x in args.tokens.split(",")]
-    depths = [float(x) for x in args.depths.split(",")]
-    variants = _variants(args.variants)
-    jobs = _jobs(tokens, args.samples, depths)
-    print(f"[bench] {len(jobs)} videos x {len(variants)} variants on {args.world_size} ranks",
-          file=sys.stderr, flush=True)
-    rows = spawn_local(_rank_job, args.world_size, (cfg, jobs, variants),
+    jobs = _jobs(args.tokens, args.samples, args.depths)
+    print(f"[bench] {len(jobs)} videos x {len(args.variants)} variants on {args.world_size} "
+          "ranks", file=sys.stderr, flush=True)
+    return spawn_local(_rank_job, args.world_size, (cfg, jobs, args.variants),
                        timeout_s=7200, collective_timeout_s=args.timeout)[0]
-    _add_agreement(rows)
-    return rows
 
 
 def write_vnbench(out: str, tokens: list[int], samples: int, depths: list[float]) -> Path:
@@ -280,13 +269,14 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variant(s) {sorted(unknown)}; allowed: {', '.join(VARIANTS)}")
+    args.variants = variants = _variants(args.variants)
+    args.tokens = [int(x) for x in args.tokens.split(",")]
+    args.depths = [float(x) for x in args.depths.split(",")]
     if args.write_vnbench:
-        print(write_vnbench(args.write_vnbench, [int(x) for x in args.tokens.split(",")],
-                            args.samples, [float(x) for x in args.depths.split(",")]))
+        print(write_vnbench(args.write_vnbench, args.tokens, args.samples, args.depths))
         return
     torch.set_num_threads(1)
     rows = run(args)
-    variants = _variants(args.variants)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "machine": platform.machine(),

@@ -234,7 +234,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
                    label=f"rank {rank}")
     right.set(xlabel="video seconds", ylabel="KV MiB",
               title=f"windowed stream ({report['meta']['window_minutes']:g} min window)")
-    return save_figure(fig, (left, right), path)
+    return save_figure(fig, path, styled=(left, right))
 
 
 def main(argv: list[str] | None = None) -> None:

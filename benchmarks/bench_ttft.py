@@ -211,7 +211,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     left.set(xlabel="prompt tokens", ylabel="TTFT (s)", title="time to first token")
     right.set(xlabel="prompt tokens", ylabel="speedup over full", title="speedup over full")
     right.axhline(1.0, color="grey", linewidth=0.8)
-    return save_figure(fig, (left, right), path)
+    return save_figure(fig, path, styled=(left, right))
 
 
 def main(argv: list[str] | None = None) -> None:

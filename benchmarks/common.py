@@ -46,9 +46,10 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, axes: Any, path: Path, dpi: int = 120) -> bool:
-    """Grid and legend on every axis, tight layout, written to ``path``; True."""
-    for ax in axes:
+def save_figure(fig: Any, path: Path, *, styled: Any = (), dpi: int = 120) -> bool:
+    """Grid and legend on every axis of ``styled``, tight layout, written to ``path``;
+    True."""
+    for ax in styled:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
