@@ -69,24 +69,19 @@ class RankActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def generate(self, request: Any) -> Any:
-        result = self.engine.generate(request)
+    def generate(self, request: Any, on_token: Callable[[int], None] | None = None) -> Any:
+        result = self.engine.generate(request, on_token=on_token)
         result.first_logits = None
         return result
 
     def generate_stream(self, request: Any) -> Iterator[Any]:
         """Yield each token id as soon as it is known, then the Result."""
-        yield from _streamed(lambda on_token: self.generate_with(request, on_token))
+        yield from _streamed(lambda on_token: self.generate(request, on_token))
 
     def ask_stream(self, stream_id: str, question: str, **kwargs: Any) -> Iterator[Any]:
         """A stream's ``ask``: each token id as soon as it is known, then the Result."""
         yield from _streamed(lambda on_token: self.stream("ask", stream_id, question,
                                                           on_token=on_token, **kwargs))
-
-    def generate_with(self, request: Any, on_token: Callable[[int], None]) -> Any:
-        result = self.engine.generate(request, on_token=on_token)
-        result.first_logits = None
-        return result
 
     def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
         """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
