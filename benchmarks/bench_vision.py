@@ -74,15 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     pixels = torch.randn(args.temporal_patches * h * w, 3 * 2 * 14 * 14,
                          generator=torch.Generator().manual_seed(0))
 
-    settings = {name: load_config("tiny_cpu", list(overrides)).vision
-                for name, overrides in VARIANTS.items()}
+    settings = {name: load_config("tiny_cpu", [f"vision.chunk_rows={chunk}", *overrides]).vision
+                for name, overrides in VARIANTS.items()}  # later overrides win
 
     def run(name: str) -> tuple[float, torch.Tensor]:
-        vision = settings[name]
-        qwen2_5_vl.set_vision_attention(qwen.model, vision.attention)
-        qwen2_5_vl.set_patch_embed(qwen.model, vision.patch_embed)
-        qwen2_5_vl.set_vision_rotary(vision.rotary)
-        qwen.chunk_rows = chunk if vision.chunk_rows is None else vision.chunk_rows
+        qwen.set_vision(settings[name])
         start = time.perf_counter()
         out = qwen.vision_tower(pixels, grid)
         return time.perf_counter() - start, out

@@ -73,12 +73,7 @@ class Engine:
         """Where frames are resized and made into patch rows (None: the CPU)."""
         self.qwen: QwenVL = load(cfg.model.path, device=info.device,
                                  dtype=_dtype(cfg.model.dtype, info.device),
-                                 vision_attention=cfg.vision.attention,
-                                 patch_embed=cfg.vision.patch_embed,
-                                 vision_rotary=cfg.vision.rotary,
-                                 chunk_rows=cfg.vision.chunk_rows,
-                                 preprocess=cfg.vision.preprocess,
-                                 preprocess_workers=cfg.vision.preprocess_workers)
+                                 vision=cfg.vision)
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""

@@ -53,7 +53,7 @@ import types
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
@@ -79,11 +79,13 @@ from apbv.model.vision_attention import (
 from apbv.positions import video_token_runs
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
-    PREPROCESS,
     PatchSpec,
     patch_rows,
     patches_per_chunk,
 )
+
+if TYPE_CHECKING:
+    from apbv.config import VisionConfig
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
@@ -385,6 +387,20 @@ class QwenVL:
         start, end = runs[0]
         return start, end - start
 
+    def set_vision(self, vision: VisionConfig) -> None:
+        """Set up the vision tower and the patch rows as ``vision`` says: its attention
+        (:func:`set_vision_attention`), patch embedding (:func:`set_patch_embed`), q/k rotary
+        (:func:`set_vision_rotary`, for the whole process), patch rows per tower call
+        (``chunk_rows``; unset: :data:`CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and
+        how frames become patch rows (``preprocess``, ``preprocess_workers``)."""
+        set_vision_attention(self.model, vision.attention)
+        set_patch_embed(self.model, vision.patch_embed)
+        set_vision_rotary(vision.rotary)
+        self.chunk_rows = vision.chunk_rows if vision.chunk_rows is not None \
+            else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
+        self.preprocess = vision.preprocess
+        self.preprocess_workers = vision.preprocess_workers
+
     def vision_tower(
         self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | tuple[int, int, int]
     ) -> torch.Tensor:
@@ -482,21 +498,18 @@ def load_config(path: str | Path) -> Qwen2_5_VLConfig:
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
-         vision_attention: str = "grouped", patch_embed: str = "linear",
-         vision_rotary: str = "contiguous", chunk_rows: int | None = None,
-         preprocess: str = "fused", preprocess_workers: int = 1) -> QwenVL:
-    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode;
-    ``vision_attention``: see :func:`set_vision_attention`; ``patch_embed``: see
-    :func:`set_patch_embed`; ``vision_rotary``: see :func:`set_vision_rotary`; ``chunk_rows``:
-    patch rows per vision-tower call (:func:`tower_chunks`; None: :data:`CPU_CHUNK_ROWS` on
-    CPU, the whole video elsewhere); ``preprocess``,
-    ``preprocess_workers``: how :meth:`QwenVL.process_frames` makes patch rows.
+         vision: VisionConfig | None = None) -> QwenVL:
+    """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode,
+    its vision tower set up by ``vision`` (:meth:`QwenVL.set_vision`; None: the defaults).
 
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
     wrong or incomplete checkpoint is a ValueError before any weight is read.
     """
+    if vision is None:
+        from apbv.config import VisionConfig
+
+        vision = VisionConfig()
     path = validate_checkpoint(path)
-    _one_of("vision.preprocess", preprocess, PREPROCESS)
     if TRANSFORMERS_VERSION < Version("4.57"):
         raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
                          f"transformers{SUPPORTED_TRANSFORMERS}")
@@ -510,11 +523,7 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
         **dtype_kwargs(dtype),
     )
     model.to(device).eval()
-    set_vision_attention(model, vision_attention)
-    set_patch_embed(model, patch_embed)
-    set_vision_rotary(vision_rotary)
-    if chunk_rows is None:
-        chunk_rows = CPU_CHUNK_ROWS if torch.device(device).type == "cpu" else 0
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return QwenVL(model=model, processor=processor, preprocess=preprocess,
-                  preprocess_workers=preprocess_workers, chunk_rows=chunk_rows)
+    qwen = QwenVL(model=model, processor=processor)
+    qwen.set_vision(vision)
+    return qwen
