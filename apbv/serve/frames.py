@@ -93,7 +93,15 @@ def parse_push(body: object, limits: Limits, native: tuple[int, int] | None,
                                    f"{where} is {want[1]}x{want[0]}: every frame of a stream "
                                    "has one size")
     batch = torch.stack(images).permute(0, 3, 1, 2)  # (F, 3, H, W), channels-last strides
-    if size is not None and tuple(batch.shape[2:]) != tuple(size):
-        batch = resize_frames(batch, size)
+    if size is not None:
+        batch = resize_to(batch, size)
     return Push(batch.contiguous(), [float(t) for t in stamps], (want[0], want[1]))
+
+
+def resize_to(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Frames (F, 3, H, W) uint8 at ``size`` (h, w), contiguous: the one-shot path's resize,
+    or the frames themselves when they already have that size."""
+    if tuple(frames.shape[2:]) != tuple(size):
+        frames = resize_frames(frames, size)
+    return frames.contiguous()
 

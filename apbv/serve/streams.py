@@ -33,7 +33,7 @@ from apbv.engine.request import check_choices
 from apbv.engine.stream import StreamSpec
 from apbv.serve import api, stream_budget
 from apbv.serve.admission import Job
-from apbv.serve.frames import parse_push
+from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
 from apbv.stream import Capture, local_source, stream_frame_size
@@ -241,7 +241,7 @@ class Streams:
                 self._fix_size(live, self._size_of(live, push.native))
                 live.native = push.native
                 push = dataclasses.replace(push, frames=await asyncio.to_thread(
-                    _resize, push.frames, (live.spec.height, live.spec.width)))
+                    resize_to, push.frames, (live.spec.height, live.spec.width)))
             out = await self._append(live, push.frames, push.timestamps)
         return JSONResponse({"id": live.id, **out, "frames_pushed": live.frames_pushed})
 
@@ -422,13 +422,6 @@ class Streams:
         app.delete("/v1/streams/{stream_id}")(self.close)
 
 
-def _resize(frames: Any, size: tuple[int, int]) -> Any:
-    from apbv.video.load import resize_frames
-
-    if tuple(frames.shape[2:]) == size:
-        return frames
-    return resize_frames(frames, size).contiguous()
-
 
 def _start_capture(path: str, spec: StreamSpec, sized: bool,
                    pixels: tuple[int | None, int | None], end_after_s: float | None) -> Capture:
@@ -437,4 +430,3 @@ def _start_capture(path: str, spec: StreamSpec, sized: bool,
     return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],
                            max_pixels=None if sized else pixels[1])
-
