@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from apbv.model import qwen2_5_vl
+from apbv.model import patch_embed, qwen2_5_vl
 from apbv.model.checkpoint import WEIGHT_FILES, validate_checkpoint
 from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
 
@@ -353,6 +353,21 @@ def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
         f"tower fp32 max abs error {tower_err:.3g} (outputs up to {tower_scale:.3g})")
     with pytest.raises(ValueError, match="vision.patch_embed must be one of linear, conv"):
         qwen2_5_vl.set_patch_embed(qwen.model, "matmul")
+
+
+def test_linear_patch_embedding_in_row_blocks_equals_one_product(
+        qwen: QwenVL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the product runs in blocks of rows (the last one short): every output row is
+    the same dot product as in one product, so the values match (bit-equal here)."""
+    pixels = torch.randn(300, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(3))
+    embed = qwen.model.model.visual.patch_embed
+    with torch.inference_mode():
+        whole = embed(pixels)  # 300 rows <= CPU_BLOCK_ROWS: one product
+        monkeypatch.setattr(patch_embed, "CPU_BLOCK_ROWS", 64)
+        blocked = embed(pixels)
+    err, scale = (blocked - whole).abs().max().item(), whole.abs().max().item()
+    assert blocked.shape == whole.shape == (300, qwen.vision_config.hidden_size)
+    assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
 
 
 def test_contiguous_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
