@@ -8,19 +8,23 @@
 
 For each mode one set of ranks is started (H gloo ranks with one thread each; ``full`` is one
 process with H threads: the same total threads), the engine is loaded once, one untimed
-request warms it up, and then every video is answered ``--repeats`` times; the best TTFT is
-kept (the table's stages are that run's; the side-by-side summary takes each stage's best).
-Every method uses the same sampler, the same timer (a device sync closes each stage) and
-reports the slowest rank. Each mode's first token is compared with exact attention's.
+request per variant warms it up, and then every video is answered ``--repeats`` times; the best
+TTFT is kept (the table's stages are that run's; the side-by-side summary takes each stage's
+best). Every method uses the same sampler, the same timer (a device sync closes each stage) and
+reports the slowest rank. Each mode's first token is compared with exact attention's. Peak RSS
+is per request (the process's peak is reset before each one, where Linux allows it) and the
+largest over the ranks.
 
-``--old-modes`` runs those modes a second time on the old vision and preprocessing path
+``--old-modes`` also runs those modes on the old vision and preprocessing path
 (``vision.attention=per_window``: one SDPA call per window; ``vision.patch_embed=conv``: the
 stock Conv3d; ``vision.rotary=stock``: the rotary on strided q/k; ``vision.chunk_rows=0``: the
 tower on the whole video at once; ``vision.preprocess=processor``: the HF video processor), as
 rows of variant ``old``; the summary prints the vision and preprocess stages old over new.
 ``--pipelined-modes`` runs those modes with ``vision.pipeline=true`` (decoding, patch rows and
 tower chunk by chunk inside each rank: the decoding moves into the vision stage), as rows of
-variant ``pipelined``; the summary compares preprocess + vision with the new path's. Ratios to
+variant ``pipelined``; the summary compares preprocess + vision with the new path's. A mode's
+variants run on the same ranks and take turns within every repeat (``Engine.set_vision``
+switches the path between requests), so drift on a shared machine hits them alike. Ratios to
 full and zigzag_ring compare rows of one variant.
 
 Videos: synthetic, ``--frames`` frames at 2 fps for each ``--resolution`` (frames are sampled
@@ -31,6 +35,7 @@ whole, so a WxH video gives (W/28)*(H/28) tokens per 2 frames). Output: JSON lin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -42,7 +47,7 @@ from typing import Any
 import torch
 from common import STOCK_TOWER, add_model_args, model_dir, pyplot, save_figure
 
-from apbv.config import RuntimeConfig, load_config
+from apbv.config import RuntimeConfig, VisionConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.modes import MODE_NAMES
 from apbv.timing import TTFT_STAGES as STAGES
@@ -51,33 +56,68 @@ OLD_PATH = (*STOCK_TOWER, "vision.preprocess=processor")
 """The overrides of the ``old`` variant: the stock vision tower and the HF processor."""
 
 
-def _rank_job(info: DistInfo, cfg: RuntimeConfig, mode: str, videos: list[dict],
-              repeats: int) -> list[dict]:
+def _reset_peak_rss() -> None:
+    """Start this process's peak RSS afresh (Linux: VmHWM, through /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # elsewhere the peak stays the process's
+        pass
+
+
+def _peak_rss_mib() -> float:
+    """Peak RSS since :func:`_reset_peak_rss` (VmHWM), else the process's (ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, visions: dict[str, VisionConfig], mode: str,
+              videos: list[dict], repeats: int) -> list[dict]:
+    """``mode`` on every video with each variant's vision settings (``visions``: variant ->
+    settings), one engine: the variants take turns within each repeat, so a shared machine's
+    drift hits them alike. Rows variant by variant, each the best TTFT of its repeats."""
     from apbv.engine.engine import Engine
 
     engine = Engine(cfg, info)
     question = "What colour is the square in the last second?"
-    engine.generate(engine.request(videos[0]["path"], question, mode=mode,
-                                   max_new_tokens=1))  # warm-up
-    rows = []
+
+    def answer(path: str, variant: str) -> Any:
+        engine.set_vision(visions[variant])
+        return engine.generate(engine.request(path, question, mode=mode, max_new_tokens=1))
+
+    for variant in visions:
+        answer(videos[0]["path"], variant)  # warm-up, each path once
+    rows: dict[str, list[dict]] = {variant: [] for variant in visions}
     for video in videos:
-        best, stage_best = None, {}
+        best, stage_best, peak = {}, {v: {} for v in visions}, dict.fromkeys(visions, 0.0)
         for _ in range(repeats):
-            result = engine.generate(engine.request(video["path"], question, mode=mode,
-                                                    max_new_tokens=1))
-            if best is None or result.ttft_s < best.ttft_s:
-                best = result
-            for stage, seconds in result.seconds.items():
-                stage_best[stage] = min(seconds, stage_best.get(stage, seconds))
-        row = best.to_json()
-        row.update(video={k: v for k, v in video.items() if k != "path"}, stage_best_s=stage_best,
-                   rss_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        rows.append(row)
-        if info.rank == 0:
-            print(f"  {mode:>12} {video['frames']:>4} frames {video['width']}x{video['height']}"
-                  f": {row['context_len'] + row['query_len']} tokens, TTFT "
-                  f"{row['ttft_s']:.3f} s", file=sys.stderr, flush=True)
-    return rows
+            for variant in visions:
+                _reset_peak_rss()
+                result = answer(video["path"], variant)
+                peak[variant] = max(peak[variant], _peak_rss_mib())
+                if variant not in best or result.ttft_s < best[variant].ttft_s:
+                    best[variant] = result
+                stages = stage_best[variant]
+                for stage, seconds in result.seconds.items():
+                    stages[stage] = min(seconds, stages.get(stage, seconds))
+        for variant, result in best.items():
+            row = result.to_json()
+            row.update(variant=variant, stage_best_s=stage_best[variant],
+                       video={k: v for k, v in video.items() if k != "path"},
+                       rss_peak_mib=peak[variant])
+            rows[variant].append(row)
+            if info.rank == 0:
+                print(f"  {mode:>12} {variant:>9} {video['frames']:>4} frames "
+                      f"{video['width']}x{video['height']}: "
+                      f"{row['context_len'] + row['query_len']} tokens, TTFT "
+                      f"{row['ttft_s']:.3f} s", file=sys.stderr, flush=True)
+    return [row for variant_rows in rows.values() for row in variant_rows]
 
 
 def _videos(root: Path, frames: list[int], resolutions: list[tuple[int, int]]) -> list[dict]:
@@ -103,26 +143,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         base = [f"model.path={model!r}", "video.fps=2.0", f"video.max_pixels={max_pixels}",
                 "video.min_pixels=3136", f"parallel.timeout_s={args.timeout}"]
         cfg = load_config(args.config, base)
-        variants = {"old": (load_config(args.config, [*base, *OLD_PATH]), args.old_modes),
-                    "pipelined": (load_config(args.config, [*base, "vision.pipeline=true"]),
+        variants = {"new": (cfg.vision, args.modes),
+                    "old": (load_config(args.config, [*base, *OLD_PATH]).vision, args.old_modes),
+                    "pipelined": (load_config(args.config, [*base, "vision.pipeline=true"]).vision,
                                   args.pipelined_modes)}
-        runs = []  # each variant's run right after the new one: the least drift between them
-        for mode in dict.fromkeys(args.modes + args.old_modes + args.pipelined_modes):
-            runs += [(mode, "new", cfg)] if mode in args.modes else []
-            runs += [(mode, name, variant_cfg) for name, (variant_cfg, modes) in variants.items()
-                     if mode in modes]
         rows = []
-        for mode, variant, run_cfg in runs:
+        for mode in dict.fromkeys(args.modes + args.old_modes + args.pipelined_modes):
+            visions = {name: vision for name, (vision, modes) in variants.items()
+                       if mode in modes}
             world = 1 if mode == "full" else args.world_size
             threads = args.world_size if mode == "full" else 1
-            print(f"[bench] {mode} ({variant}): {world} rank(s) x {threads} thread(s)",
-                  file=sys.stderr, flush=True)
-            per_rank = spawn_local(_rank_job, world, (run_cfg, mode, videos, args.repeats),
+            print(f"[bench] {mode} ({', '.join(visions)}): {world} rank(s) x {threads} "
+                  f"thread(s)", file=sys.stderr, flush=True)
+            run_cfg = dataclasses.replace(cfg, vision=next(iter(visions.values())))
+            per_rank = spawn_local(_rank_job, world,
+                                   (run_cfg, visions, mode, videos, args.repeats),
                                    threads_per_rank=threads, timeout_s=7200,
                                    collective_timeout_s=args.timeout)
             for i, row in enumerate(per_rank[0]):
                 row["rss_peak_mib_max"] = max(r[i]["rss_peak_mib"] for r in per_rank)
-                row["variant"] = variant
                 rows.append(row)
     _compare_with_exact(rows)
     return rows
@@ -132,7 +171,7 @@ def _compare_with_exact(rows: list[dict]) -> None:
     """Add each row's first-token agreement with exact mode and its speedups."""
     def key(r: dict) -> tuple:
         v = r["video"]
-        return v["frames"], v["width"], v["height"], r.get("variant", "new")
+        return v["frames"], v["width"], v["height"], r["variant"]
 
     by_mode = {(r["mode"], key(r)): r for r in rows}
     for r in rows:
@@ -172,12 +211,12 @@ def old_over_new(rows: list[dict]) -> str:
     pipelined / new. Stages: each one's best over the repeats (a shared machine's noise
     mostly adds time); TTFT: the best run's."""
     new = {(r["mode"], r["video"]["frames"], r["video"]["width"], r["video"]["height"]): r
-           for r in rows if r.get("variant", "new") == "new"}
+           for r in rows if r["variant"] == "new"}
     out = []
     for r in rows:
         v = r["video"]
         other = new.get((r["mode"], v["frames"], v["width"], v["height"]))
-        if r.get("variant") not in ("old", "pipelined") or other is None:
+        if r["variant"] not in ("old", "pipelined") or other is None:
             continue
         mine, base = r["stage_best_s"], other["stage_best_s"]
         if r["variant"] == "old":
@@ -200,14 +239,15 @@ def plot(rows: list[dict], path: Path) -> bool:
         return False
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        mine = sorted((r for r in rows if r["mode"] == mode),
+    for mode, variant in dict.fromkeys((r["mode"], r["variant"]) for r in rows):
+        mine = sorted((r for r in rows if (r["mode"], r["variant"]) == (mode, variant)),
                       key=lambda r: r["context_len"] + r["query_len"])
         tokens = [r["context_len"] + r["query_len"] for r in mine]
-        left.plot(tokens, [r["ttft_s"] for r in mine], marker="o", label=mode)
+        label = mode if variant == "new" else f"{mode} ({variant})"
+        left.plot(tokens, [r["ttft_s"] for r in mine], marker="o", label=label)
         speedup = [1 / r["ttft_over_full"] for r in mine if r["ttft_over_full"]]
         if len(speedup) == len(mine) and mode != "full":
-            right.plot(tokens, speedup, marker="o", label=mode)
+            right.plot(tokens, speedup, marker="o", label=label)
     left.set(xlabel="prompt tokens", ylabel="TTFT (s)", title="time to first token")
     right.set(xlabel="prompt tokens", ylabel="speedup over full", title="speedup over full")
     right.axhline(1.0, color="grey", linewidth=0.8)

@@ -19,6 +19,7 @@ on one rank while preprocessing or encoding is raised on every rank, naming that
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from functools import partial
@@ -26,7 +27,7 @@ from functools import partial
 import torch
 
 from apbv import comm
-from apbv.config import RuntimeConfig
+from apbv.config import RuntimeConfig, VisionConfig
 from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
 from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
@@ -77,6 +78,14 @@ class Engine:
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""
+
+    def set_vision(self, vision: VisionConfig) -> None:
+        """Use the ``vision`` settings from the next request on (every rank alike): the tower's
+        set-up, the patch rows, the pipeline. The vision cache is emptied (its embeddings came
+        from the old settings). Benchmarks switch paths this way on one loaded model."""
+        self.cfg = dataclasses.replace(self.cfg, vision=vision)
+        self.qwen.set_vision(vision)
+        self.vision_cache = VisionCache(int(self.cfg.cache.vision_gb * 2**30))
 
     def request(self, video: str, question: str, **overrides: object) -> Request:
         """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
