@@ -1,4 +1,4 @@
-"""The cost model's predicted TTFT next to bench_ttft's measurements (markdown table).
+"""The cost model's predicted TTFT and stages next to bench_ttft's measurements (markdown table).
 
     python benchmarks/cost_vs_measured.py benchmarks/results/ttft_cpu_medium.jsonl \
         --size medium --hardware benchmarks/results/cpu_calibration.json --min-tokens 16000
@@ -13,6 +13,9 @@ from pathlib import Path
 
 from apbv import cost
 from apbv.model.tiny import write_tiny_checkpoint
+
+STAGES = ("preprocess", "vision", "prefill")
+"""Stage columns: measured / predicted seconds."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,23 +35,26 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="apbv-cost-") as tmp:
             dims = cost.checkpoint_dims(write_tiny_checkpoint(Path(tmp) / "m", size=args.size))
     hw = cost.hardware(args.hardware)
-    print("| mode | prompt tokens | measured TTFT s | predicted s | error |")
-    print("|---|---:|---:|---:|---:|")
+    print("| mode | prompt tokens | measured TTFT s | predicted s | error | "
+          + " | ".join(STAGES) + " |")
+    print("|---|---:|---:|---:|---:|" + "---|" * len(STAGES))
     with open(args.jsonl) as f:
         rows = [json.loads(line) for line in f]
     for r in rows:
         tokens = r["context_len"] + r["query_len"]
-        if tokens < args.min_tokens:
-            continue
+        if tokens < args.min_tokens or r.get("variant", "new") != "new":
+            continue  # the model predicts the runtime's default path
         video = r["video"]
         predicted = cost.predict(
             r["mode"], dims, context_len=r["context_len"], query_len=r["query_len"],
             world_size=r["ranks"], frames=r["frames"],
             grid=(video["height"] // 28, video["width"] // 28), hw=hw,
             source_pixels=video["height"] * video["width"],
-        ).ttft_s
-        error = (predicted - r["ttft_s"]) / r["ttft_s"]
-        print(f"| {r['mode']} | {tokens} | {r['ttft_s']:.2f} | {predicted:.2f} | {error:+.0%} |")
+        )
+        error = (predicted.ttft_s - r["ttft_s"]) / r["ttft_s"]
+        stages = " | ".join(f"{r['seconds'][s]:.2f} / {predicted.seconds[s]:.2f}" for s in STAGES)
+        print(f"| {r['mode']} | {tokens} | {r['ttft_s']:.2f} | {predicted.ttft_s:.2f} | "
+              f"{error:+.0%} | {stages} |")
 
 
 if __name__ == "__main__":
