@@ -1,6 +1,6 @@
 """Measure the cost model's hardware constants on this CPU machine and write them as JSON.
 
-    python benchmarks/calibrate_cpu.py            # about two minutes on 2 cores (3 runs)
+    python benchmarks/calibrate_cpu.py            # about 90 s on 2 cores (3 runs)
     python benchmarks/calibrate_cpu.py --runs 5 --out /tmp/cpu_calibration.json
 
 Everything is measured the way the runtime and the benchmarks run: H gloo ranks (spawned with
@@ -265,8 +265,8 @@ def constants(per_rank: list[dict[str, Any]], efficiency: dict[str, float],
 
 def median_constants(runs: list[Hardware]) -> Hardware:
     """Each constant's median over whole calibration runs (flags and names from the first):
-    one run's link and overhead constants swing by up to 3x on a shared machine, the
-    compute rates by about 10%."""
+    on a shared machine one run's host overheads swing by up to 2-3x, its compute rates by
+    10-30%."""
     fields = runs[0].to_json()
     return Hardware(**{k: statistics.median(r.to_json()[k] for r in runs)
                        if isinstance(v, float) else v for k, v in fields.items()})

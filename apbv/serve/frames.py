@@ -104,4 +104,3 @@ def resize_to(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     if tuple(frames.shape[2:]) != tuple(size):
         frames = resize_frames(frames, size)
     return frames.contiguous()
-
