@@ -292,7 +292,12 @@ class SegmentDir(Source):
     next segment. The source ends when no segment is pending and none has appeared for
     ``end_after_s`` seconds (None: never). The directory must exist (ValueError). With
     ``follow_symlinks=False`` (the server's choice, so that a segment cannot lead outside the
-    media roots) a segment that is a symbolic link is skipped and reported in ``errors``.
+    media roots) a segment that is a symbolic link is skipped and reported in ``errors``, and
+    neither the directory nor a segment is opened through a link: the directory is opened once
+    (``O_NOFOLLOW``) when reading starts, and every segment is listed and opened relative to
+    it, without following a link (``O_NOFOLLOW``). A writer who swaps a listed segment, or the
+    directory itself, for a link meanwhile gets a failed segment, not the link's target
+    (components above the directory are resolved by path: the server checks them first).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, order: str = "name",
@@ -318,10 +323,11 @@ class SegmentDir(Source):
                              f"{extensions!r}")
         self.extensions = tuple(e.lower() for e in extensions)
 
-    def _listing(self) -> list[tuple[str, int]]:
-        """(name, size) of the segment files, in the source's order."""
+    def _listing(self, directory: int) -> list[tuple[str, int]]:
+        """(name, size) of the segment files in the open ``directory``, in the source's
+        order."""
         found = []
-        with os.scandir(self.path) as entries:
+        with os.scandir(directory) as entries:
             for entry in entries:
                 if not entry.name.lower().endswith(self.extensions):
                     continue
@@ -344,15 +350,32 @@ class SegmentDir(Source):
             found.sort()
         return [(name, size) for _, name, size in found]
 
+    def _open_flags(self) -> int:
+        return os.O_RDONLY | (0 if self.follow_symlinks else os.O_NOFOLLOW)
+
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "reading video segments")
+        try:
+            directory = os.open(self.path, self._open_flags() | os.O_DIRECTORY)
+        except OSError as err:
+            link = not self.follow_symlinks and os.path.islink(self.path)
+            why = "it is a symbolic link, not followed" if link else _error_text(err)
+            raise ValueError(f"segment directory {self.path!r} cannot be opened: {why}") \
+                from err
+        try:
+            yield from self._follow(av, directory, stop)
+        finally:
+            os.close(directory)
+
+    def _follow(self, av: Any, directory: int,
+                stop: threading.Event) -> Iterator[RawFrame | None]:
         done: set[str] = set()
         sizes: dict[str, tuple[int, float]] = {}  # name -> (size, when it was first seen)
         offset = 0.0
         idle_since = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
-            pending = [(n, s) for n, s in self._listing() if n not in done]
+            pending = [(n, s) for n, s in self._listing(directory) if n not in done]
             ready = None
             if pending:
                 name, size = pending[0]
@@ -369,17 +392,18 @@ class SegmentDir(Source):
                 continue
             done.add(ready)
             sizes.pop(ready, None)
-            offset = yield from self._segment(av, ready, offset, stop)
+            offset = yield from self._segment(av, directory, ready, offset, stop)
             idle_since = time.monotonic()
 
-    def _segment(self, av: Any, name: str, offset: float,
+    def _segment(self, av: Any, directory: int, name: str, offset: float,
                  stop: threading.Event) -> Iterator[RawFrame | None]:
-        """Yield one segment's frames at ``offset``; returns the next segment's offset."""
-        path = os.path.join(self.path, name)
+        """Yield the frames of segment ``name`` of the open ``directory`` at ``offset``;
+        returns the next segment's offset."""
         last: float | None = None
         step = 0.0
         try:
-            with av.open(path) as container:
+            with os.fdopen(os.open(name, self._open_flags(), dir_fd=directory), "rb") as file, \
+                    av.open(file) as container:
                 if container.streams.video:
                     step = _frame_step(container)
                 for image, t in _from_start(container, stop, f"segment {name!r}"):

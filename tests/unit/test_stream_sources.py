@@ -130,6 +130,42 @@ def test_segment_dir_can_refuse_to_follow_symbolic_links(tmp_path):
     assert len(_drain(followed)) == 8  # by default a link is a segment like any other
 
 
+def test_segment_dir_does_not_open_a_link_swapped_in_after_the_listing(tmp_path):
+    """A writer who replaces a listed segment with a link before it is opened gets a failed
+    segment, not the link's target; a directory that is itself a link is refused."""
+    outside = _video(tmp_path / "outside.mp4", 4, seed=3)
+    segments = tmp_path / "segments"
+    segments.mkdir()
+    _video(segments / "seg_000.mp4", 4, seed=1)
+    _video(segments / "seg_001.mp4", 4, seed=2)
+    source = SegmentDir(segments, settle_s=0.0, end_after_s=0.3, follow_symlinks=False)
+    listing, calls = source._listing, []
+
+    def listing_then_swap(directory: int) -> list[tuple[str, int]]:
+        found = listing(directory)  # seg_001 is still a regular file here
+        calls.append(found)
+        if len(calls) == 2:  # seg_000 has been read; seg_001 is the one to open next
+            os.remove(segments / "seg_001.mp4")
+            os.symlink(outside, segments / "seg_001.mp4")
+        return found
+
+    source._listing = listing_then_swap
+    capture = Capture(source, max_pixels=SMALL)
+    assert _times(_drain(capture)) == [0.0, 0.25, 0.5, 0.75]  # seg_000 only
+    stats = capture.stats()
+    assert "seg_001.mp4" in dict(calls[1]), calls  # listed as a regular file, then swapped
+    assert (stats["segments_done"], stats["segments_failed"]) == (1, 1), stats
+    assert stats["errors"] == ["seg_001.mp4: OSError: Too many levels of symbolic links",
+                               "seg_001.mp4: a symbolic link, not followed (skipped)"]
+
+    linked_dir = tmp_path / "linked"
+    os.symlink(segments, linked_dir)
+    refused = Capture(SegmentDir(linked_dir, follow_symlinks=False), max_pixels=SMALL)
+    assert _drain(refused) == []
+    assert refused.stats()["error"] == (f"segment directory {str(linked_dir)!r} cannot be "
+                                        "opened: it is a symbolic link, not followed")
+
+
 def test_segment_dir_takes_a_segment_only_when_a_newer_one_exists_or_it_settles(tmp_path):
     _video(tmp_path / "b.mp4", 4)
     source = SegmentDir(tmp_path, order="mtime", settle_s=60.0)
