@@ -17,17 +17,27 @@ The variants take turns, ``--repeats`` rounds, so drift on a shared machine hits
 the median of each and its ratio to ``old`` are reported, with each variant's max abs
 difference to ``old`` (all are exact: the linear patch embedding sums in another order, so
 fp32 rounding differs; the other changes gave 0 in the tests). Writes ``--out`` .md/.json.
+
+``--parts`` then times where ``old`` and ``new`` spend their time, part by part (forward
+hooks on the tower's modules and a wrapper around SDPA; of ``--repeats`` runs, the one with
+the median total), and sets the attention kernels and the patch embedding, arithmetic both
+towers do alike, against half of ``old``: what is left of that half is the budget of
+everything else in ``new``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from common import STOCK_TOWER, add_model_args, model_dir
@@ -51,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="patch rows per call of the chunked variants (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--parts", action="store_true",
+                        help="also time old and new part by part (forward hooks)")
     parser.add_argument("--out", default="benchmarks/results/vision_cpu")
     args = parser.parse_args(argv)
     if args.temporal_patches < 1 or args.repeats < 1 or args.threads < 1:
@@ -105,14 +117,112 @@ def main(argv: list[str] | None = None) -> None:
          "|---|---:|---:|---:|---:|"]
         + [f"| {r['variant']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['over_old']:.2f} | "
            f"{r['max_abs_diff']:.2g} |" for r in rows])
+    report: dict[str, Any] = {"rows": rows}
+    if args.parts:
+        parts = {name: _parts(qwen, pixels, grid, settings[name], args.repeats)
+                 for name in ("old", "+ chunks = new")}
+        report["parts_ms"] = parts
+        table += "\n\n" + _parts_table(parts["old"], parts["+ chunks = new"], args.repeats)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(table + "\n")
     meta = {"torch": torch.__version__, "machine": platform.machine(), "grid": list(grid),
             "threads": args.threads, "chunk_rows": chunk, "model": args.model or args.size,
             "output_scale": scale}
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({**meta, **report}, indent=1) + "\n")
     print(table)
+
+
+PARTS = ("patch embedding", "attention kernels (SDPA)", "qkv and output projections",
+         "rest of attention (rotary, reshapes, copies)", "MLPs", "norms", "merger",
+         "rest of the tower (positions, windows, gathers, residuals)",
+         "outside the tower (chunk slices, concatenation)")
+SHARED = PARTS[:2]
+"""The parts whose arithmetic both towers do alike: the same attention scores, and the same
+dot products of the patch rows with the kernel."""
+
+
+@contextlib.contextmanager
+def _timed_parts(visual: torch.nn.Module) -> Iterator[dict[str, float]]:
+    """Seconds per part of the tower's forward while inside (hooks on its modules and a
+    wrapper around SDPA, which both towers call through ``torch.nn.functional``)."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    started: dict[int, float] = {}
+    handles = []
+
+    def hook(module: torch.nn.Module, part: str) -> None:
+        def before(*_: Any) -> None:
+            started[id(module)] = time.perf_counter()
+
+        def after(*_: Any) -> None:
+            spent[part] += time.perf_counter() - started[id(module)]
+        handles.extend([module.register_forward_pre_hook(before),
+                        module.register_forward_hook(after)])
+
+    hook(visual, "tower")
+    hook(visual.patch_embed, "patch embedding")
+    hook(visual.merger, "merger")
+    for block in visual.blocks:
+        for module, part in ((block.norm1, "norms"), (block.norm2, "norms"),
+                             (block.attn, "attention"), (block.mlp, "MLPs"),
+                             (block.attn.qkv, "qkv and output projections"),
+                             (block.attn.proj, "qkv and output projections")):
+            hook(module, part)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def timed_sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        out = sdpa(*args, **kwargs)
+        spent["attention kernels (SDPA)"] += time.perf_counter() - start
+        return out
+
+    torch.nn.functional.scaled_dot_product_attention = timed_sdpa
+    try:
+        yield spent
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        for handle in handles:
+            handle.remove()
+
+
+def _parts(qwen: Any, pixels: torch.Tensor, grid: tuple[int, int, int], vision: Any,
+           repeats: int) -> dict[str, float]:
+    """Milliseconds per part (:data:`PARTS`, and ``total``) of the run with the median total
+    of ``repeats`` tower runs with the ``vision`` settings (one run's parts add up to it)."""
+    qwen.set_vision(vision)
+    runs = []
+    with torch.inference_mode():
+        qwen.vision_tower(pixels, grid)  # warm-up, untimed
+        for _ in range(repeats):
+            with _timed_parts(qwen.model.model.visual) as spent:
+                start = time.perf_counter()
+                qwen.vision_tower(pixels, grid)
+                total = time.perf_counter() - start
+            named = {part: spent[part] for part in PARTS[:3] + ("MLPs", "norms", "merger")}
+            named[PARTS[3]] = spent["attention"] - sum(named[p] for p in PARTS[1:3])
+            named[PARTS[7]] = spent["tower"] - spent["attention"] - sum(
+                named[p] for p in ("patch embedding", "MLPs", "norms", "merger"))
+            named[PARTS[8]] = total - spent["tower"]
+            runs.append({**named, "total": total})
+    median = sorted(runs, key=lambda r: r["total"])[len(runs) // 2]
+    return {part: 1e3 * seconds for part, seconds in median.items()}
+
+
+def _parts_table(old: dict[str, float], new: dict[str, float], repeats: int) -> str:
+    """The parts side by side, and the shared parts against half of ``old``."""
+    lines = [f"Where the time goes (ms; the run of median total out of {repeats}, timed with "
+             "hooks: the totals run a little above the untimed ones):", "",
+             "| part | old | new | new / old |", "|---|---:|---:|---:|"]
+    lines += [f"| {p} | {old[p]:.1f} | {new[p]:.1f} | {new[p] / old[p]:.2f} |"
+              if old[p] > 0 else f"| {p} | {old[p]:.1f} | {new[p]:.1f} | - |"
+              for p in (*PARTS, "total")]
+    half, shared = old["total"] / 2, sum(new[p] for p in SHARED)
+    rest = new["total"] - shared
+    lines += ["", f"Half of old is {half:.1f} ms. New spends {shared:.1f} ms in the attention "
+              f"kernels and the patch embedding (the arithmetic both do alike), which leaves "
+              f"{half - shared:.1f} ms for everything else; everything else takes "
+              f"{rest:.1f} ms ({rest / max(half - shared, 1e-9):.2f}x that budget)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ def test_ttft_benchmark_emits_json_table_and_plot(tmp_path) -> None:
 def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
     stem = tmp_path / "vision"
     cmd = [sys.executable, "benchmarks/bench_vision.py", "--temporal-patches", "3", "--grid",
-           "8x12", "--chunk-rows", "96", "--repeats", "2", "--out", str(stem)]
+           "8x12", "--chunk-rows", "96", "--repeats", "2", "--parts", "--out", str(stem)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(stem.with_suffix(".json").read_text())
@@ -204,6 +204,13 @@ def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
     for r in rows.values():
         assert r["max_abs_diff"] <= 1e-5 * scale, (r, scale)
     assert "| + chunks = new |" in stem.with_suffix(".md").read_text()
+    # --parts: both towers attend through SDPA and embed patches; every part is a time.
+    for variant, parts in report["parts_ms"].items():
+        assert parts["attention kernels (SDPA)"] > 0 and parts["patch embedding"] > 0, parts
+        assert all(ms >= 0 for ms in parts.values()), (variant, parts)
+        assert sum(ms for p, ms in parts.items() if p != "total") == pytest.approx(
+            parts["total"], rel=1e-6), parts
+    assert "Half of old is" in stem.with_suffix(".md").read_text()
     bad = subprocess.run([sys.executable, "benchmarks/bench_vision.py", "--grid", "7x8"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--grid sides must be even" in bad.stderr
