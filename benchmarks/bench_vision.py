@@ -137,7 +137,8 @@ PARTS = ("patch embedding", "attention kernels (SDPA)", "qkv and output projecti
          "rest of attention (rotary, reshapes, copies)", "MLPs", "norms", "merger",
          "rest of the tower (positions, windows, gathers, residuals)",
          "outside the tower (chunk slices, concatenation)")
-SHARED = PARTS[:2]
+PATCH, SDPA, PROJ, ATTN_REST, MLP, NORM, MERGER, TOWER_REST, OUTSIDE = PARTS
+SHARED = (PATCH, SDPA)
 """The parts whose arithmetic both towers do alike: the same attention scores, and the same
 dot products of the patch rows with the kernel."""
 
@@ -160,20 +161,19 @@ def _timed_parts(visual: torch.nn.Module) -> Iterator[dict[str, float]]:
                         module.register_forward_hook(after)])
 
     hook(visual, "tower")
-    hook(visual.patch_embed, "patch embedding")
-    hook(visual.merger, "merger")
+    hook(visual.patch_embed, PATCH)
+    hook(visual.merger, MERGER)
     for block in visual.blocks:
-        for module, part in ((block.norm1, "norms"), (block.norm2, "norms"),
-                             (block.attn, "attention"), (block.mlp, "MLPs"),
-                             (block.attn.qkv, "qkv and output projections"),
-                             (block.attn.proj, "qkv and output projections")):
+        for module, part in ((block.norm1, NORM), (block.norm2, NORM), (block.mlp, MLP),
+                             (block.attn, "attention"), (block.attn.qkv, PROJ),
+                             (block.attn.proj, PROJ)):
             hook(module, part)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def timed_sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
         start = time.perf_counter()
         out = sdpa(*args, **kwargs)
-        spent["attention kernels (SDPA)"] += time.perf_counter() - start
+        spent[SDPA] += time.perf_counter() - start
         return out
 
     torch.nn.functional.scaled_dot_product_attention = timed_sdpa
@@ -198,12 +198,14 @@ def _parts(qwen: Any, pixels: torch.Tensor, grid: tuple[int, int, int], vision: 
                 start = time.perf_counter()
                 qwen.vision_tower(pixels, grid)
                 total = time.perf_counter() - start
-            named = {part: spent[part] for part in PARTS[:3] + ("MLPs", "norms", "merger")}
-            named[PARTS[3]] = spent["attention"] - sum(named[p] for p in PARTS[1:3])
-            named[PARTS[7]] = spent["tower"] - spent["attention"] - sum(
-                named[p] for p in ("patch embedding", "MLPs", "norms", "merger"))
-            named[PARTS[8]] = total - spent["tower"]
-            runs.append({**named, "total": total})
+            hooked = {part: spent[part] for part in (PATCH, SDPA, PROJ, MLP, NORM, MERGER)}
+            runs.append({
+                **hooked,
+                ATTN_REST: spent["attention"] - hooked[SDPA] - hooked[PROJ],
+                TOWER_REST: spent["tower"] - spent["attention"] - hooked[PATCH] - hooked[MLP]
+                - hooked[NORM] - hooked[MERGER],
+                OUTSIDE: total - spent["tower"],
+                "total": total})
     median = sorted(runs, key=lambda r: r["total"])[len(runs) // 2]
     return {part: 1e3 * seconds for part, seconds in median.items()}
 
