@@ -244,7 +244,8 @@ class VisionConfig:
     bit-equal, about 3x faster in fp32 on CPU) or stock (on the strided views of q and k)."""
     chunk_rows: int | None = None
     """Patch rows per vision-tower call, in whole temporal patches (each is independent in
-    every block, so the result is the same); 0: the whole video in one call; unset: 8192 on
+    every block, so the result is the same up to the fp32 rounding of matrix products over
+    fewer rows); 0: the whole video in one call; unset: 8192 on
     CPU (activations stay in cache), one call on GPUs."""
 
     preprocess: str = "fused"

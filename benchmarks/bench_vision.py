@@ -16,7 +16,8 @@ one process with ``--threads`` threads (1: one of 2 ranks on 2 cores), for five 
 The variants take turns, ``--repeats`` rounds, so drift on a shared machine hits them alike;
 the median of each and its ratio to ``old`` are reported, with each variant's max abs
 difference to ``old`` (all are exact: the linear patch embedding sums in another order, so
-fp32 rounding differs; the other changes gave 0 in the tests). Writes ``--out`` .md/.json.
+fp32 rounding differs; the other changes change at most the rounding of products over
+fewer rows). Writes ``--out`` .md/.json.
 
 ``--parts`` then times where ``old`` and ``new`` spend their time, part by part (forward
 hooks on the tower's modules and a wrapper around SDPA; of ``--repeats`` runs, the one with

@@ -22,6 +22,12 @@ from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_PAD = 151656
 CPU = torch.device("cpu")
+REBATCHED_RTOL = 1e-5
+"""fp32 bound, relative to the outputs' largest magnitude, for two tower runs that compute the
+same sums in other batches (a temporal patch alone, chunks, the pipeline): the CPU's
+matrix-product kernels may order a row's sums by the number of rows in the call, and the
+tower carries that rounding through its blocks (measured up to 2.7e-6 on one machine, 0.0 on
+another)."""
 
 QWEN2_TEXT_CONFIG = {  # a text-only Qwen2 checkpoint's config.json (tiny sizes)
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
@@ -225,7 +231,9 @@ def test_vision_tower(qwen: QwenVL) -> None:
         first = qwen.vision_tower(pixels[:16], (1, 4, 4))
     assert isinstance(out, torch.Tensor) and out.shape == (2 * 4 * 4 // 4, 64)
     assert torch.equal(out, again)
-    torch.testing.assert_close(first, out[:4], rtol=0, atol=1e-5)
+    err, scale = (first - out[:4]).abs().max().item(), out.abs().max().item()
+    assert err <= REBATCHED_RTOL * scale, \
+        f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
     with pytest.raises(ValueError, match=r"do not match the grid \[\[2, 4, 4\]\] \(32 patch"):
         qwen.vision_tower(pixels[:20], grid)
     with pytest.raises(ValueError, match="grid_thw must be"):
@@ -409,7 +417,7 @@ def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
 def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -> None:
     """Every vision block attends inside one temporal patch, so the tower on chunks of whole
     temporal patches gives the one-call embeddings (fp32: the same sums, batched differently
-    in the linear layers; measured 0.0), on a grid of two videos."""
+    in the linear layers: :data:`REBATCHED_RTOL`), on a grid of two videos."""
     grid = torch.tensor([[5, 12, 20], [2, 8, 8]])
     pixels = torch.randn(int(grid.prod(dim=1).sum()), 3 * 2 * 14 * 14,
                          generator=torch.Generator().manual_seed(4))
@@ -423,7 +431,8 @@ def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -
         qwen.chunk_rows = qwen2_5_vl.CPU_CHUNK_ROWS
     err, scale = (chunked - whole).abs().max().item(), whole.abs().max().item()
     assert chunked.shape == whole.shape == ((5 * 12 * 20 + 2 * 8 * 8) // 4, 64)
-    assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
+    assert err <= REBATCHED_RTOL * scale, \
+        f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
 
 
 class _Chunks:
@@ -454,14 +463,15 @@ def _no_worker_left() -> bool:
 def test_encode_frames_pipeline_equals_rows_then_tower(qwen: QwenVL, size: int,
                                                        overlap: bool) -> None:
     """Patch rows and tower by chunks of whole temporal patches, rows made in a worker thread
-    (overlap) or in turn: the embeddings of the rows-then-tower path (fp32; measured 0.0)."""
+    (overlap) or in turn: the embeddings of the rows-then-tower path (fp32:
+    :data:`REBATCHED_RTOL`)."""
     frames = _frames(12, size=112, seed=5)
     with torch.inference_mode():
         whole = qwen.vision_tower(*qwen.process_frames(frames))
         chunks = _Chunks(frames, size)
         piped = qwen.encode_frames(chunks, overlap=overlap)
     err, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
-    assert piped.shape == whole.shape and err <= 1e-6 * scale, (err, scale)
+    assert piped.shape == whole.shape and err <= REBATCHED_RTOL * scale, (err, scale)
     assert chunks.closed == 1 and _no_worker_left()
     assert qwen.frames_per_chunk(112, 112) == 2 * (qwen2_5_vl.CPU_CHUNK_ROWS // 64)
 
