@@ -248,9 +248,12 @@ class VisionConfig:
     fewer rows); 0: the whole video in one call; unset: 8192 on
     CPU (activations stay in cache), one call on GPUs."""
 
-    preprocess: str = "fused"
-    """Frames to patch rows: fused (apbv.video.patches: the processor's rows bit for bit, in
-    fewer passes) or processor (the HF video processor itself)."""
+    preprocess: str = "levels"
+    """Frames to patch rows: levels (apbv.video.patches: the pixel levels as int8, a quarter of
+    the float rows' bytes, with the normalisation folded into the linear patch embedding: one
+    integer product on CPU in fp32, the processor's float rows made on the device elsewhere),
+    fused (the processor's float rows bit for bit, in fewer passes) or processor (the HF video
+    processor itself)."""
     preprocess_workers: int = 1
     """Threads that turn frames into patch rows (fused only), chunk by chunk."""
     pipeline: bool = False

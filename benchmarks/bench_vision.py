@@ -4,13 +4,16 @@
 
 Runs the tower of a random ``--size`` model (or ``--model``) on one rank's share of the
 bench_ttft case (256 frames at 448x448 on 2 ranks: 64 temporal patches of 32 x 32 patches), in
-one process with ``--threads`` threads (1: one of 2 ranks on 2 cores), for five variants:
+one process with ``--threads`` threads (1: one of 2 ranks on 2 cores), for six variants, on
+the patch rows of random frames:
 
 - ``old``: transformers' stock tower (``vision.attention=per_window``, ``patch_embed=conv``,
-  ``rotary=stock``, the whole video in one call: ``chunk_rows=0``);
+  ``rotary=stock``, the whole video in one call: ``chunk_rows=0``) on the processor's rows;
 - ``+ grouped, linear``: the windows grouped by size, the patch embedding as one product;
 - ``+ contiguous rotary``: the q/k rotary on contiguous copies;
-- ``+ chunks = new``: whole temporal patches, ``--chunk-rows`` patch rows per call;
+- ``+ chunks``: whole temporal patches, ``--chunk-rows`` patch rows per call;
+- ``+ pixel levels = new``: the tower takes int8 pixel levels, the normalisation folded into
+  the patch embedding (one integer product; ``vision.preprocess=levels``);
 - ``chunks only``: the stock tower in chunks.
 
 The variants take turns, ``--repeats`` rounds, so drift on a shared machine hits them alike;
@@ -21,9 +24,8 @@ fewer rows). Writes ``--out`` .md/.json.
 
 ``--parts`` then times where ``old`` and ``new`` spend their time, part by part (forward
 hooks on the tower's modules and a wrapper around SDPA; of ``--repeats`` runs, the one with
-the median total), and sets the attention kernels and the patch embedding, arithmetic both
-towers do alike, against half of ``old``: what is left of that half is the budget of
-everything else in ``new``.
+the median total), and sets the attention kernels, arithmetic both towers do alike, against
+half of ``old``: what is left of that half is the budget of everything else in ``new``.
 """
 
 from __future__ import annotations
@@ -45,12 +47,15 @@ from common import STOCK_TOWER, add_model_args, model_dir
 
 VARIANTS = {  # name: config overrides of the vision settings (the rest: the defaults)
     "old": STOCK_TOWER,
-    "+ grouped, linear": ("vision.rotary=stock", "vision.chunk_rows=0"),
-    "+ contiguous rotary": ("vision.chunk_rows=0",),
-    "+ chunks = new": (),
+    "+ grouped, linear": ("vision.rotary=stock", "vision.chunk_rows=0",
+                          "vision.preprocess=fused"),
+    "+ contiguous rotary": ("vision.chunk_rows=0", "vision.preprocess=fused"),
+    "+ chunks": ("vision.preprocess=fused",),
+    "+ pixel levels = new": (),
     "chunks only": ("vision.attention=per_window", "vision.patch_embed=conv",
                     "vision.rotary=stock"),  # the stock tower on the chunks
 }
+NEW = "+ pixel levels = new"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,16 +89,22 @@ def main(argv: list[str] | None = None) -> None:
         qwen = qwen2_5_vl.load(model_dir(args, Path(tmp)), device=torch.device("cpu"),
                                dtype=torch.float32)
     grid = (args.temporal_patches, h, w)
-    pixels = torch.randn(args.temporal_patches * h * w, 3 * 2 * 14 * 14,
-                         generator=torch.Generator().manual_seed(0))
+    frames = torch.randint(0, 256, (2 * args.temporal_patches, 3, 14 * h, 14 * w),
+                           dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
 
     settings = {name: load_config("tiny_cpu", [f"vision.chunk_rows={chunk}", *overrides]).vision
                 for name, overrides in VARIANTS.items()}  # later overrides win
+    pixels, by_dtype = {}, {}
+    for name, vision in settings.items():  # what each variant's tower takes: rows or levels
+        qwen.set_vision(vision)
+        rows = qwen.tower_rows(frames)[0]
+        pixels[name] = by_dtype.setdefault(rows.dtype, rows)
+    del frames, rows
 
     def run(name: str) -> tuple[float, torch.Tensor]:
         qwen.set_vision(settings[name])
         start = time.perf_counter()
-        out = qwen.vision_tower(pixels, grid)
+        out = qwen.vision_tower(pixels[name], grid)
         return time.perf_counter() - start, out
 
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -120,10 +131,10 @@ def main(argv: list[str] | None = None) -> None:
            f"{r['max_abs_diff']:.2g} |" for r in rows])
     report: dict[str, Any] = {"rows": rows}
     if args.parts:
-        parts = {name: _parts(qwen, pixels, grid, settings[name], args.repeats)
-                 for name in ("old", "+ chunks = new")}
+        parts = {name: _parts(qwen, pixels[name], grid, settings[name], args.repeats)
+                 for name in ("old", NEW)}
         report["parts_ms"] = parts
-        table += "\n\n" + _parts_table(parts["old"], parts["+ chunks = new"], args.repeats)
+        table += "\n\n" + _parts_table(parts["old"], parts[NEW], args.repeats)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(table + "\n")
@@ -139,9 +150,8 @@ PARTS = ("patch embedding", "attention kernels (SDPA)", "qkv and output projecti
          "rest of the tower (positions, windows, gathers, residuals)",
          "outside the tower (chunk slices, concatenation)")
 PATCH, SDPA, PROJ, ATTN_REST, MLP, NORM, MERGER, TOWER_REST, OUTSIDE = PARTS
-SHARED = (PATCH, SDPA)
-"""The parts whose arithmetic both towers do alike: the same attention scores, and the same
-dot products of the patch rows with the kernel."""
+SHARED = (SDPA,)
+"""The parts whose arithmetic both towers do alike: the same attention scores."""
 
 
 @contextlib.contextmanager
@@ -222,9 +232,9 @@ def _parts_table(old: dict[str, float], new: dict[str, float], repeats: int) -> 
     half, shared = old["total"] / 2, sum(new[p] for p in SHARED)
     rest = new["total"] - shared
     lines += ["", f"Half of old is {half:.1f} ms. New spends {shared:.1f} ms in the attention "
-              f"kernels and the patch embedding (the arithmetic both do alike), which leaves "
-              f"{half - shared:.1f} ms for everything else; everything else takes "
-              f"{rest:.1f} ms ({rest / max(half - shared, 1e-9):.2f}x that budget)."]
+              f"kernels (the arithmetic both do alike), which leaves {half - shared:.1f} ms "
+              f"for everything else; everything else takes {rest:.1f} ms "
+              f"({rest / max(half - shared, 1e-9):.2f}x that budget)."]
     return "\n".join(lines)
 
 

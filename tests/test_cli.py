@@ -195,15 +195,15 @@ def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(stem.with_suffix(".json").read_text())
     rows = {r["variant"]: r for r in report["rows"]}
-    assert list(rows) == ["old", "+ grouped, linear", "+ contiguous rotary", "+ chunks = new",
-                          "chunks only"]
+    assert list(rows) == ["old", "+ grouped, linear", "+ contiguous rotary", "+ chunks",
+                          "+ pixel levels = new", "chunks only"]
     assert rows["old"]["over_old"] == 1.0 and all(r["median_s"] > 0 for r in rows.values())
     # Exact variants: only the linear patch embedding's fp32 rounding separates them.
     scale = report["output_scale"]
     assert rows["chunks only"]["max_abs_diff"] == 0.0, rows["chunks only"]
     for r in rows.values():
         assert r["max_abs_diff"] <= 1e-5 * scale, (r, scale)
-    assert "| + chunks = new |" in stem.with_suffix(".md").read_text()
+    assert "| + pixel levels = new |" in stem.with_suffix(".md").read_text()
     # --parts: both towers attend through SDPA and embed patches; every part is a time.
     for variant, parts in report["parts_ms"].items():
         assert parts["attention kernels (SDPA)"] > 0 and parts["patch embedding"] > 0, parts

@@ -138,7 +138,7 @@ class Engine:
             if pipeline:  # frames already in memory: the chunks are views
                 chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
             else:
-                pixel_values, local_grid = self.qwen.process_frames(frames.frames)
+                pixel_values, local_grid = self.qwen.tower_rows(frames.frames)
                 t, h, w = sampling.grid_thw
                 assert local_grid == (patches[1] - patches[0], h, w), local_grid
         store = None if key is None or entry is not None else \

@@ -342,7 +342,7 @@ class Stream:
             error, embeds = None, None
             if self.info.rank == owner:
                 try:
-                    pixel_values, grid = qwen.process_frames(frames)
+                    pixel_values, grid = qwen.tower_rows(frames)
                     embeds = qwen.vision_tower(pixel_values, grid)
                 except Exception as exc:  # e.g. out of memory on the owner only
                     error = exc

@@ -80,6 +80,7 @@ from apbv.positions import video_token_runs
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
     PatchSpec,
+    levels_to_rows,
     patch_rows,
     patches_per_chunk,
 )
@@ -249,7 +250,8 @@ def _rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
 
 def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
-    :mod:`apbv.model.patch_embed`) or ``conv`` (the stock Conv3d). Only this instance changes."""
+    :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
+    Only this instance changes."""
     _one_of("vision.patch_embed", name, PATCH_EMBED)
     embed = model.model.visual.patch_embed
     if name == "linear":
@@ -289,8 +291,11 @@ class QwenVL:
     model: Qwen2_5_VLForConditionalGeneration
     processor: Any
     preprocess: str = "fused"
-    """Frames to patch rows: fused (apbv.video.patches) or processor (the HF processor)."""
+    """Frames to patch rows: levels or fused (apbv.video.patches) or processor (the HF
+    processor); :meth:`set_vision` sets it."""
     preprocess_workers: int = 1
+    embeds_levels: bool = False
+    """Whether the patch embedding takes pixel levels itself (the linear one does)."""
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
 
@@ -343,7 +348,8 @@ class QwenVL:
         """(head_dim / 2,) fp32 inverse frequencies of the decoder's M-RoPE."""
         return self.model.model.language_model.rotary_emb.inv_freq.float()
 
-    def process_frames(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
+                       ) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """Already-resized frames (F, 3, H, W) uint8 -> patch rows (n_patches, C*2*14*14) and
         the (t, h, w) patch grid; H and W must be multiples of patch size * merge size (28).
 
@@ -352,7 +358,9 @@ class QwenVL:
         with the last frame, as the processor does. The rows equal the video processor's bit
         for bit (:mod:`apbv.video.patches`, ``preprocess_workers`` threads), or are the
         processor's own (``preprocess="processor"``, or settings other than rescale and
-        normalise).
+        normalise). ``levels``: int8 pixel levels instead, where this module makes the rows
+        (:meth:`vision_tower` takes both; :func:`apbv.video.patches.levels_to_rows` makes the
+        float rows of them).
         """
         vp = self.processor.video_processor
         factor = vp.patch_size * vp.merge_size
@@ -365,13 +373,20 @@ class QwenVL:
         if height % factor or width % factor:
             raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
                              "the frames first (apbv.video does)")
-        spec = patch_spec(vp) if self.preprocess == "fused" else None
+        spec = patch_spec(vp) if self.preprocess != "processor" else None
         if spec is not None:  # the processor's arithmetic in fewer passes (apbv.video.patches)
-            return patch_rows(frames, spec, workers=self.preprocess_workers)
+            return patch_rows(frames, spec, workers=self.preprocess_workers, levels=levels)
         processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
                        return_tensors="pt", **video_processor_kwargs(vp))
         t, h, w = (int(x) for x in processed["video_grid_thw"][0].tolist())
         return processed["pixel_values_videos"], (t, h, w)
+
+    def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """:meth:`process_frames` as the vision tower takes them best: pixel levels with
+        ``preprocess="levels"`` and the linear patch embedding (a quarter of the float rows'
+        bytes; the normalisation is folded into the embedding), else the float rows."""
+        return self.process_frames(frames, levels=self.preprocess == "levels"
+                                   and self.embeds_levels)
 
     def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
         """(start, number of video tokens) of the one video in a 1-D prompt ``ids`` (T,)."""
@@ -395,31 +410,44 @@ class QwenVL:
         how frames become patch rows (``preprocess``, ``preprocess_workers``)."""
         set_vision_attention(self.model, vision.attention)
         set_patch_embed(self.model, vision.patch_embed)
+        # How pixel levels become rows: the processor's settings (None: it does more).
+        self.model.model.visual.patch_embed.levels_spec = patch_spec(self.processor.video_processor)
         set_vision_rotary(vision.rotary)
         self.chunk_rows = vision.chunk_rows if vision.chunk_rows is not None \
             else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
         self.preprocess = vision.preprocess
         self.preprocess_workers = vision.preprocess_workers
+        self.embeds_levels = vision.patch_embed == "linear"
 
     def vision_tower(
         self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | tuple[int, int, int]
     ) -> torch.Tensor:
-        """Vision tower on patch rows (n_patches, C*2*14*14) with their (t, h, w) grid (a
-        tuple, or a tensor of such rows) -> merged embeddings (n_tokens, hidden).
+        """Vision tower on patch rows (n_patches, C*2*14*14): float rows or int8 pixel levels
+        (:meth:`tower_rows`), with their (t, h, w) grid (a tuple, or a tensor of such rows) ->
+        merged embeddings (n_tokens, hidden).
 
         Every vision block attends inside one temporal patch (a window of it, or all of it), so
         the tower runs on chunks of whole temporal patches (:attr:`chunk_rows`,
-        :func:`tower_chunks`) and the embeddings are concatenated in order."""
+        :func:`tower_chunks`) and the embeddings are concatenated in order. Levels go to the
+        device as they are; the stock Conv3d gets them as the processor's float rows."""
         grid = _grid_rows(grid_thw)
         patches = int(grid.prod(dim=1).sum())
         if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
             raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
                              f"{grid.tolist()} ({patches} patch rows)")
         visual = self.model.model.visual
+        levels = pixel_values.dtype == torch.int8
+        spec = visual.patch_embed.__dict__.get("levels_spec")
+        if levels and spec is None:
+            raise ValueError("int8 pixel levels need a processor that rescales and normalises")
         outs = []
         for first, end, call_grid in tower_chunks(grid, self.chunk_rows):
-            out = visual(pixel_values[first:end].to(self.device, visual.dtype),
-                         grid_thw=call_grid.to(self.device))
+            rows = pixel_values[first:end].to(self.device)
+            if levels and not self.embeds_levels:
+                rows = levels_to_rows(rows, spec)
+            if rows.dtype != torch.int8:
+                rows = rows.to(visual.dtype)
+            out = visual(rows, grid_thw=call_grid.to(self.device))
             outs.append(out if isinstance(out, torch.Tensor) else out.pooler_output)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -437,7 +465,7 @@ class QwenVL:
         """Patch rows and vision tower chunk by chunk: frame chunks (uint8 (k, 3, H, W), whole
         temporal patches each, in order; e.g. :class:`apbv.video.load.FrameChunks`, which
         decode as they are reached) -> merged embeddings (n_tokens, hidden), equal to
-        ``vision_tower(*process_frames(all frames))``, with the rows of a chunk or two held
+        ``vision_tower(*tower_rows(all frames))``, with the rows of a chunk or two held
         instead of all.
 
         ``overlap`` (default: on any device but the CPU): a worker thread takes the next chunk
@@ -446,8 +474,8 @@ class QwenVL:
         has ``close``); an error on either side stops both and is raised here."""
         if overlap is None:
             overlap = self.device.type != "cpu"
-        rows = (_rows_in_worker(self.process_frames, chunks) if overlap
-                else (self.process_frames(chunk) for chunk in chunks))
+        rows = (_rows_in_worker(self.tower_rows, chunks) if overlap
+                else (self.tower_rows(chunk) for chunk in chunks))
         outs = []
         try:
             with contextlib.closing(rows):  # stops and joins the worker first

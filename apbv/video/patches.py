@@ -6,6 +6,11 @@ patch layout is built on the uint8 frames (a quarter of the bytes) and the float
 written once and normalised in place. Work is cut into chunks of temporal patches, which a
 thread pool processes in parallel (``workers``), each chunk into its own rows of the output.
 
+``levels=True`` stops before the arithmetic: the rows hold the pixel levels themselves, as
+int8 ``x - 128`` (a quarter of the float rows' bytes, one pass over the frames), for a patch
+embedding that folds the normalisation into its kernel (:mod:`apbv.model.patch_embed`);
+:func:`levels_to_rows` turns them into the processor's float rows, bit for bit.
+
 Row order: temporal patch, merged row, merged column, row inside the merge square, column
 inside it; each row holds (channel, frame of the temporal patch, patch row, patch column).
 """
@@ -30,8 +35,9 @@ def patches_per_chunk(rows_per_patch: int, chunk_rows: int) -> int:
     return max(1, chunk_rows // rows_per_patch)
 
 
-PREPROCESS = ("fused", "processor")
-"""``vision.preprocess``: frames to patch rows by this module or by the HF video processor."""
+PREPROCESS = ("levels", "fused", "processor")
+"""``vision.preprocess``: frames to patch rows by this module, as pixel levels (``levels``) or
+as the processor's float rows (``fused``), or by the HF video processor."""
 
 
 @dataclass(frozen=True)
@@ -69,27 +75,46 @@ def _rows_u8(frames: torch.Tensor, spec: PatchSpec) -> torch.Tensor:
     return rows.reshape(-1, c, tp, p, p)
 
 
+def _normalise(target: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> None:
+    """Float rows (n, 3, ...) holding pixel levels -> the processor's rows, in place."""
+    shape = (1, 3) + (1,) * (target.dim() - 2)
+    target.sub_(mean.view(shape)).div_(std.view(shape))
+
+
 def _fill(out: torch.Tensor, frames: torch.Tensor, spec: PatchSpec, mean: torch.Tensor,
           std: torch.Tensor) -> None:
     rows = _rows_u8(frames, spec)
+    if out.dtype == torch.int8:  # levels: x - 128 is x with its top bit flipped
+        torch.bitwise_xor(rows, 0x80, out=out.view(torch.uint8).view(rows.shape))
+        return
     target = out.view(rows.shape)
     target.copy_(rows)
-    target.sub_(mean.view(1, 3, 1, 1, 1)).div_(std.view(1, 3, 1, 1, 1))
+    _normalise(target, mean, std)
+
+
+def levels_to_rows(levels: torch.Tensor, spec: PatchSpec) -> torch.Tensor:
+    """int8 level rows (n, 3 * tp * p * p) of ``patch_rows(..., levels=True)`` -> the float32
+    rows ``patch_rows`` makes of the same frames, bit for bit, on the levels' device."""
+    rows = levels.to(torch.float32).add_(128.0)  # the uint8 levels, exactly
+    _normalise(rows.view(rows.shape[0], 3, -1), *spec.scaled(levels.device))
+    return rows
 
 
 def patch_rows(frames: torch.Tensor, spec: PatchSpec, *, workers: int = 1,
                chunk_patches: int = 8, device: torch.device | None = None,
-               ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+               levels: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """Resized frames (F, 3, H, W) uint8 -> float32 rows (t * h * w, 3 * tp * p * p) and the
     (t, h, w) patch grid; an odd frame count is padded with the last frame (as the processor
-    does). ``device``: where the rows are made (default: the frames' device)."""
+    does). ``device``: where the rows are made (default: the frames' device). ``levels``:
+    int8 rows of the levels minus 128 instead (see the module notes)."""
     device = frames.device if device is None else device
     frames = _pad_frames(frames, spec.temporal_patch_size).to(device)
     f, c, height, width = frames.shape
     p, tp = spec.patch_size, spec.temporal_patch_size
     grid = (f // tp, height // p, width // p)
     per_patch = grid[1] * grid[2]
-    out = torch.empty((grid[0] * per_patch, c * tp * p * p), dtype=torch.float32, device=device)
+    out = torch.empty((grid[0] * per_patch, c * tp * p * p), device=device,
+                      dtype=torch.int8 if levels else torch.float32)
     mean, std = spec.scaled(device)
     chunks = [(t, min(t + chunk_patches, grid[0])) for t in range(0, grid[0], chunk_patches)]
 

@@ -6,6 +6,7 @@ file by file into a fresh directory, with one file removed, truncated or rewritt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from apbv.config import VisionConfig
 from apbv.model import patch_embed, qwen2_5_vl
 from apbv.model.checkpoint import WEIGHT_FILES, validate_checkpoint
 from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
+from apbv.video.patches import levels_to_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_PAD = 151656
@@ -196,6 +199,74 @@ def test_process_frames_matches_the_processor(qwen: QwenVL) -> None:
     stock = QwenVL(qwen.model, qwen.processor, preprocess="processor")
     frames = _frames(37, size=84)
     assert torch.equal(fused.process_frames(frames)[0], stock.process_frames(frames)[0])
+
+
+def test_pixel_levels_are_the_processors_rows(qwen: QwenVL) -> None:
+    """``preprocess="levels"`` (the default): the tower takes int8 pixel levels, a quarter of
+    the bytes, and levels_to_rows makes the processor's float rows of them, bit for bit."""
+    frames = _frames(37, size=84)
+    levels, grid = qwen.tower_rows(frames)
+    rows, official_grid = QwenVL(qwen.model, qwen.processor,
+                                 preprocess="processor").process_frames(frames)
+    assert levels.dtype == torch.int8 and levels.shape == rows.shape and grid == official_grid
+    spec = qwen.model.model.visual.patch_embed.levels_spec
+    assert torch.equal(levels_to_rows(levels, spec), rows)
+    assert torch.equal(qwen.process_frames(frames)[0], rows)  # process_frames: float rows
+    odd = qwen.tower_rows(frames[:5])[0]  # padded with the last frame, as the rows are
+    assert torch.equal(odd, qwen.tower_rows(torch.cat([frames[:5], frames[4:5]]))[0])
+    fused = QwenVL(qwen.model, qwen.processor, preprocess="fused")
+    assert fused.tower_rows(frames)[0].dtype == torch.float32
+
+
+def test_patch_embedding_on_levels_is_the_affine_map(qwen: QwenVL) -> None:
+    """On levels the linear patch embedding computes the processor rows' product as one
+    integer product of the folded kernel: within fp32 rounding of the exact affine map
+    (fp64), and closer to it than the float product of the rounded rows. A weight that is
+    not fp32 takes the float rows made of the levels, bit-equal to those rows' product."""
+    embed = qwen.model.model.visual.patch_embed
+    spec = embed.levels_spec
+    levels = qwen.tower_rows(_frames(16, size=112, seed=7))[0]
+    rows = levels_to_rows(levels, spec)
+    mean, std = (t.double() for t in spec.scaled(CPU))
+    weight = embed.proj.weight.detach().double()
+    exact = (((levels.double() + 128).view(len(levels), 3, -1) - mean.view(1, 3, 1))
+             / std.view(1, 3, 1)).reshape(len(levels), -1) @ weight.reshape(len(weight), -1).t()
+    with torch.inference_mode():
+        integer, floated = embed(levels), embed(rows)
+        try:
+            embed.double()
+            assert torch.equal(embed(levels), embed(rows.double()))
+        finally:
+            embed.float()
+    scale = exact.abs().max().item()
+    err = (integer.double() - exact).abs().max().item()
+    float_err = (floated.double() - exact).abs().max().item()
+    assert integer.dtype == torch.float32 and integer.shape == floated.shape
+    assert err <= 1e-6 * scale and err <= float_err, (
+        f"integer product max abs error {err:.3g}, float product {float_err:.3g} "
+        f"(outputs up to {scale:.3g})")
+    # A row of zeros folds to zeros (no division by its scale).
+    zero = torch.zeros_like(embed.proj.weight[:1])
+    kernel = patch_embed.fold_levels(torch.cat([zero, embed.proj.weight.detach()]), spec)
+    assert kernel.q[:, 0].abs().sum() == 0 and kernel.combine.isfinite().all()
+
+
+def test_vision_tower_on_levels(qwen: QwenVL) -> None:
+    """The tower on levels equals the tower on the float rows: to fp32 rounding of the two
+    products with the linear embedding, bit for bit with the stock Conv3d (which gets the
+    rows made of the levels)."""
+    levels, grid = qwen.tower_rows(_frames(8, size=112, seed=8))
+    rows = levels_to_rows(levels, qwen.model.model.visual.patch_embed.levels_spec)
+    try:
+        with torch.inference_mode():
+            linear = (qwen.vision_tower(levels, grid), qwen.vision_tower(rows, grid))
+            qwen.set_vision(dataclasses.replace(VisionConfig(), patch_embed="conv"))
+            conv = (qwen.vision_tower(levels, grid), qwen.vision_tower(rows, grid))
+    finally:
+        qwen.set_vision(VisionConfig())
+    err, scale = (linear[0] - linear[1]).abs().max().item(), linear[1].abs().max().item()
+    assert err <= 1e-5 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
+    assert torch.equal(*conv)
 
 
 def test_process_frames_rejects_bad_frames(qwen: QwenVL) -> None:
