@@ -255,7 +255,7 @@ class VisionConfig:
     fused (the processor's float rows bit for bit, in fewer passes) or processor (the HF video
     processor itself)."""
     preprocess_workers: int = 1
-    """Threads that turn frames into patch rows (fused only), chunk by chunk."""
+    """Threads that turn frames into patch rows (levels and fused), chunk by chunk."""
     pipeline: bool = False
     """Decode, patch rows and vision tower chunk by chunk (whole temporal patches) inside each
     rank: the tower starts before the last frame is decoded and a chunk or two of patch rows

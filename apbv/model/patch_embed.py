@@ -15,9 +15,9 @@ product (:func:`fold_levels`): the folded kernel ``A = W / s`` is split into
 bits: after three a weight is off by at most 6e-8 of its row's largest), the levels times every term
 are summed exactly in int32 (``torch._int_mm``), and one small float product combines the
 terms and adds the constant. The result is the affine map to within fp32 rounding of its
-terms, closer to the exact sum than the float product of the rounded rows (measured: 1.9e-5
-vs 5.1e-5 at outputs up to 95). It reads a quarter of the bytes and ran 2-4x faster on one
-core. Elsewhere (a GPU, bf16 weights) the levels become the processor's float rows on the
+terms, closer to the exact sum than the float product of the rounded rows (the tests: 1.6e-5
+vs 4.1e-5 at outputs up to 72). It reads a quarter of the bytes and took 24 instead of 54 ms
+in one rank's tower (``benchmarks/bench_vision.py --parts``). Elsewhere (a GPU, bf16 weights) the levels become the processor's float rows on the
 device, bit for bit (:func:`apbv.video.patches.levels_to_rows`), and take the float product.
 """
 
