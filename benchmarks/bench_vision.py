@@ -10,7 +10,7 @@ the patch rows of random frames:
 - ``old``: transformers' stock tower (``vision.attention=per_window``, ``patch_embed=conv``,
   ``rotary=stock``, the whole video in one call: ``chunk_rows=0``) on the processor's rows;
 - ``+ grouped, linear``: the windows grouped by size, the patch embedding as one product;
-- ``+ contiguous rotary``: the q/k rotary on contiguous copies;
+- ``+ fused rotary``: the q/k rotary with q and k in one set of passes;
 - ``+ chunks``: whole temporal patches, ``--chunk-rows`` patch rows per call;
 - ``+ pixel levels = new``: the tower takes int8 pixel levels, the normalisation folded into
   the patch embedding (one integer product; ``vision.preprocess=levels``);
@@ -49,7 +49,7 @@ VARIANTS = {  # name: config overrides of the vision settings (the rest: the def
     "old": STOCK_TOWER,
     "+ grouped, linear": ("vision.rotary=stock", "vision.chunk_rows=0",
                           "vision.preprocess=fused"),
-    "+ contiguous rotary": ("vision.chunk_rows=0", "vision.preprocess=fused"),
+    "+ fused rotary": ("vision.chunk_rows=0", "vision.preprocess=fused"),
     "+ chunks": ("vision.preprocess=fused",),
     "+ pixel levels = new": (),
     "chunks only": ("vision.attention=per_window", "vision.patch_embed=conv",

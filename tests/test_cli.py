@@ -195,7 +195,7 @@ def test_vision_benchmark_times_every_variant_and_they_agree(tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(stem.with_suffix(".json").read_text())
     rows = {r["variant"]: r for r in report["rows"]}
-    assert list(rows) == ["old", "+ grouped, linear", "+ contiguous rotary", "+ chunks",
+    assert list(rows) == ["old", "+ grouped, linear", "+ fused rotary", "+ chunks",
                           "+ pixel levels = new", "chunks only"]
     assert rows["old"]["over_old"] == 1.0 and all(r["median_s"] > 0 for r in rows.values())
     # Exact variants: only the linear patch embedding's fp32 rounding separates them.

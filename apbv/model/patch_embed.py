@@ -12,13 +12,14 @@ the processor's rows are ``(x - m_c) / s_c`` per channel c, so the embedding is 
 ``sum_j (W_j / s_c) x_j - sum_j W_j m_c / s_c``. On CPU in fp32 that runs as one integer
 product (:func:`fold_levels`): the folded kernel ``A = W / s`` is split into
 :data:`LEVEL_TERMS` int8 terms, ``A ~ sum_t scale_t * q_t`` (each term takes about 8 more
-bits: after three a weight is off by at most 6e-8 of its row's largest), the levels times every term
-are summed exactly in int32 (``torch._int_mm``), and one small float product combines the
-terms and adds the constant. The result is the affine map to within fp32 rounding of its
-terms, closer to the exact sum than the float product of the rounded rows (the tests: 1.6e-5
-vs 4.1e-5 at outputs up to 72). It reads a quarter of the bytes and took 24 instead of 54 ms
-in one rank's tower (``benchmarks/bench_vision.py --parts``). Elsewhere (a GPU, bf16 weights) the levels become the processor's float rows on the
-device, bit for bit (:func:`apbv.video.patches.levels_to_rows`), and take the float product.
+bits: after three a weight is off by at most 6e-8 of its row's largest), the levels times
+every term are summed exactly in int32 (``torch._int_mm``), and one small float product
+combines the terms and adds the constant. The result is the affine map to within fp32
+rounding of its terms, closer to the exact sum than the float product of the rounded rows
+(the tests: 1.6e-5 vs 4.1e-5 at outputs up to 72). It reads a quarter of the bytes and took
+24 instead of 54 ms in one rank's tower (``benchmarks/bench_vision.py --parts``). Elsewhere
+(a GPU, bf16 weights) the levels become the processor's float rows on the device, bit for
+bit (:func:`apbv.video.patches.levels_to_rows`), and take the float product.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
 :mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
 varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path. The patch
 embedding runs as one matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv``
-keeps the stock Conv3d), the q/k rotary runs on contiguous copies (``vision.rotary``), and the
+keeps the stock Conv3d), the q/k rotary runs on q and k together (``vision.rotary``), and the
 tower runs a few temporal patches per call on CPU (``vision.chunk_rows``; every vision block
 attends inside one temporal patch, so the chunks are independent).
 
@@ -73,7 +73,7 @@ from apbv.model.patch_embed import PATCH_EMBED, linear_patch_embed
 from apbv.model.vision_attention import (
     VISION_ATTENTION,
     VISION_ROTARY,
-    contiguous_rotary,
+    fused_rotary,
     hf_vision_attention,
 )
 from apbv.positions import video_token_runs
@@ -178,8 +178,8 @@ def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -
 
 
 def set_vision_rotary(name: str) -> None:
-    """Select how the vision tower applies its q/k rotary: ``contiguous`` (transformers' own
-    function on contiguous copies, :func:`apbv.model.vision_attention.contiguous_rotary`) or
+    """Select how the vision tower applies its q/k rotary: ``fused`` (q and k in one set of
+    passes, bit-equal to transformers', :func:`apbv.model.vision_attention.fused_rotary`) or
     ``stock``. transformers looks the function up in its modeling module at every call, so
     the choice holds for the whole process; both give bit-equal values, so models of one
     process never compute different numbers because of it, only at a different speed."""
@@ -189,7 +189,7 @@ def set_vision_rotary(name: str) -> None:
         return
     stock = getattr(current_fn, "stock", current_fn)
     modeling_qwen2_5_vl.apply_rotary_pos_emb_vision = \
-        contiguous_rotary(stock) if name == "contiguous" else stock
+        fused_rotary(stock) if name == "fused" else stock
 
 
 def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, torch.Tensor]]:

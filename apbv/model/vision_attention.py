@@ -23,9 +23,9 @@ VISION_ATTENTION = ("grouped", "per_window")
 """``vision.attention``: grouped (this module) or per_window (the stock tower: one SDPA call
 per window and per temporal patch)."""
 
-VISION_ROTARY = ("contiguous", "stock")
-"""``vision.rotary``: transformers' q/k rotary of the vision tower applied to contiguous copies
-of q and k (:func:`contiguous_rotary`), or as it comes (stock)."""
+VISION_ROTARY = ("fused", "stock")
+"""``vision.rotary``: the vision tower's q/k rotary with q and k in one set of passes, bit-equal
+to transformers' (:func:`fused_rotary`), or transformers' own (stock)."""
 
 MAX_SCORES_PER_CALL = 1 << 28
 """Bound on batch * heads * L * L of one batched call, so that a kernel that materialises
@@ -114,11 +114,10 @@ def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
                 qg, kg, vg = (t.index_select(0, idx) for t in (q, k, v))
             qg, kg, vg = (t.reshape(n, length, heads, dim).transpose(1, 2) for t in (qg, kg, vg))
             og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, scale=scale)
-            og = og.transpose(1, 2).reshape(n * length, heads, dim)
-            if isinstance(where, int):
-                out[lo:hi] = og
+            if isinstance(where, int):  # straight into place: one copy
+                out[lo:hi].view(n, length, heads, dim).copy_(og.transpose(1, 2))
             else:
-                out.index_copy_(0, idx, og)
+                out.index_copy_(0, idx, og.transpose(1, 2).reshape(n * length, heads, dim))
     return out
 
 
@@ -166,22 +165,42 @@ def hf_vision_attention(
     return out.unsqueeze(0), None
 
 
-def contiguous_rotary(stock: Any) -> Any:
-    """transformers' vision rotary ``stock(q, k, cos, sin)`` called on contiguous copies of q
-    and k (S, H, D).
+def _pair(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q and k (S, H, D) as one (S, 2, H, D) tensor: a view where they are views of one
+    tensor with the same strides (the tower cuts them out of its packed qkv product), else a
+    stacked copy."""
+    if q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() \
+            and q.stride() == k.stride():
+        return q.as_strided((q.shape[0], 2, *q.shape[1:]),
+                            (q.stride(0), k.storage_offset() - q.storage_offset(), *q.stride()[1:]),
+                            q.storage_offset())
+    return torch.stack((q, k), 1)
 
-    The tower cuts q and k out of one packed qkv product, so they reach the rotary as strided
-    views, and each of its elementwise passes then walks memory with a stride of 3 * H * D: on
-    CPU the rotary then costs about 3.4x what it costs on contiguous copies (72 vs 21 ms for
-    65k rows of 2 x 16, copies included). The arithmetic is ``stock``'s, element for element,
-    so the result is bit-equal. Only fp32 q/k are copied: ``stock`` computes in fp32, and its
-    own cast of a bf16/fp16 view is already a contiguous copy.
+
+def fused_rotary(stock: Any) -> Any:
+    """transformers' vision rotary ``stock(q, k, cos, sin)`` for fp32 q and k (S, H, D) with q
+    and k in one set of passes, bit for bit.
+
+    The stock function computes ``x * cos + rotate_half(x) * sin`` for q, then for k, on the
+    strided views the tower cuts out of its qkv product, and builds ``rotate_half`` with a
+    negation and a concatenation. With halves ``x1, x2`` that is ``x1 * c1 - x2 * s1`` and
+    ``x2 * c2 + x1 * s2``: the same products and sums, each rounded once (a negation is exact),
+    so the bits are the same, written into one (S, 2, H, D) output with q and k side by side
+    (four products and two in-place sums instead of ten passes per tensor; about 2x faster on
+    CPU). Other dtypes go to ``stock``, which computes in fp32 itself.
     """
     def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if q.dtype == torch.float32:
-            q, k = q.contiguous(), k.contiguous()
-        return stock(q, k, cos, sin)
+        if q.dtype != torch.float32 or k.dtype != torch.float32 or q.shape != k.shape:
+            return stock(q, k, cos, sin)
+        x = _pair(q, k)
+        n, half = x.shape[0], x.shape[-1] // 2
+        c, s = (t.float().view(n, 1, 1, -1) for t in (cos, sin))
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        x1, x2, o1, o2 = x[..., :half], x[..., half:], out[..., :half], out[..., half:]
+        torch.mul(x1, c[..., :half], out=o1).sub_(x2 * s[..., :half])
+        torch.mul(x2, c[..., half:], out=o2).add_(x1 * s[..., half:])
+        return out[:, 0], out[:, 1]
 
     apply.stock = stock  # type: ignore[attr-defined]
     return apply

@@ -79,7 +79,7 @@ def test_fps_and_nframes_later_layer_wins(tmp_path: Path) -> None:
     ("video.video_start=-0.5", r"video.video_start must be >= 0, got -0.5"),
     ("model.path=3", r"model.path must be a string, got 3 \(int\)"),
     ("vision.chunk_rows=-1", r"vision.chunk_rows must be an integer >= 0, got -1"),
-    ("vision.rotary=fused", r"vision.rotary must be one of contiguous, stock; got 'fused'"),
+    ("vision.rotary=contiguous", r"vision.rotary must be one of fused, stock; got 'contiguous'"),
     ("vision.pipeline=1", r"vision.pipeline must be true or false, got 1 \(int\)"),
     ("vision.pipeline=yes", r"vision.pipeline must be true or false, got 'yes' \(str\)"),
     ("video.resize_device=gpu", r"video.resize_device must be one of cpu, cuda; got 'gpu'"),

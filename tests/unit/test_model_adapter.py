@@ -449,10 +449,11 @@ def test_linear_patch_embedding_in_row_blocks_equals_one_product(
     assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
 
 
-def test_contiguous_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
-    """transformers' vision rotary on contiguous copies of q and k gives the same bits as on
-    the strided views (the same arithmetic per element), through the whole tower; the choice
-    swaps the modeling module's function and back."""
+def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
+    """The vision rotary with q and k in one set of passes gives transformers' bits (the same
+    products and sums, each rounded once), on the function (q and k cut out of one qkv
+    product, and apart) and through the whole tower; the choice swaps the modeling module's
+    function and back."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
     pixels = torch.randn(2 * 12 * 20, 3 * 2 * 14 * 14,
@@ -463,15 +464,21 @@ def test_contiguous_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
             stock_fn = modeling.apply_rotary_pos_emb_vision
             assert not hasattr(stock_fn, "stock")
             stock = qwen.vision_tower(pixels, (2, 12, 20))
-            qwen2_5_vl.set_vision_rotary("contiguous")
-            qwen2_5_vl.set_vision_rotary("contiguous")  # idempotent: wraps the stock one once
-            assert modeling.apply_rotary_pos_emb_vision.stock is stock_fn
-            contiguous = qwen.vision_tower(pixels, (2, 12, 20))
+            qwen2_5_vl.set_vision_rotary("fused")
+            qwen2_5_vl.set_vision_rotary("fused")  # idempotent: wraps the stock one once
+            fused_fn = modeling.apply_rotary_pos_emb_vision
+            assert fused_fn.stock is stock_fn
+            fused = qwen.vision_tower(pixels, (2, 12, 20))
     finally:
-        qwen2_5_vl.set_vision_rotary("contiguous")
-    assert torch.equal(contiguous, stock), (contiguous - stock).abs().max().item()
-    with pytest.raises(ValueError, match="vision.rotary must be one of contiguous, stock"):
         qwen2_5_vl.set_vision_rotary("fused")
+    assert torch.equal(fused, stock), (fused - stock).abs().max().item()
+    qkv = torch.randn(50, 3, 4, 16, generator=torch.Generator().manual_seed(4)).permute(1, 0, 2, 3)
+    cos, sin = torch.randn(2, 50, 16, generator=torch.Generator().manual_seed(5))
+    for q, k in ((qkv[0], qkv[1]), (qkv[1].contiguous(), qkv[0])):  # one product's views; apart
+        for got, want in zip(fused_fn(q, k, cos, sin), stock_fn(q, k, cos, sin)):
+            assert torch.equal(got, want), (got - want).abs().max().item()
+    with pytest.raises(ValueError, match="vision.rotary must be one of fused, stock"):
+        qwen2_5_vl.set_vision_rotary("contiguous")
 
 
 def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
