@@ -187,12 +187,13 @@ def fused_rotary(stock: Any) -> Any:
     ``x2 * c2 + x1 * s2``: the same products and sums, each rounded once (a negation is exact),
     so the bits are the same, written into one (S, 2, H, D) output with q and k side by side
     (four products and two in-place sums instead of ten passes per tensor; about 2x faster on
-    CPU). Other dtypes go to ``stock``, which computes in fp32 itself.
+    CPU). Other dtypes, and q or k that need gradients, go to ``stock``.
     """
     def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if q.dtype != torch.float32 or k.dtype != torch.float32 or q.shape != k.shape:
-            return stock(q, k, cos, sin)
+        if q.dtype != torch.float32 or k.dtype != torch.float32 or q.shape != k.shape \
+                or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+            return stock(q, k, cos, sin)  # training: the in-place passes have no backward
         x = _pair(q, k)
         n, half = x.shape[0], x.shape[-1] // 2
         c, s = (t.float().view(n, 1, 1, -1) for t in (cos, sin))
