@@ -182,12 +182,12 @@ def fused_rotary(stock: Any) -> Any:
     and k in one set of passes, bit for bit.
 
     The stock function computes ``x * cos + rotate_half(x) * sin`` for q, then for k, on the
-    strided views the tower cuts out of its qkv product, and builds ``rotate_half`` with a
-    negation and a concatenation. With halves ``x1, x2`` that is ``x1 * c1 - x2 * s1`` and
-    ``x2 * c2 + x1 * s2``: the same products and sums, each rounded once (a negation is exact),
-    so the bits are the same, written into one (S, 2, H, D) output with q and k side by side
-    (four products and two in-place sums instead of ten passes per tensor; about 2x faster on
-    CPU). Other dtypes, and q or k that need gradients, go to ``stock``.
+    strided views the tower cuts out of its qkv product, with ``rotate_half(x) = [-x2, x1]``
+    for the halves ``x1, x2``. Here q and k go together as one (S, 2, H, D) tensor and the
+    negation moves to sin: ``x * cos + [x2, x1] * [-s1, s2]``, the same products and sums,
+    each rounded once (a negation is exact), so the bits are the same, in four passes over q
+    and k together instead of ten over each (2-3x faster than the stock function on CPU at
+    8192 rows). Other dtypes, and q or k that need gradients, go to ``stock``.
     """
     def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,11 +196,10 @@ def fused_rotary(stock: Any) -> Any:
             return stock(q, k, cos, sin)  # training: the in-place passes have no backward
         x = _pair(q, k)
         n, half = x.shape[0], x.shape[-1] // 2
-        c, s = (t.float().view(n, 1, 1, -1) for t in (cos, sin))
-        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        x1, x2, o1, o2 = x[..., :half], x[..., half:], out[..., :half], out[..., half:]
-        torch.mul(x1, c[..., :half], out=o1).sub_(x2 * s[..., :half])
-        torch.mul(x2, c[..., half:], out=o2).add_(x1 * s[..., half:])
+        sin = sin.float()
+        signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), -1).reshape(n, 1, 1, -1)
+        out = x * cos.float().reshape(n, 1, 1, -1)
+        out += x.roll(half, -1).mul_(signed_sin)  # [x2, x1] * [-s1, s2]
         return out[:, 0], out[:, 1]
 
     apply.stock = stock  # type: ignore[attr-defined]
