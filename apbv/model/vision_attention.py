@@ -167,12 +167,12 @@ def hf_vision_attention(
 
 def _pair(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q and k (S, H, D) as one (S, 2, H, D) tensor: a view where they are views of one
-    tensor with the same strides (the tower cuts them out of its packed qkv product), else a
-    stacked copy."""
+    tensor with the same strides and k after q (the tower cuts them out of its packed qkv
+    product in that order), else a stacked copy."""
+    gap = k.storage_offset() - q.storage_offset()
     if q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() \
-            and q.stride() == k.stride():
-        return q.as_strided((q.shape[0], 2, *q.shape[1:]),
-                            (q.stride(0), k.storage_offset() - q.storage_offset(), *q.stride()[1:]),
+            and q.stride() == k.stride() and gap >= 0:
+        return q.as_strided((q.shape[0], 2, *q.shape[1:]), (q.stride(0), gap, *q.stride()[1:]),
                             q.storage_offset())
     return torch.stack((q, k), 1)
 

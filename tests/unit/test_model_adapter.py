@@ -474,7 +474,8 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     qkv = torch.randn(50, 3, 4, 16, generator=torch.Generator().manual_seed(4)).permute(1, 0, 2, 3)
     cos, sin = torch.randn(2, 50, 16, generator=torch.Generator().manual_seed(5))
-    for q, k in ((qkv[0], qkv[1]), (qkv[1].contiguous(), qkv[0])):  # one product's views; apart
+    # One product's views, in order and reversed; apart.
+    for q, k in ((qkv[0], qkv[1]), (qkv[1], qkv[0]), (qkv[1].contiguous(), qkv[0])):
         for got, want in zip(fused_fn(q, k, cos, sin), stock_fn(q, k, cos, sin)):
             assert torch.equal(got, want), (got - want).abs().max().item()
     with pytest.raises(ValueError, match="vision.rotary must be one of fused, stock"):
