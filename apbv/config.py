@@ -241,7 +241,7 @@ class VisionConfig:
     flattened kernel) or conv (the stock Conv3d)."""
     rotary: str = "fused"
     """Vision q/k rotary: fused (q and k in one set of passes: bit-equal to transformers',
-    about 2.4x faster in fp32 on CPU) or stock (transformers' own, on the strided views of q
+    2-3x faster in fp32 on CPU) or stock (transformers' own, on the strided views of q
     and k)."""
     chunk_rows: int | None = None
     """Patch rows per vision-tower call, in whole temporal patches (each is independent in

@@ -150,8 +150,6 @@ PARTS = ("patch embedding", "attention kernels (SDPA)", "qkv and output projecti
          "rest of the tower (positions, windows, gathers, residuals)",
          "outside the tower (chunk slices, concatenation)")
 PATCH, SDPA, PROJ, ATTN_REST, MLP, NORM, MERGER, TOWER_REST, OUTSIDE = PARTS
-SHARED = (SDPA,)
-"""The parts whose arithmetic both towers do alike: the same attention scores."""
 
 
 @contextlib.contextmanager
@@ -222,14 +220,15 @@ def _parts(qwen: Any, pixels: torch.Tensor, grid: tuple[int, int, int], vision: 
 
 
 def _parts_table(old: dict[str, float], new: dict[str, float], repeats: int) -> str:
-    """The parts side by side, and the shared parts against half of ``old``."""
+    """The parts side by side, and new's attention kernels (the same arithmetic in both
+    towers) against half of ``old``."""
     lines = [f"Where the time goes (ms; the run of median total out of {repeats}, timed with "
              "hooks: the totals run a little above the untimed ones):", "",
              "| part | old | new | new / old |", "|---|---:|---:|---:|"]
     lines += [f"| {p} | {old[p]:.1f} | {new[p]:.1f} | {new[p] / old[p]:.2f} |"
               if old[p] > 0 else f"| {p} | {old[p]:.1f} | {new[p]:.1f} | - |"
               for p in (*PARTS, "total")]
-    half, shared = old["total"] / 2, sum(new[p] for p in SHARED)
+    half, shared = old["total"] / 2, new[SDPA]
     rest = new["total"] - shared
     lines += ["", f"Half of old is {half:.1f} ms. New spends {shared:.1f} ms in the attention "
               f"kernels (the arithmetic both do alike), which leaves {half - shared:.1f} ms "

@@ -101,7 +101,7 @@ def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
              scale: float) -> torch.Tensor:
     """One SDPA call per group of equal-length segments (chunked by MAX_SCORES_PER_CALL)."""
     _, heads, dim = q.shape
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)  # contiguous: groups are written into views of it
     for length, count, where in _PLANS.get(cu_seqlens):
         per_call = max(1, MAX_SCORES_PER_CALL // (heads * length * length))
         for first in range(0, count, per_call):
