@@ -294,10 +294,14 @@ class QwenVL:
     """Frames to patch rows: levels or fused (apbv.video.patches) or processor (the HF
     processor); :meth:`set_vision` sets it."""
     preprocess_workers: int = 1
-    embeds_levels: bool = False
-    """Whether the patch embedding takes pixel levels itself (the linear one does)."""
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
+
+    @property
+    def embeds_levels(self) -> bool:
+        """Whether the patch embedding takes pixel levels itself: the linear one
+        (:func:`set_patch_embed`) does, the stock Conv3d does not."""
+        return "forward" in self.model.model.visual.patch_embed.__dict__
 
     @property
     def text_config(self) -> Any:
@@ -417,7 +421,6 @@ class QwenVL:
             else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
         self.preprocess = vision.preprocess
         self.preprocess_workers = vision.preprocess_workers
-        self.embeds_levels = vision.patch_embed == "linear"
 
     def vision_tower(
         self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | tuple[int, int, int]
