@@ -14,11 +14,12 @@ share the cores and the memory bus as in a benchmark, with the runtime's own cod
 - memory bandwidth: a large elementwise add; link: gloo all-gathers through apbv.comm
   (latency: one element; bandwidth: 4 MiB per rank);
 - preprocessing: apbv.video decoding and resizing a rank's frames of synthetic 448x448 videos
-  with 8 and 64 frames per rank (seconds per pixel, and a fixed part), the checkpoint's video
-  processor's patch rows on them (``QwenVL.process_frames``), the prompt with 20000 video
-  placeholders (built by apbv.sequence.prompt_ids);
-- the vision tower's patch embedding as the runtime runs it (``vision.patch_embed``: one
-  matrix product by default; the constant keeps its name ``conv_flops``);
+  with 8 and 64 frames per rank (seconds per pixel, and a fixed part), the patch rows the
+  tower takes of them (``QwenVL.tower_rows``: int8 pixel levels by default), the prompt with
+  20000 video placeholders (built by apbv.sequence.prompt_ids);
+- the vision tower's patch embedding as the runtime runs it (``vision.patch_embed`` on
+  ``tower_rows``: one integer product of the levels by default; the constant keeps its name
+  ``conv_flops``);
 - host overhead: the tiny checkpoint's prefill (per decoder layer), vision tower (per block)
   and one vision attention call, on inputs too small to cost compute.
 
@@ -113,6 +114,12 @@ def _call_s(module: torch.nn.Module, calls: int = 200) -> float:
     return _best(run) / calls
 
 
+def _random_frames(count: int, side: int) -> torch.Tensor:
+    """``count`` random uint8 frames (count, 3, side, side)."""
+    return torch.randint(0, 256, (count, 3, side, side), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(count))
+
+
 def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[str, Any]:
     """Every measurement of one rank; ``videos`` maps frames per rank to a video file."""
     from apbv.engine.prefill import prefill
@@ -142,7 +149,7 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
         frames = load_rank_frames(spec, info.rank, world).frames
         assert frames.shape[0] == frames_per_rank, (frames.shape, frames_per_rank)
         out["process_s"][frames_per_rank] = _best(
-            lambda frames=frames: qwen.process_frames(frames), repeats=3)
+            lambda frames=frames: qwen.tower_rows(frames), repeats=3)
     question = "What colour is the square in the last second?"
     context, query = split_prompt(processor, question)
     out["tokenize_tokens"] = 20000
@@ -159,11 +166,13 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
     out["layers"] = qwen.num_layers
     out["blocks_per_rank"] = plan.blocks_per_rank
     # One frame of 8x8 patches: one window, so each vision block makes one attention call.
-    pixels = torch.randn(64, 3 * 2 * 14 * 14)
+    pixels, grid = qwen.tower_rows(_random_frames(2, 8 * 14))
     with torch.inference_mode():
-        out["vision_s"] = _best(lambda: qwen.vision_tower(pixels, (1, 8, 8)))
+        out["vision_s"] = _best(lambda: qwen.vision_tower(pixels, grid))
     out["call_s"] = _call_s(qwen.model.model.visual.blocks[0].attn)
-    patches = torch.randn(CONV_PATCHES, 3 * 2 * 14 * 14)
+    side = 14 * int((CONV_PATCHES // 16) ** 0.5)  # 16 temporal patches of CONV_PATCHES / 16
+    patches = qwen.tower_rows(_random_frames(32, side))[0]
+    assert patches.shape[0] == CONV_PATCHES, patches.shape
     with torch.inference_mode():
         out["conv_s"] = _best(lambda: qwen.model.model.visual.patch_embed(patches))
     out["conv_flops"] = 2 * CONV_PATCHES * patches.shape[1] * qwen.vision_config.hidden_size
