@@ -26,6 +26,7 @@ else:  # pragma: no cover
 from apbv.attention.kernels import BACKENDS
 from apbv.model.patch_embed import PATCH_EMBED
 from apbv.model.vision_attention import VISION_ATTENTION, VISION_ROTARY
+from apbv.model.vision_blocks import VISION_NORM
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import VideoSpec
@@ -243,6 +244,13 @@ class VisionConfig:
     """Vision q/k rotary: fused (q and k in one set of passes: bit-equal to transformers',
     2-3x faster in fp32 on CPU) or stock (transformers' own, on the strided views of q
     and k)."""
+    norm: str = "fused"
+    """Vision RMSNorms: fused (one torch.rms_norm kernel for bf16/fp16 on CUDA, fp32
+    statistics as transformers'; the stock forward elsewhere) or stock."""
+    mlp_pad: int | None = None
+    """The vision MLPs' hidden width padded with zero units to a multiple of this (the same
+    sums; on GPUs the products' rows then align for the fast kernels: 3420 -> 3456 on the
+    3B/7B/72B); 0: the checkpoint's width; unset: 64 on CUDA, 0 elsewhere."""
     chunk_rows: int | None = None
     """Patch rows per vision-tower call, in whole temporal patches (each is independent in
     every block, so the result is the same up to the fp32 rounding of matrix products over
@@ -268,6 +276,8 @@ class VisionConfig:
         _one_of("vision.attention", self.attention, VISION_ATTENTION)
         _one_of("vision.patch_embed", self.patch_embed, PATCH_EMBED)
         _one_of("vision.rotary", self.rotary, VISION_ROTARY)
+        _one_of("vision.norm", self.norm, VISION_NORM)
+        _integer("vision.mlp_pad", self.mlp_pad, 0, 4096)
         _integer("vision.chunk_rows", self.chunk_rows, 0)
         _one_of("vision.preprocess", self.preprocess, PREPROCESS)
         _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 STOCK_TOWER = ("vision.attention=per_window", "vision.patch_embed=conv", "vision.rotary=stock",
-               "vision.chunk_rows=0")
+               "vision.norm=stock", "vision.mlp_pad=0", "vision.chunk_rows=0")
 """Config overrides for transformers' stock vision tower: one SDPA call per window, the
-Conv3d patch embedding, the rotary on strided q/k, the rank's whole video in one call."""
+Conv3d patch embedding, the rotary on strided q/k, its own norms and MLP width, the rank's
+whole video in one call."""
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,11 @@ vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
 :mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
 varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path. The patch
 embedding runs as one matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv``
-keeps the stock Conv3d), the q/k rotary runs on q and k together (``vision.rotary``), and the
-tower runs a few temporal patches per call on CPU (``vision.chunk_rows``; every vision block
-attends inside one temporal patch, so the chunks are independent).
+keeps the stock Conv3d), the q/k rotary runs on q and k together (``vision.rotary``), on CUDA
+the RMSNorms run as one kernel and the MLPs are padded to an aligned width
+(``vision.norm``, ``vision.mlp_pad``; :mod:`apbv.model.vision_blocks`), and the tower runs a
+few temporal patches per call on CPU (``vision.chunk_rows``; every vision block attends inside
+one temporal patch, so the chunks are independent). :func:`set_tower` applies these.
 
 Every difference between transformers versions is handled in this module (and, for writing the
 tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
@@ -76,6 +78,7 @@ from apbv.model.vision_attention import (
     fused_rotary,
     hf_vision_attention,
 )
+from apbv.model.vision_blocks import CUDA_MLP_PAD, pad_mlp, set_vision_norm
 from apbv.positions import video_token_runs
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
@@ -260,6 +263,21 @@ def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> Non
         embed.__dict__.pop("forward", None)
 
 
+def set_tower(model: Qwen2_5_VLForConditionalGeneration, vision: VisionConfig,
+              device: torch.device) -> None:
+    """Set up the vision tower of ``model`` (on ``device``) as ``vision`` says: its attention
+    (:func:`set_vision_attention`), patch embedding (:func:`set_patch_embed`), q/k rotary
+    (:func:`set_vision_rotary`, for the whole process), RMSNorms and MLP width
+    (:mod:`apbv.model.vision_blocks`; ``mlp_pad`` unset: padded on CUDA only)."""
+    visual = model.model.visual
+    set_vision_attention(model, vision.attention)
+    set_patch_embed(model, vision.patch_embed)
+    set_vision_rotary(vision.rotary)
+    set_vision_norm(visual, vision.norm)
+    pad_mlp(visual, vision.mlp_pad if vision.mlp_pad is not None
+            else CUDA_MLP_PAD if device.type == "cuda" else 0)
+
+
 def patch_spec(video_processor: Any) -> PatchSpec | None:
     """The processor's settings for :func:`apbv.video.patches.patch_rows`, or None when it
     does something else than rescale + normalise (then the processor itself runs)."""
@@ -407,16 +425,13 @@ class QwenVL:
         return start, end - start
 
     def set_vision(self, vision: VisionConfig) -> None:
-        """Set up the vision tower and the patch rows as ``vision`` says: its attention
-        (:func:`set_vision_attention`), patch embedding (:func:`set_patch_embed`), q/k rotary
-        (:func:`set_vision_rotary`, for the whole process), patch rows per tower call
+        """Set up the vision tower and the patch rows as ``vision`` says: the tower's modules
+        (:func:`set_tower`), patch rows per tower call
         (``chunk_rows``; unset: :data:`CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and
         how frames become patch rows (``preprocess``, ``preprocess_workers``)."""
-        set_vision_attention(self.model, vision.attention)
-        set_patch_embed(self.model, vision.patch_embed)
+        set_tower(self.model, vision, self.device)
         # How pixel levels become rows: the processor's settings (None: it does more).
         self.model.model.visual.patch_embed.levels_spec = patch_spec(self.processor.video_processor)
-        set_vision_rotary(vision.rotary)
         self.chunk_rows = vision.chunk_rows if vision.chunk_rows is not None \
             else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
         self.preprocess = vision.preprocess

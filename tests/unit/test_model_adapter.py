@@ -474,12 +474,68 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     qkv = torch.randn(50, 3, 4, 16, generator=torch.Generator().manual_seed(4)).permute(1, 0, 2, 3)
     cos, sin = torch.randn(2, 50, 16, generator=torch.Generator().manual_seed(5))
-    # One product's views, in order and reversed; apart.
-    for q, k in ((qkv[0], qkv[1]), (qkv[1], qkv[0]), (qkv[1].contiguous(), qkv[0])):
-        for got, want in zip(fused_fn(q, k, cos, sin), stock_fn(q, k, cos, sin)):
-            assert torch.equal(got, want), (got - want).abs().max().item()
+    # One product's views, in order and reversed; apart; in bf16 and fp16 (upcast inside
+    # the products, rounded back once) as in fp32.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = qkv.to(dtype)
+        for q, k in ((x[0], x[1]), (x[1], x[0]), (x[1].contiguous(), x[0])):
+            for got, want in zip(fused_fn(q, k, cos, sin), stock_fn(q, k, cos, sin)):
+                assert got.dtype == want.dtype == dtype
+                assert torch.equal(got, want), (dtype, (got - want).abs().max().item())
     with pytest.raises(ValueError, match="vision.rotary must be one of fused, stock"):
         qwen2_5_vl.set_vision_rotary("contiguous")
+
+
+def test_padded_vision_mlp_gives_the_same_embeddings(qwen: QwenVL) -> None:
+    """vision.mlp_pad: every block's MLP widened with zero units (64 -> 96 here) computes the
+    same sums (fp32: within :data:`REBATCHED_RTOL` of the scale, the products' kernels may
+    order them by width); padding to 0 gives back the checkpoint's weights, bit for bit."""
+    from apbv.model.vision_blocks import pad_mlp
+
+    visual = qwen.model.model.visual
+    width = visual.config.intermediate_size
+    weights = [p.detach().clone() for p in visual.blocks[0].mlp.parameters()]
+    pixels = torch.randn(2 * 12 * 20, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(6))
+    try:
+        with torch.inference_mode():
+            plain = qwen.vision_tower(pixels, (2, 12, 20))
+            pad_mlp(visual, 48)
+            mlp = visual.blocks[0].mlp
+            assert (mlp.gate_proj.weight.shape[0], mlp.down_proj.weight.shape[1]) == (96, 96)
+            assert not mlp.up_proj.weight[width:].any()
+            assert not mlp.down_proj.weight[:, width:].any()
+            padded = qwen.vision_tower(pixels, (2, 12, 20))
+    finally:
+        pad_mlp(visual, 0)
+    assert all(torch.equal(a, b) for a, b in zip(weights, visual.blocks[0].mlp.parameters()))
+    err, scale = (padded - plain).abs().max().item(), plain.abs().max().item()
+    assert err <= REBATCHED_RTOL * scale, f"fp32 max abs error {err:.3g} (scale {scale:.3g})"
+    with pytest.raises(ValueError, match="vision.mlp_pad must be >= 0"):
+        pad_mlp(visual, -1)
+
+
+def test_vision_norm_choice_installs_and_removes_the_fused_forward(qwen: QwenVL) -> None:
+    """vision.norm=fused swaps the forward of every RMSNorm of the tower (the blocks' and the
+    merger's); off CUDA it runs the stock forward, so the embeddings keep their bits; stock
+    takes the swap back. (The CUDA kernel is checked in tests/gpu.)"""
+    from apbv.model.vision_blocks import set_vision_norm
+
+    visual = qwen.model.model.visual
+    norms = [visual.merger.ln_q] + [n for b in visual.blocks for n in (b.norm1, b.norm2)]
+    pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(7))
+    try:
+        with torch.inference_mode():
+            set_vision_norm(visual, "stock")
+            assert not any("forward" in n.__dict__ for n in norms)
+            stock = qwen.vision_tower(pixels, (2, 8, 12))
+            set_vision_norm(visual, "fused")
+            assert all("forward" in n.__dict__ for n in norms)
+            fused = qwen.vision_tower(pixels, (2, 8, 12))
+    finally:
+        set_vision_norm(visual, "fused")
+    assert torch.equal(fused, stock), (fused - stock).abs().max().item()
+    with pytest.raises(ValueError, match="vision.norm must be one of fused, stock"):
+        set_vision_norm(visual, "layer")
 
 
 def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
