@@ -9,10 +9,12 @@ What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
   installed: its error against the fp32 CPU reference on a small case, and its time on causal
   squares of several lengths (attention_flops, a fit over the lengths);
 - F.linear at the 7B's MLP shape (matmul_flops), a large add (memory_bw), the vision tower's
-  patch embedding (conv_flops);
+  patch embedding as the runtime runs it (conv_flops);
 - one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
-  vision tower (grouped window attention, and the stock per-window path once) on frames of
-  the 1440p video cap (1008x560) at several temporal-patch counts;
+  vision tower as the runtime sets it up (:func:`apbv.model.qwen2_5_vl.set_tower`) on frames
+  of the 1440p video cap (1008x560) at several temporal-patch counts; at the smallest and the
+  largest also transformers' stock tower and the runtime's changes added in turn
+  (:data:`TOWER_VARIANTS`);
 - host overhead: the layer and the tower on inputs too small to compute;
 - ``video.resize_device=cuda``: decoded-size uint8 frames (1440p) resized on the device to the
   1008x560 cap and made into patch rows there, timed, and its pixels' difference to the CPU
@@ -27,18 +29,22 @@ measure keeps the ``h200`` preset's value and is listed under ``"not_measured"``
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from apbv.attention import kernels
-from apbv.cost import Hardware, hardware
-from apbv.cost.hardware import write_calibration
+from apbv.cost import Hardware, ModelDims, hardware, model_dims
+from apbv.cost.hardware import Machine, write_calibration
+from apbv.cost.schedule import vision_calls, vision_cost
 
 # (7B-shaped sizes, toy sizes for --dry-run)
 SIZES = {
@@ -49,6 +55,7 @@ SIZES = {
             "matmul_rows": 64, "add_elements": 1 << 16, "conv_patches": 256, "repeats": 1},
 }
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128  # the 7B's decoder attention
+MLP_SHAPE = (3584, 18944)  # the 7B's decoder MLP (in, out): matmul_flops
 FRAME_GRID = (40, 72)  # ViT patches of a 1008x560 frame (the 1440p video cap)
 
 
@@ -167,14 +174,25 @@ def _model(device: torch.device, dtype: torch.dtype, dry: bool) -> Any:
     return model.to(dtype).eval()
 
 
+TOWER_VARIANTS = {  # name: vision settings (the rest: the runtime's defaults)
+    "stock": {"attention": "per_window", "patch_embed": "conv", "rotary": "stock",
+              "norm": "stock", "mlp_pad": 0},
+    "+ grouped": {"patch_embed": "conv", "rotary": "stock", "norm": "stock", "mlp_pad": 0},
+    "+ mlp pad": {"patch_embed": "conv", "rotary": "stock", "norm": "stock"},
+    "runtime": {},  # + linear patch embedding, fused rotary and norms
+}
+"""The vision tower's set-ups timed side by side, each change of the runtime added in turn."""
+
+
 def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
                      sizes: dict, dry: bool) -> dict[str, Any]:
-    from apbv.model.qwen2_5_vl import set_vision_attention
+    from apbv.config import VisionConfig
+    from apbv.model.qwen2_5_vl import set_tower
 
     lm = model.model.language_model
     lm.config._attn_implementation = "sdpa"
     hidden = lm.config.hidden_size
-    out: dict[str, Any] = {"layer_s": {}, "vision_s": {}, "vision_per_window_s": {}}
+    out: dict[str, Any] = {"layer_s": {}, "vision_s": {}, "vision_variants_s": {}}
 
     def layer(length: int) -> float:
         x = torch.randn(1, length, hidden, device=device, dtype=dtype)
@@ -197,18 +215,99 @@ def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
             grid = torch.tensor([[patches, h, w]], device=device)
             return _best(lambda: visual(px, grid_thw=grid), device, sizes["repeats"])
 
-        set_vision_attention(model, "grouped")
+        ends = sorted({sizes["vision_patches"][0], sizes["vision_patches"][-1]})
+        for name, settings in TOWER_VARIANTS.items():
+            set_tower(model, VisionConfig(**settings), device)
+            out["vision_variants_s"][name] = {str(p): tower(p) for p in ends}
+            print(f"[calibrate-gpu] vision tower, {name}: " + ", ".join(
+                f"{s:.4f} s at {p} temporal patches"
+                for p, s in out["vision_variants_s"][name].items()), file=sys.stderr, flush=True)
+        # the runtime's tower (set up last, above) at every size
         out["vision_small_s"] = tower(1, 8, 8)  # one window per frame: host overhead
         for patches in sizes["vision_patches"]:
             out["vision_s"][str(patches)] = tower(patches)
             print(f"[calibrate-gpu] vision tower, {patches} temporal patches of {rows}x{cols}:"
                   f" {out['vision_s'][str(patches)]:.4f} s", file=sys.stderr, flush=True)
-        set_vision_attention(model, "per_window")
-        first = sizes["vision_patches"][0]
-        out["vision_per_window_s"][str(first)] = tower(first)
-        set_vision_attention(model, "grouped")
         out["vision_depth"] = len(visual.blocks)
     return out
+
+
+def _vision_efficiency(hw: Hardware, dims: ModelDims, grid: tuple[int, int],
+                       vision_s: dict[str, float]) -> float:
+    """``vision_elementwise_efficiency``: the tower's measured time per temporal patch (the
+    slope between the two largest counts, where the device bounds it, not the host) less the
+    modelled products and attention, against the modelled elementwise passes at the full
+    memory bandwidth (1.0 when the products alone explain the slope)."""
+    a, b = sorted(int(p) for p in vision_s)[-2:]
+    slope = (vision_s[str(b)] - vision_s[str(a)]) / (b - a)
+    device = dataclasses.replace(hw, vision_layer_overhead_s=0.0, call_overhead_s=0.0,
+                                 vision_elementwise_efficiency=1.0)
+
+    def per_patch(h: Hardware) -> float:
+        m = Machine(h, h.dtype_bytes)
+        return (vision_cost(dims, b, grid, m)[0] - vision_cost(dims, a, grid, m)[0]) / (b - a)
+
+    compute = per_patch(dataclasses.replace(device, memory_bw=float("inf")))
+    passes = per_patch(device) - compute
+    return min(1.0, passes / (slope - compute)) if slope > compute else 1.0
+
+
+def _dims(dry: bool) -> ModelDims:
+    """The measured model's dimensions (no weights built)."""
+    from apbv.model.tiny import tiny_config
+
+    return model_dims((tiny_config("tiny") if dry else seven_b_config()).to_dict())
+
+
+def _call_overhead(measured: dict[str, Any], dims: ModelDims, grid: tuple[int, int]) -> float:
+    """``call_overhead_s``: host seconds per attention call of the stock per-window tower, its
+    time at the largest count (one call per window and temporal patch: host-bound on a GPU)
+    less the per-block overhead (the small tower's time), over its calls."""
+    stock = measured["vision_variants_s"]["stock"]
+    patches = max(int(p) for p in stock)
+    calls = vision_calls(dims, patches, grid, grouped=False)
+    return max(0.0, (stock[str(patches)] - measured["vision_small_s"]) / calls)
+
+
+def derive(measured: dict[str, Any], setup: dict[str, Any], name: str) -> Hardware:
+    """The :class:`Hardware` constants of a run's ``measured`` values and ``setup`` (its
+    sizes, frame grid, attention backend; ``--refit`` reads both back from a calibration
+    file). The link and the host's frame work keep the ``h200`` preset's values."""
+    sizes, dry = setup["sizes"], setup["device"].startswith("cpu")
+    dims = _dims(dry)
+    grid = tuple(g // dims.spatial_merge_size for g in ((8, 12) if dry else setup["frame_grid"]))
+    d_in, d_out = MLP_SHAPE
+    patch_in = dims.in_channels * dims.temporal_patch_size * dims.patch_size**2
+
+    def sig(value: float) -> float:
+        return float(f"{value:.4g}")
+
+    hw = Hardware.from_json({
+        **hardware("h200").to_json(),
+        "name": name,
+        "matmul_flops": sig(2 * sizes["matmul_rows"] * d_in * d_out / measured["matmul_s"]),
+        "conv_flops": sig(2 * sizes["conv_patches"] * patch_in * dims.vision_hidden
+                          / measured["conv_s"]),
+        "attention_flops": sig(_attention_flops(measured["kernels"], setup["attention_backend"],
+                                                sizes)),
+        "attention_pair_s": 0.0,
+        "memory_bw": sig(3 * 2 * sizes["add_elements"] / measured["add_s"]),  # 2 reads, 1 write
+        "layer_overhead_s": sig(measured["layer_s"]["16"]),
+        "vision_layer_overhead_s": sig(measured["vision_small_s"] / measured["vision_depth"]),
+        "call_overhead_s": sig(_call_overhead(measured, dims, grid)),
+        "vision_elementwise_efficiency": 1.0,
+    })
+    efficiency = _vision_efficiency(hw, dims, grid, measured["vision_s"])
+    return dataclasses.replace(hw, vision_elementwise_efficiency=sig(efficiency))
+
+
+def refit(path: str, name: str) -> None:
+    """Derive the constants of the calibration file ``path`` again from its measurements
+    (after a change of :func:`derive`; no GPU needed) and write it back."""
+    report = json.loads(Path(path).read_text())
+    report["hardware"] = derive(report["measurements"], report["setup"], name).to_json()
+    report["refit"] = "hardware derived again from the measurements by calibrate_gpu.py --refit"
+    write_calibration(path, report, "calibrate_gpu --refit")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -217,7 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="h200", help="the hardware name written")
     parser.add_argument("--dry-run", action="store_true",
                         help="toy sizes on CPU (checks the code path without a GPU)")
+    parser.add_argument("--refit", action="store_true",
+                        help="measure nothing: derive the constants of --out again from its "
+                             "measurements")
     args = parser.parse_args(argv)
+    if args.refit:
+        refit(args.out, args.name)
+        return
     started = time.perf_counter()
     if not args.dry_run and not torch.cuda.is_available():
         print("[calibrate-gpu] skipped: no CUDA device (use --dry-run to check the code path)")
@@ -229,50 +334,35 @@ def main(argv: list[str] | None = None) -> None:
 
     checks = _kernel_checks(device, dtype, sizes)
     backend = "flash" if "flash" in checks["backends"] else "sdpa"
-    rows, (d_in, d_out) = sizes["matmul_rows"], (3584, 18944)
-    x = torch.randn(rows, d_in, device=device, dtype=dtype)
-    w = torch.randn(d_out, d_in, device=device, dtype=dtype)
+    x = torch.randn(sizes["matmul_rows"], MLP_SHAPE[0], device=device, dtype=dtype)
+    w = torch.randn(MLP_SHAPE[1], MLP_SHAPE[0], device=device, dtype=dtype)
     matmul_s = _best(lambda: F.linear(x, w), device, sizes["repeats"])
     a = torch.randn(sizes["add_elements"], device=device, dtype=dtype)
     add_s = _best(lambda: a + a, device, sizes["repeats"])
 
     model = _model(device, dtype, args.dry_run)
-    proj = model.model.visual.patch_embed
-    patch_in = proj.proj.weight[0].numel()
-    pixels = torch.randn(sizes["conv_patches"], patch_in, device=device, dtype=dtype)
-    conv_s = _best(lambda: proj(pixels), device, sizes["repeats"])
-    conv_flops = 2 * sizes["conv_patches"] * patch_in * proj.proj.weight.shape[0] / conv_s
     measured = _layer_and_tower(model, device, dtype, sizes, args.dry_run)
+    proj = model.model.visual.patch_embed  # the runtime's (set up last above)
+    pixels = torch.randn(sizes["conv_patches"], proj.proj.weight[0].numel(), device=device,
+                         dtype=dtype)
+    with torch.inference_mode():
+        conv_s = _best(lambda: proj(pixels), device, sizes["repeats"])
     resize = _device_resize(device, 2 if args.dry_run else 16, sizes["repeats"])
 
-    base = hardware("h200")
-    depth = measured["vision_depth"]
-    hw = Hardware.from_json({
-        **base.to_json(),
-        "name": args.name,
-        "matmul_flops": float(f"{2 * rows * d_in * d_out / matmul_s:.4g}"),
-        "conv_flops": float(f"{conv_flops:.4g}"),
-        "attention_flops": float(f"{_attention_flops(checks, backend, sizes):.4g}"),
-        "attention_pair_s": 0.0,
-        "memory_bw": float(f"{3 * 2 * sizes['add_elements'] / add_s:.4g}"),  # 2 reads, 1 write
-        "layer_overhead_s": float(f"{measured['layer_s']['16']:.4g}"),
-        "vision_layer_overhead_s": float(f"{measured['vision_small_s'] / depth:.4g}"),
-        # grouped windows: one call per window size, so calls no longer scale with windows;
-        # their host cost is inside the per-block overhead measured above
-        "call_overhead_s": 0.0,
-    })
+    measured = {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s, "conv_s": conv_s,
+                "device_resize": resize, **measured}
+    setup = {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else "cpu (dry run)"),
+             "dtype": "bfloat16", "sizes": sizes, "attention_backend": backend,
+             "model": "qwen2.5-vl-7b shape, 1 decoder layer, random weights"
+             if not args.dry_run else "tiny (dry run)",
+             "frame_grid": FRAME_GRID}
     report = {
-        "hardware": hw.to_json(),
-        "measurements": {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s,
-                         "conv_s": conv_s, "device_resize": resize, **measured},
+        "hardware": derive(measured, setup, args.name).to_json(),
+        "measurements": measured,
         "not_measured": ["link_bw", "link_latency_s", "decode_s_per_pixel",
                          "process_s_per_pixel", "preprocess_fixed_s", "tokenize_s_per_token"],
-        "setup": {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                             else "cpu (dry run)"),
-                  "dtype": "bfloat16", "sizes": sizes, "attention_backend": backend,
-                  "model": "qwen2.5-vl-7b shape, 1 decoder layer, random weights"
-                  if not args.dry_run else "tiny (dry run)",
-                  "frame_grid": FRAME_GRID},
+        "setup": setup,
         "torch": torch.__version__,
         "machine": platform.machine(),
         "seconds": time.perf_counter() - started,

@@ -21,6 +21,7 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
 from apbv.cost.hardware import (
     CPU,
     H200_MATMUL_FLOPS,
+    H200_MEASURED,
     HARDWARE_PRESETS,
     HOST_CORES_PER_GPU,
     HOST_SPEEDUP,
@@ -56,6 +57,7 @@ from apbv.cost.work import (
 __all__ = [
     "CPU",
     "H200_MATMUL_FLOPS",
+    "H200_MEASURED",
     "HARDWARE_PRESETS",
     "HOST_CORES_PER_GPU",
     "HOST_SPEEDUP",

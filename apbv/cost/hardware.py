@@ -58,6 +58,11 @@ class Hardware:
     """With ``full_uses_all_ranks``: its throughput is H * thread_efficiency times a rank's."""
     dtype_bytes: int = 2
     """Bytes per activation / KV element the runtime uses here (bf16 on GPUs, fp32 on CPUs)."""
+    vision_elementwise_efficiency: float = 1.0
+    """The share of ``memory_bw`` the vision blocks' elementwise passes (norms, residuals, the
+    q/k rotary in fp32, the MLP's activation; as the cost model counts them) reach: fitted
+    by ``benchmarks/calibrate_gpu.py`` from the tower's measured time per temporal patch;
+    1.0 where not fitted."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,7 +115,24 @@ CPU = Hardware(
 """The 2-core development machine, one thread per rank: the values of
 benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
 
-H200_MATMUL_FLOPS = 790e12
+H200_MEASURED: dict[str, float] = {
+    "matmul_flops": 7.59e14,
+    "conv_flops": 5.994e14,
+    "attention_flops": 3.21e14,
+    "memory_bw": 5.847e12,
+    "layer_overhead_s": 1.069e-3,
+    "vision_layer_overhead_s": 6.456e-4,
+    "call_overhead_s": 3.85e-5,
+    "vision_elementwise_efficiency": 0.2578,
+}
+"""One H200's device constants as measured by ``scripts/gpu_check.sh``
+(``benchmarks/results/h200_calibration.json``; bf16, torch 2.11 with PyTorch's SDPA and no
+flash-attn, transformers 5.17): F.linear at the 7B's MLP shape, the runtime's patch embedding,
+the kernel adapter's causal attention at 16k tokens, a large add, one 7B decoder layer and
+the 7B's vision tower on inputs too small to compute (host overhead), the host seconds per
+attention call of the stock per-window tower, and the share of the bandwidth the tower's
+elementwise passes reach (fitted on its time per temporal patch)."""
+H200_MATMUL_FLOPS = H200_MEASURED["matmul_flops"]
 """Dense bf16 matmul throughput measured on an H200 (989 TFLOP/s peak)."""
 NVLINK4_BW = 450e9
 """NVLink 4 bandwidth per direction per GPU (18 links x 25 GB/s), within a node."""
@@ -122,30 +144,29 @@ HOST_CORES_PER_GPU = 8
 """Host cores decoding and preprocessing frames for each GPU rank."""
 
 
-def h200(*, attention_efficiency: float = 0.5, link_bw: float = NVLINK4_BW,
+def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_BW,
          name: str = "h200") -> Hardware:
-    """One H200 per rank. ``attention_efficiency``: the attention kernel's share of the matmul
-    throughput (0.5 is flash-attn 2's forward at long sequences, which the reference uses;
-    flash-attn 3 reaches about 0.7). Host work: the :data:`CPU` calibration on a core
+    """One H200 per rank: the device constants of :data:`H200_MEASURED`.
+    ``attention_efficiency``: the attention kernel's share of the matmul throughput instead of
+    the measured one (None; PyTorch's SDPA reached 0.42 at 16k tokens; flash-attn 2's forward
+    about 0.5 at long sequences, flash-attn 3 about 0.7). The link and the host's frame work
+    are not measured: NVLink 4 (or ``link_bw``), and the :data:`CPU` calibration on a core
     :data:`HOST_SPEEDUP` times faster, frame work spread over :data:`HOST_CORES_PER_GPU`."""
-    if not 0 < attention_efficiency <= 1:
+    if attention_efficiency is not None and not 0 < attention_efficiency <= 1:
         raise ValueError(f"attention_efficiency must be in (0, 1], got {attention_efficiency}")
+    measured = dict(H200_MEASURED)
+    if attention_efficiency is not None:
+        measured["attention_flops"] = attention_efficiency * measured["matmul_flops"]
     return Hardware(
         name=name,
-        matmul_flops=H200_MATMUL_FLOPS,
-        conv_flops=0.5 * H200_MATMUL_FLOPS,
-        attention_flops=attention_efficiency * H200_MATMUL_FLOPS,
+        **measured,
         attention_pair_s=0.0,
-        memory_bw=4.8e12,
         link_bw=link_bw,
         link_latency_s=20e-6,
         decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         process_s_per_pixel=CPU.process_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         preprocess_fixed_s=CPU.preprocess_fixed_s / HOST_SPEEDUP,
         tokenize_s_per_token=CPU.tokenize_s_per_token / HOST_SPEEDUP,
-        layer_overhead_s=CPU.layer_overhead_s / HOST_SPEEDUP,
-        vision_layer_overhead_s=CPU.vision_layer_overhead_s / HOST_SPEEDUP,
-        call_overhead_s=CPU.call_overhead_s / HOST_SPEEDUP,
         host_overlaps_device=True,
         dtype_bytes=2,
     )

@@ -135,10 +135,12 @@ def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine
     merger = [(vh * merge**2, vh * merge**2), (vh * merge**2, dims.hidden)]
     block = dims.vision_linears()
     # Per block: norms and residuals 10 passes over the hidden state, RoPE on q and k 10
-    # passes each (upcast, rotate_half, products), the MLP activation 3 over the intermediate.
+    # passes each (upcast, rotate_half, products), the MLP activation 3 over the intermediate,
+    # at the share of the memory bandwidth such passes reach.
+    elementwise = m.mem(m.dtype * n * (30 * vh + 3 * dims.vision_intermediate)) \
+        / m.hw.vision_elementwise_efficiency
     device = (m.conv(n * _flops(embed)) + m.matmuls(merged, merger)
-              + dims.vision_depth * (m.matmuls(n, block) + m.mem(
-                  m.dtype * n * (30 * vh + 3 * dims.vision_intermediate))))
+              + dims.vision_depth * (m.matmuls(n, block) + elementwise))
     flops = float(n * _flops(embed) + merged * _flops(merger)
                   + dims.vision_depth * n * _flops(block))
     row_sizes = split_window(rows, dims.window_tokens)
@@ -152,10 +154,20 @@ def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine
                + dims.fullatt_blocks * m.attention(frame_pairs, heads, head_dim))
     flops += attention_flops(windowed * window_pairs + dims.fullatt_blocks * frame_pairs,
                              heads, head_dim)
-    if grouped:
-        calls = windowed * len(set(row_sizes)) * len(set(col_sizes)) + dims.fullatt_blocks
-    else:
-        calls = patches * (windowed * len(row_sizes) * len(col_sizes) + dims.fullatt_blocks)
+    calls = vision_calls(dims, patches, grid, grouped)
     host = dims.vision_depth * m.hw.vision_layer_overhead_s + calls * m.hw.call_overhead_s
     return m.host(device, host), flops
+
+
+def vision_calls(dims: ModelDims, patches: int, grid: tuple[int, int], grouped: bool) -> int:
+    """Attention calls of one vision-tower call on ``patches`` temporal patches of a merged
+    rows x cols ``grid``: grouped, one per window size per windowed block and one per full
+    block; per window (the stock path), one per window and per temporal patch in every
+    block."""
+    row_sizes = split_window(grid[0], dims.window_tokens)
+    col_sizes = split_window(grid[1], dims.window_tokens)
+    windowed = dims.vision_depth - dims.fullatt_blocks
+    if grouped:
+        return windowed * len(set(row_sizes)) * len(set(col_sizes)) + dims.fullatt_blocks
+    return patches * (windowed * len(row_sizes) * len(col_sizes) + dims.fullatt_blocks)
 

@@ -289,6 +289,13 @@ def test_hardware_json(tmp_path: Path) -> None:
     committed = Hardware.from_json(ROOT / "benchmarks" / "results" / "cpu_calibration.json")
     assert committed == cost.CPU
     assert cost.CPU.full_uses_all_ranks and cost.CPU.dtype_bytes == 4
+    # The h200 preset holds the device constants measured on one H200 (the link and the
+    # host's frame work are not measurable there and keep their derivations).
+    measured = Hardware.from_json(ROOT / "benchmarks" / "results" / "h200_calibration.json")
+    h200 = cost.hardware("h200").to_json()
+    assert {k: h200[k] for k in cost.H200_MEASURED} == {
+        k: measured.to_json()[k] for k in cost.H200_MEASURED}
+    assert measured == cost.hardware("h200")
 
 
 def test_plan_command_prints_predictions(capsys: pytest.CaptureFixture[str],
