@@ -17,13 +17,20 @@ every term are summed exactly in int32 (``torch._int_mm``), and one small float 
 combines the terms and adds the constant. The result is the affine map to within fp32
 rounding of its terms, closer to the exact sum than the float product of the rounded rows
 (the tests: 1.6e-5 vs 4.1e-5 at outputs up to 72). It reads a quarter of the bytes and took
-24 instead of 54 ms in one rank's tower (``benchmarks/bench_vision.py --parts``). Elsewhere
-(a GPU, bf16 weights) the levels become the processor's float rows on the device, bit for
-bit (:func:`apbv.video.patches.levels_to_rows`), and take the float product.
+24 instead of 54 ms in one rank's tower (``benchmarks/bench_vision.py --parts``) on a CPU with
+int8 dot-product instructions. Where torch's integer product is slow (on an AVX2-only AMD
+EPYC it took a generic path: 0.92 s for 8192 rows, 70x the float product) the levels are
+converted to fp32 block by block and multiplied by the folded kernel ``A`` in fp32 (13 ms for
+those rows; within fp32 rounding of the affine map too): :func:`cpu_levels_product` times both
+once per process and takes the faster. Elsewhere (a GPU, bf16 weights) the levels become the
+processor's float rows on the device, bit for bit (:func:`apbv.video.patches.levels_to_rows`),
+and take the float product.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +53,11 @@ LEVEL_TERMS = 3
 """int8 terms of the folded kernel (see the module notes): after two a weight is off by up to
 1.6e-5 of its row's largest, after three by 6e-8, below fp32's own rounding of the sum."""
 
+LEVELS_PRODUCTS = ("int8", "float")
+"""How a CPU multiplies pixel levels by the folded kernel (:func:`cpu_levels_product`)."""
+LEVELS_PRODUCT: str | None = None
+"""One of :data:`LEVELS_PRODUCTS` to use on CPU, or None: the faster, timed once."""
+
 
 @dataclass(frozen=True)
 class FoldedKernel:
@@ -57,6 +69,10 @@ class FoldedKernel:
     """float32 (LEVEL_TERMS * E, E): each term's scale on its diagonal block."""
     bias: torch.Tensor
     """float32 (E,): the affine map's constant, levels shifted by 128 included."""
+    dense: torch.Tensor
+    """float32 (K, E): the folded kernel ``A`` itself, for the float product."""
+    offset: torch.Tensor
+    """float32 (E,): the affine map's constant for ``dense``."""
 
 
 def fold_levels(weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
@@ -83,7 +99,58 @@ def fold_levels(weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
     return FoldedKernel(
         q=torch.cat(terms).t().contiguous().to(device, torch.int8),
         combine=combine.to(device, torch.float32),
-        bias=(constant + 128.0 * quantised.sum(1)).to(device, torch.float32))
+        bias=(constant + 128.0 * quantised.sum(1)).to(device, torch.float32),
+        dense=folded.t().contiguous().to(device, torch.float32),
+        offset=(constant + 128.0 * folded.sum(1)).to(device, torch.float32))
+
+
+def cpu_levels_product() -> str:
+    """``int8`` (torch._int_mm, the terms summed exactly) where this CPU runs it faster than
+    ``float`` (levels to fp32 block by block, times the folded kernel), else ``float``; timed
+    once per process on a small block (the best of 3 of each). :data:`LEVELS_PRODUCT`, when
+    set, decides instead."""
+    if LEVELS_PRODUCT is None:
+        return _faster_levels_product()
+    if LEVELS_PRODUCT not in LEVELS_PRODUCTS:
+        raise ValueError(f"LEVELS_PRODUCT must be one of {', '.join(LEVELS_PRODUCTS)}, got "
+                         f"{LEVELS_PRODUCT!r}")
+    return LEVELS_PRODUCT
+
+
+@functools.cache
+def _faster_levels_product() -> str:
+    if not hasattr(torch, "_int_mm"):
+        return "float"
+    g = torch.Generator().manual_seed(0)
+    levels = torch.randint(-128, 128, (64, 1176), dtype=torch.int8, generator=g)
+    terms = torch.randint(-127, 128, (1176, LEVEL_TERMS * 64), dtype=torch.int8, generator=g)
+    dense = torch.randn(1176, 64, generator=g)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    fast = best(lambda: torch._int_mm(levels, terms)) < best(lambda: levels.float() @ dense)
+    return "int8" if fast else "float"
+
+
+def _blocked(rows: torch.Tensor, kernel: torch.Tensor,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows @ kernel (+ bias)`` on CPU in blocks of :data:`CPU_BLOCK_ROWS` rows, each block
+    converted to the kernel's dtype first (int8 levels to fp32): rows (N, K), kernel (K, E)."""
+    out = torch.empty(rows.shape[0], kernel.shape[1], dtype=kernel.dtype)
+    for first in range(0, rows.shape[0], CPU_BLOCK_ROWS):
+        block = rows[first:first + CPU_BLOCK_ROWS].to(kernel.dtype)
+        where = out[first:first + CPU_BLOCK_ROWS]
+        if bias is None:
+            torch.mm(block, kernel, out=where)
+        else:
+            torch.addmm(bias, block, kernel, out=where)
+    return out
 
 
 def _folded(module: torch.nn.Module, weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
@@ -107,9 +174,10 @@ def linear_patch_embed(module: torch.nn.Module, hidden_states: torch.Tensor) -> 
         if spec is None:
             raise ValueError("int8 patch rows (pixel levels) need the patch embedding's "
                              "levels_spec: the processor settings they were made with")
-        if hidden_states.device.type == "cpu" and weight.dtype == torch.float32 \
-                and hasattr(torch, "_int_mm"):
+        if hidden_states.device.type == "cpu" and weight.dtype == torch.float32:
             kernel = _folded(module, weight, spec)
+            if cpu_levels_product() == "float":
+                return _blocked(hidden_states, kernel.dense, kernel.offset)
             products = torch._int_mm(hidden_states, kernel.q)
             return torch.addmm(kernel.bias, products.to(torch.float32), kernel.combine)
         hidden_states = levels_to_rows(hidden_states, spec)
@@ -117,8 +185,4 @@ def linear_patch_embed(module: torch.nn.Module, hidden_states: torch.Tensor) -> 
     rows = hidden_states.to(weight.dtype)
     if rows.device.type != "cpu" or rows.shape[0] <= CPU_BLOCK_ROWS:
         return torch.nn.functional.linear(rows, kernel)
-    out = rows.new_empty(rows.shape[0], kernel.shape[0])
-    for first in range(0, rows.shape[0], CPU_BLOCK_ROWS):
-        torch.mm(rows[first:first + CPU_BLOCK_ROWS], kernel.t(),
-                 out=out[first:first + CPU_BLOCK_ROWS])
-    return out
+    return _blocked(rows, kernel.t())
