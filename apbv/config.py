@@ -260,7 +260,8 @@ class VisionConfig:
     preprocess: str = "levels"
     """Frames to patch rows: levels (apbv.video.patches: the pixel levels as int8, a quarter of
     the float rows' bytes, with the normalisation folded into the linear patch embedding: one
-    integer product on CPU in fp32, the processor's float rows made on the device elsewhere),
+    integer product on CPU in fp32, or the fp32 one where the CPU's integer product is slow;
+    the processor's float rows made on the device elsewhere),
     fused (the processor's float rows bit for bit, in fewer passes) or processor (the HF video
     processor itself)."""
     preprocess_workers: int = 1

@@ -13,7 +13,8 @@ the patch rows of random frames:
 - ``+ fused rotary``: the q/k rotary with q and k in one set of passes;
 - ``+ chunks``: whole temporal patches, ``--chunk-rows`` patch rows per call;
 - ``+ pixel levels = new``: the tower takes int8 pixel levels, the normalisation folded into
-  the patch embedding (one integer product; ``vision.preprocess=levels``);
+  the patch embedding (one integer product, or the fp32 one where the CPU's integer product is
+  slow; ``vision.preprocess=levels``);
 - ``chunks only``: the stock tower in chunks.
 
 The variants take turns, ``--repeats`` rounds, so drift on a shared machine hits them alike;
