@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import STOCK_TOWER
 
 from apbv.attention import kernels
 from apbv.cost import Hardware, ModelDims, hardware, model_dims
@@ -57,6 +58,8 @@ SIZES = {
 HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128  # the 7B's decoder attention
 MLP_SHAPE = (3584, 18944)  # the 7B's decoder MLP (in, out): matmul_flops
 FRAME_GRID = (40, 72)  # ViT patches of a 1008x560 frame (the 1440p video cap)
+FRAME_GRIDS = {"gpu": FRAME_GRID, "dry": (8, 12)}
+"""ViT patches per frame of the vision tower's inputs (recorded as the setup's frame_grid)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -174,19 +177,19 @@ def _model(device: torch.device, dtype: torch.dtype, dry: bool) -> Any:
     return model.to(dtype).eval()
 
 
-TOWER_VARIANTS = {  # name: vision settings (the rest: the runtime's defaults)
-    "stock": {"attention": "per_window", "patch_embed": "conv", "rotary": "stock",
-              "norm": "stock", "mlp_pad": 0},
-    "+ grouped": {"patch_embed": "conv", "rotary": "stock", "norm": "stock", "mlp_pad": 0},
-    "+ mlp pad": {"patch_embed": "conv", "rotary": "stock", "norm": "stock"},
-    "runtime": {},  # + linear patch embedding, fused rotary and norms
+TOWER_VARIANTS = {  # name: config overrides of the vision settings (the rest: the defaults)
+    "stock": STOCK_TOWER,
+    "+ grouped": ("vision.patch_embed=conv", "vision.rotary=stock", "vision.norm=stock",
+                  "vision.mlp_pad=0"),
+    "+ mlp pad": ("vision.patch_embed=conv", "vision.rotary=stock", "vision.norm=stock"),
+    "runtime": (),  # + linear patch embedding, fused rotary and norms
 }
 """The vision tower's set-ups timed side by side, each change of the runtime added in turn."""
 
 
-def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
-                     sizes: dict, dry: bool) -> dict[str, Any]:
-    from apbv.config import VisionConfig
+def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype, sizes: dict,
+                     frame_grid: tuple[int, int]) -> dict[str, Any]:
+    from apbv.config import load_config
     from apbv.model.qwen2_5_vl import set_tower
 
     lm = model.model.language_model
@@ -207,7 +210,7 @@ def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
             print(f"[calibrate-gpu] decoder layer at {length} tokens: "
                   f"{out['layer_s'][str(length)]:.4f} s", file=sys.stderr, flush=True)
         visual = model.model.visual
-        rows, cols = (8, 12) if dry else FRAME_GRID
+        rows, cols = frame_grid
         dim = visual.patch_embed.proj.weight[0].numel()
 
         def tower(patches: int, h: int = rows, w: int = cols) -> float:
@@ -216,8 +219,8 @@ def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype,
             return _best(lambda: visual(px, grid_thw=grid), device, sizes["repeats"])
 
         ends = sorted({sizes["vision_patches"][0], sizes["vision_patches"][-1]})
-        for name, settings in TOWER_VARIANTS.items():
-            set_tower(model, VisionConfig(**settings), device)
+        for name, overrides in TOWER_VARIANTS.items():
+            set_tower(model, load_config("tiny_cpu", list(overrides)).vision, device)
             out["vision_variants_s"][name] = {str(p): tower(p) for p in ends}
             print(f"[calibrate-gpu] vision tower, {name}: " + ", ".join(
                 f"{s:.4f} s at {p} temporal patches"
@@ -273,9 +276,8 @@ def derive(measured: dict[str, Any], setup: dict[str, Any], name: str) -> Hardwa
     """The :class:`Hardware` constants of a run's ``measured`` values and ``setup`` (its
     sizes, frame grid, attention backend; ``--refit`` reads both back from a calibration
     file). The link and the host's frame work keep the ``h200`` preset's values."""
-    sizes, dry = setup["sizes"], setup["device"].startswith("cpu")
-    dims = _dims(dry)
-    grid = tuple(g // dims.spatial_merge_size for g in ((8, 12) if dry else setup["frame_grid"]))
+    sizes, dims = setup["sizes"], _dims(setup["device"].startswith("cpu"))
+    grid = tuple(g // dims.spatial_merge_size for g in setup["frame_grid"])
     d_in, d_out = MLP_SHAPE
     patch_in = dims.in_channels * dims.temporal_patch_size * dims.patch_size**2
 
@@ -329,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     device = torch.device("cpu" if args.dry_run else "cuda")
     dtype = torch.bfloat16
-    sizes = SIZES["dry" if args.dry_run else "gpu"]
+    kind = "dry" if args.dry_run else "gpu"
+    sizes = SIZES[kind]
     torch.manual_seed(0)
 
     checks = _kernel_checks(device, dtype, sizes)
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     add_s = _best(lambda: a + a, device, sizes["repeats"])
 
     model = _model(device, dtype, args.dry_run)
-    measured = _layer_and_tower(model, device, dtype, sizes, args.dry_run)
+    measured = _layer_and_tower(model, device, dtype, sizes, FRAME_GRIDS[kind])
     proj = model.model.visual.patch_embed  # the runtime's (set up last above)
     pixels = torch.randn(sizes["conv_patches"], proj.proj.weight[0].numel(), device=device,
                          dtype=dtype)
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
              "dtype": "bfloat16", "sizes": sizes, "attention_backend": backend,
              "model": "qwen2.5-vl-7b shape, 1 decoder layer, random weights"
              if not args.dry_run else "tiny (dry run)",
-             "frame_grid": FRAME_GRID}
+             "frame_grid": FRAME_GRIDS[kind]}
     report = {
         "hardware": derive(measured, setup, args.name).to_json(),
         "measurements": measured,

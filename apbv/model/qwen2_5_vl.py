@@ -78,7 +78,7 @@ from apbv.model.vision_attention import (
     fused_rotary,
     hf_vision_attention,
 )
-from apbv.model.vision_blocks import CUDA_MLP_PAD, pad_mlp, set_vision_norm
+from apbv.model.vision_blocks import CUDA_MLP_PAD, VISION_NORM, fused_rms_norm, pad_mlp
 from apbv.positions import video_token_runs
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
@@ -256,24 +256,40 @@ def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> Non
     :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
     Only this instance changes."""
     _one_of("vision.patch_embed", name, PATCH_EMBED)
-    embed = model.model.visual.patch_embed
-    if name == "linear":
-        embed.forward = types.MethodType(linear_patch_embed, embed)
+    _swap_forward(model.model.visual.patch_embed, linear_patch_embed if name == "linear" else None)
+
+
+def set_vision_norm(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
+    """Select the vision tower's RMSNorms (its blocks' and the merger's): ``fused``
+    (:func:`apbv.model.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
+    this instance changes."""
+    _one_of("vision.norm", name, VISION_NORM)
+    visual = model.model.visual
+    for norm in [visual.merger.ln_q, *(n for b in visual.blocks for n in (b.norm1, b.norm2))]:
+        _swap_forward(norm, fused_rms_norm if name == "fused" else None)
+
+
+def _swap_forward(module: torch.nn.Module, forward: Any) -> None:
+    """Give this ``module`` instance ``forward(module, *args)`` as its forward, or (None) its
+    class's forward back."""
+    if forward is None:
+        module.__dict__.pop("forward", None)
     else:
-        embed.__dict__.pop("forward", None)
+        module.forward = types.MethodType(forward, module)
 
 
 def set_tower(model: Qwen2_5_VLForConditionalGeneration, vision: VisionConfig,
               device: torch.device) -> None:
     """Set up the vision tower of ``model`` (on ``device``) as ``vision`` says: its attention
     (:func:`set_vision_attention`), patch embedding (:func:`set_patch_embed`), q/k rotary
-    (:func:`set_vision_rotary`, for the whole process), RMSNorms and MLP width
-    (:mod:`apbv.model.vision_blocks`; ``mlp_pad`` unset: padded on CUDA only)."""
+    (:func:`set_vision_rotary`, for the whole process), RMSNorms (:func:`set_vision_norm`) and
+    MLP width (:func:`apbv.model.vision_blocks.pad_mlp`; ``mlp_pad`` unset: padded on CUDA
+    only)."""
     visual = model.model.visual
     set_vision_attention(model, vision.attention)
     set_patch_embed(model, vision.patch_embed)
     set_vision_rotary(vision.rotary)
-    set_vision_norm(visual, vision.norm)
+    set_vision_norm(model, vision.norm)
     pad_mlp(visual, vision.mlp_pad if vision.mlp_pad is not None
             else CUDA_MLP_PAD if device.type == "cuda" else 0)
 

@@ -20,8 +20,6 @@ about 600. The norms' five passes in fp32 were most of the rest of the elementwi
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 VISION_NORM = ("fused", "stock")
@@ -76,17 +74,3 @@ def fused_rms_norm(module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     normed = torch.rms_norm(hidden_states, (hidden_states.shape[-1],), None,
                             module.variance_epsilon)
     return module.weight * normed
-
-
-def set_vision_norm(visual: torch.nn.Module, name: str) -> None:
-    """Select the RMSNorms of the vision tower ``visual`` (its blocks' and the merger's):
-    ``fused`` (:func:`fused_rms_norm`) or ``stock``. Only this instance changes."""
-    if name not in VISION_NORM:
-        raise ValueError(f"vision.norm must be one of {', '.join(VISION_NORM)}, got {name!r}")
-    norms = [n for block in visual.blocks for n in (block.norm1, block.norm2)]
-    norms.append(visual.merger.ln_q)
-    for norm in norms:
-        if name == "fused":
-            norm.forward = types.MethodType(fused_rms_norm, norm)
-        else:
-            norm.__dict__.pop("forward", None)

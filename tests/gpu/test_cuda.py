@@ -140,22 +140,18 @@ def test_in_rank_pipeline_on_cuda_matches_rows_then_tower(tmp_path) -> None:
 
 
 def _needle_run(device: str, dtype: str) -> dict[str, dict]:
-    """The demo's job on one rank of ``device``: the trained tiny checkpoint asked about the
-    held-out needle video in spava and in exact mode (frames made in memory, no decoder)."""
+    """The demo's rank job (:func:`apbv.demo._rank_job`) on one rank of ``device``: the trained
+    tiny checkpoint asked about the held-out needle video in spava and in exact mode (frames
+    made in memory, no decoder)."""
     from apbv.assets import needle_tiny
     from apbv.config import load_config
-    from apbv.demo import needle_sample
+    from apbv.demo import DEMO_MODES, _rank_job, needle_sample
     from apbv.distributed import DistInfo
-    from apbv.engine.engine import Engine
-    from apbv.engine.request import Request
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}",
                                    f"model.dtype={dtype!r}"])
-    engine = Engine(cfg, DistInfo(0, 1, 0, torch.device(device), None))
-    sample = needle_sample()
-    return {mode: engine.generate(Request(video=sample.video(), question=sample.question,
-                                          mode=mode, max_new_tokens=8)).to_json()
-            for mode in ("spava", "exact")}
+    info = DistInfo(0, 1, 0, torch.device(device), None)
+    return dict(zip(DEMO_MODES, _rank_job(info, cfg, None, needle_sample().question)))
 
 
 def test_engine_on_one_cuda_rank_answers_as_on_the_cpu() -> None:

@@ -523,24 +523,22 @@ def test_vision_norm_choice_installs_and_removes_the_fused_forward(qwen: QwenVL)
     """vision.norm=fused swaps the forward of every RMSNorm of the tower (the blocks' and the
     merger's); off CUDA it runs the stock forward, so the embeddings keep their bits; stock
     takes the swap back. (The CUDA kernel is checked in tests/gpu.)"""
-    from apbv.model.vision_blocks import set_vision_norm
-
     visual = qwen.model.model.visual
     norms = [visual.merger.ln_q] + [n for b in visual.blocks for n in (b.norm1, b.norm2)]
     pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(7))
     try:
         with torch.inference_mode():
-            set_vision_norm(visual, "stock")
+            qwen2_5_vl.set_vision_norm(qwen.model, "stock")
             assert not any("forward" in n.__dict__ for n in norms)
             stock = qwen.vision_tower(pixels, (2, 8, 12))
-            set_vision_norm(visual, "fused")
+            qwen2_5_vl.set_vision_norm(qwen.model, "fused")
             assert all("forward" in n.__dict__ for n in norms)
             fused = qwen.vision_tower(pixels, (2, 8, 12))
     finally:
-        set_vision_norm(visual, "fused")
+        qwen2_5_vl.set_vision_norm(qwen.model, "fused")
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     with pytest.raises(ValueError, match="vision.norm must be one of fused, stock"):
-        set_vision_norm(visual, "layer")
+        qwen2_5_vl.set_vision_norm(qwen.model, "layer")
 
 
 def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
