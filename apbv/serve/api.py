@@ -124,7 +124,9 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     downloaded = path if remote is not None else None
     try:
         request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens)
-        video = request.video
+        # A local path was checked with its links resolved: open exactly that file, no link
+        # on the way (the download directory is the server's own).
+        video = dataclasses.replace(request.video, follow_symlinks=downloaded is not None)
         if fps is not None or nframes is not None:
             video = dataclasses.replace(video, fps=fps, nframes=nframes)
         if max_pixels is not None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from apbv.video.nofollow import open_nofollow
 from apbv.video.sampling import VideoSpec, _import, _qwen, _resize_target
 
 RawFrame = tuple[torch.Tensor, float]
@@ -156,9 +157,9 @@ class _TailReader:
     ``read`` waits for more bytes, and returns b"" (end of stream) once ``stop`` or
     ``finished`` is set or the file has not grown for ``end_after_s`` seconds."""
 
-    def __init__(self, path: str, stop: threading.Event, finished: threading.Event,
+    def __init__(self, fd: int, stop: threading.Event, finished: threading.Event,
                  poll_s: float, end_after_s: float | None) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._file = os.fdopen(fd, "rb")  # closed by close()
         self._stop = stop
         self._finished = finished
         self._poll_s = poll_s
@@ -203,14 +204,17 @@ class FollowFile(Source):
     0.2 s, so the first frames come out at once; raise them for a high-bitrate stream whose
     codec parameters come later). The file must exist when the source starts (ValueError
     otherwise, in the capture's stats); data it cannot open or decode ends the source with
-    the decoder's error naming the file.
+    the decoder's error naming the file. With ``follow_symlinks=False`` (the server's choice)
+    the file is opened without following a link anywhere on its path (see
+    :func:`~apbv.video.nofollow.open_nofollow`): a link is an error naming it.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, poll_s: float = 0.05,
-                 end_after_s: float | None = None, options: dict[str, str] | None = None
-                 ) -> None:
+                 end_after_s: float | None = None, options: dict[str, str] | None = None,
+                 follow_symlinks: bool = True) -> None:
         super().__init__()
         self.path = os.fspath(path)
+        self.follow_symlinks = follow_symlinks
         self.poll_s = _check_seconds("poll_s", poll_s)
         self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
         # Small probe sizes: decoding starts from the first packets, not after 5 s of video.
@@ -223,9 +227,13 @@ class FollowFile(Source):
 
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "following a video file")
-        if not os.path.isfile(self.path):
-            raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
-        reader = _TailReader(self.path, stop, self._finished, self.poll_s, self.end_after_s)
+        if self.follow_symlinks:
+            if not os.path.isfile(self.path):
+                raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            fd = open_nofollow(self.path, "followed video")
+        reader = _TailReader(fd, stop, self._finished, self.poll_s, self.end_after_s)
         try:
             try:
                 container = av.open(reader, options=self.options)
@@ -294,10 +302,11 @@ class SegmentDir(Source):
     ``follow_symlinks=False`` (the server's choice, so that a segment cannot lead outside the
     media roots) a segment that is a symbolic link is skipped and reported in ``errors``, and
     neither the directory nor a segment is opened through a link: the directory is opened once
-    (``O_NOFOLLOW``) when reading starts, and every segment is listed and opened relative to
-    it, without following a link (``O_NOFOLLOW``). A writer who swaps a listed segment, or the
-    directory itself, for a link meanwhile gets a failed segment, not the link's target
-    (components above the directory are resolved by path: the server checks them first).
+    when reading starts, without a link anywhere on its path
+    (:func:`~apbv.video.nofollow.open_nofollow`), and every segment is listed and opened
+    relative to it, without following a link (``O_NOFOLLOW``). A writer who swaps a listed
+    segment, or the directory or one above it, for a link meanwhile gets a failed segment or a
+    refused directory, not the link's target.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, order: str = "name",
@@ -355,13 +364,14 @@ class SegmentDir(Source):
 
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "reading video segments")
-        try:
-            directory = os.open(self.path, self._open_flags() | os.O_DIRECTORY)
-        except OSError as err:
-            link = not self.follow_symlinks and os.path.islink(self.path)
-            why = "it is a symbolic link, not followed" if link else _error_text(err)
-            raise ValueError(f"segment directory {self.path!r} cannot be opened: {why}") \
-                from err
+        if self.follow_symlinks:
+            try:
+                directory = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as err:
+                raise ValueError(f"segment directory {self.path!r} cannot be opened: "
+                                 f"{_error_text(err)}") from err
+        else:
+            directory = open_nofollow(self.path, "segment directory", directory=True)
         try:
             yield from self._follow(av, directory, stop)
         finally:
@@ -422,14 +432,14 @@ class SegmentDir(Source):
 
 def local_source(path: str, *, end_after_s: float | None = None, follow: bool = True,
                  follow_symlinks: bool = True) -> Source:
-    """The source for an existing local ``path``: a directory is a :class:`SegmentDir`
-    (``follow_symlinks`` as there), a file is followed as it grows (:class:`FollowFile`) or,
+    """The source for an existing local ``path``: a directory is a :class:`SegmentDir`, a
+    file is followed as it grows (:class:`FollowFile`; ``follow_symlinks`` as there) or,
     with ``follow=False``, read once to its end as a finished recording (:class:`UrlSource`).
     Followed files and segment directories end ``end_after_s`` after their last news."""
     if os.path.isdir(path):
         return SegmentDir(path, end_after_s=end_after_s, follow_symlinks=follow_symlinks)
     if follow:
-        return FollowFile(path, end_after_s=end_after_s)
+        return FollowFile(path, end_after_s=end_after_s, follow_symlinks=follow_symlinks)
     return UrlSource(path)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from apbv.video.nofollow import fd_path, open_nofollow
 from apbv.video.sampling import VideoMeta, VideoSpec, _import
 
 
@@ -55,11 +56,11 @@ class _Reader:
 
 
 class _DecordReader(_Reader):
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, source: str) -> None:
         decord = _import("decord", "decord", "backend='decord'")
         self.path = path
         try:
-            self._vr = decord.VideoReader(path)
+            self._vr = decord.VideoReader(source)
             total = len(self._vr)
             fps = self._vr.get_avg_fps()
         except Exception as err:  # decord raises DECORDError/RuntimeError with C++ messages
@@ -96,12 +97,12 @@ class _PyAVReader(_Reader):
     """Frame-accurate random access: frame i is the packet with the i-th smallest pts (as in
     decord); decoding seeks to the keyframe before a target unless it is already on the way."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, source: str) -> None:
         av = _import("av", "av", "backend='pyav'")
         self.path = path
         self._av = av
         try:
-            self._container = av.open(path)
+            self._container = av.open(source)
         except Exception as err:
             raise _unreadable(path, "pyav", err) from err
         try:
@@ -206,8 +207,15 @@ def _check_file(path: str) -> None:
 
 
 def _open(spec: VideoSpec) -> _Reader:
-    _check_file(spec.path)
-    if spec.backend == "decord":
-        return _DecordReader(spec.path)
-    assert spec.backend == "pyav", spec.backend
-    return _PyAVReader(spec.path)
+    """The decoder of ``spec.path``; with ``spec.follow_symlinks`` off, of the file the path
+    names without a link anywhere on it (:func:`open_nofollow`), opened once here: the decoder
+    reads that file whatever the path is swapped for meanwhile."""
+    reader = {"decord": _DecordReader, "pyav": _PyAVReader}[spec.backend]
+    if spec.follow_symlinks:
+        _check_file(spec.path)
+        return reader(spec.path, spec.path)
+    fd = open_nofollow(spec.path, "video file")
+    try:  # the decoder opens the descriptor's file again and keeps it open
+        return reader(spec.path, fd_path(fd))
+    finally:
+        os.close(fd)

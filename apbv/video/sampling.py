@@ -97,6 +97,10 @@ class VideoSpec:
     of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
     resized_width: int | None = None
     """With resized_height: see there."""
+    follow_symlinks: bool = True
+    """False: open the file without following a symbolic link anywhere on ``path`` (a link is
+    an error), and decode the file so opened whatever the path is swapped for meanwhile (the
+    server's choice for clients' paths, checked against its media roots first)."""
 
     def __post_init__(self) -> None:
         path = self.path
@@ -105,6 +109,8 @@ class VideoSpec:
         if not isinstance(path, str) or not path:
             raise ValueError(f"path must be a non-empty str or os.PathLike, got {self.path!r}")
         object.__setattr__(self, "path", path)
+        if not isinstance(self.follow_symlinks, bool):
+            raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.fps is not None and self.nframes is not None:

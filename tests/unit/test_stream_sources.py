@@ -132,7 +132,8 @@ def test_segment_dir_can_refuse_to_follow_symbolic_links(tmp_path):
 
 def test_segment_dir_does_not_open_a_link_swapped_in_after_the_listing(tmp_path):
     """A writer who replaces a listed segment with a link before it is opened gets a failed
-    segment, not the link's target; a directory that is itself a link is refused."""
+    segment, not the link's target; a directory that is itself a link, or has one above it,
+    is refused, and so is a followed file with a link above it."""
     outside = _video(tmp_path / "outside.mp4", 4, seed=3)
     segments = tmp_path / "segments"
     segments.mkdir()
@@ -164,6 +165,21 @@ def test_segment_dir_does_not_open_a_link_swapped_in_after_the_listing(tmp_path)
     assert _drain(refused) == []
     assert refused.stats()["error"] == (f"segment directory {str(linked_dir)!r} cannot be "
                                         "opened: it is a symbolic link, not followed")
+    # A link above the directory, or above a followed file, is refused as well.
+    os.symlink(tmp_path, tmp_path / "up")
+    for source, what, path in (
+            (SegmentDir(tmp_path / "up" / "segments", follow_symlinks=False),
+             "segment directory", tmp_path / "up" / "segments"),
+            (FollowFile(tmp_path / "up" / "outside.mp4", end_after_s=0.3,
+                        follow_symlinks=False), "followed video", tmp_path / "up" / "outside.mp4")):
+        refused = Capture(source, max_pixels=SMALL)
+        assert _drain(refused) == []
+        assert refused.stats()["error"] == (
+            f"{what} {str(path)!r} cannot be opened: {str(tmp_path / 'up')!r} on its path is "
+            "a symbolic link, not followed")
+    followed = Capture(FollowFile(tmp_path / "up" / "outside.mp4", end_after_s=0.3),
+                       max_pixels=SMALL)
+    assert len(_drain(followed)) == 4  # by default the link is followed
 
 
 def test_segment_dir_takes_a_segment_only_when_a_newer_one_exists_or_it_settles(tmp_path):

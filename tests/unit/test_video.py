@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -442,6 +443,48 @@ def test_zero_frame_file(videos, backend: str) -> None:
     # PyAV sees the empty video track; decord refuses to open it (its message is not specific).
     match = "has no video frames" if backend == "pyav" else "cannot be read by decord"
     _every_rank_raises(VideoSpec(path, backend=backend), 2, match)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unfollowed_path_opens_the_checked_file_or_nothing(videos, backend: str) -> None:
+    """follow_symlinks=False (the server's clients): a link anywhere on the path is refused by
+    name on every rank, a FIFO is refused without blocking, and the decoder reads the file the
+    path named when it was opened, whatever the path is swapped for afterwards."""
+    root = Path(os.path.realpath(videos.dir)) / f"nofollow_{backend}"
+    (root / "real").mkdir(parents=True)
+    clip = write_test_video(root / "real" / "clip.mp4", num_frames=8, fps=4, width=56,
+                            height=56)
+    os.symlink(root / "real", root / "linked")
+    os.symlink(clip, root / "real" / "link.mp4")
+    os.mkfifo(root / "real" / "fifo.mp4")
+
+    def spec(path: Path, follow: bool = False) -> VideoSpec:
+        return VideoSpec(path, backend=backend, follow_symlinks=follow, **SMALL)
+
+    expected = load_rank_frames(spec(clip, follow=True), 0, 1).frames
+    assert torch.equal(load_rank_frames(spec(clip), 0, 1).frames, expected)
+    assert probe(spec(root / "linked" / "clip.mp4", follow=True)).total_frames == 8
+    message = _every_rank_raises(spec(root / "linked" / "clip.mp4"), 2, "not followed")
+    assert f"{str(root / 'linked')!r} on its path is a symbolic link" in message, message
+    _every_rank_raises(spec(root / "real" / "link.mp4"), 2, "it is a symbolic link")
+    _every_rank_raises(spec(root / "real" / "fifo.mp4"), 2, "not a regular file")
+    _every_rank_raises(spec(root / "real" / ".." / "real" / "clip.mp4"), 1, "holds '..'")
+
+    def native(path: Path, follow: bool, swap_in: Path | None = None) -> torch.Tensor:
+        reader = apbv.video.load._open(spec(path, follow))
+        try:
+            if swap_in is not None:
+                os.replace(swap_in, path)
+            return reader.read(list(range(8)))
+        finally:
+            reader.close()
+
+    other = write_test_video(root / "other.mp4", num_frames=8, fps=4, width=56, height=56,
+                             seed=5)
+    before, after = native(clip, True), native(other, True)
+    assert not torch.equal(before, after)
+    assert torch.equal(native(clip, False, swap_in=other), before), \
+        "the decoder read the file swapped in after the open"
 
 
 def test_too_few_patches_for_ranks(videos) -> None:
