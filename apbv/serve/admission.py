@@ -1,6 +1,11 @@
 """Admission: a bounded queue, FIFO by default and earliest deadline first for requests with
 ``deadline_ms``; a request whose predicted TTFT (the cost model, plus the work queued ahead of
 it) already misses its deadline is refused at once (503 with the prediction).
+
+The cost model's TTFT is for its hardware preset; the machine the replica runs on may be
+faster or slower. Each finished request corrects it: the replica keeps the geometric running
+mean of measured / modelled TTFT (:data:`LEARN_RATE`) and predicts the model's TTFT times that
+scale, so deadline admission follows the machine after a few requests.
 """
 
 from __future__ import annotations
@@ -19,12 +24,21 @@ from apbv.serve.policy import ClientError
 Predictor = Callable[[Any, dict[str, int]], float]
 """(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
 
+LEARN_RATE = 0.25
+"""Weight of each finished request's log(measured / modelled TTFT) in the replica's scale
+(an exponential mean in log space, from 1.0: one slow first request moves it by its ratio
+r to r ** 0.25; ten requests at a steady ratio r bring it to r ** 0.94)."""
+SCALE_BOUNDS = (0.01, 100.0)
+"""The learned scale stays inside these bounds (a stalled or instant request is not a rate)."""
+
 
 @dataclass(eq=False)
 class Job:
     call: Any
     predicted_s: float
     key: tuple[float, int]
+    modelled_s: float = 0.0
+    """The cost model's TTFT before the learned scale (0: not predicted by the model)."""
     enqueued: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -42,6 +56,9 @@ class Admission:
         self.running: Job | None = None
         self.seq = itertools.count()
         self.ready = asyncio.Event()
+        self.scale = 1.0
+        """Measured / modelled TTFT learned from finished requests (see :meth:`learn`)."""
+        self.learned = 0
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -54,8 +71,14 @@ class Admission:
         if len(self.heap) >= self.max_queue:
             raise ClientError(429, f"the queue is full: {len(self.heap)} requests waiting, the "
                                    f"limit is {self.max_queue} (--max-queue)")
-        predicted = predicted_s if predicted_s is not None else \
-            self.predictor(call, measured) if self.predictor is not None else 0.0
+        modelled = 0.0
+        if predicted_s is not None:
+            predicted = predicted_s
+        elif self.predictor is not None:
+            modelled = self.predictor(call, measured)
+            predicted = modelled * self.scale
+        else:
+            predicted = 0.0
         now = time.monotonic()
         deadline = call.deadline_ms
         key = (now + deadline / 1000 if deadline is not None else math.inf, next(self.seq))
@@ -65,10 +88,13 @@ class Admission:
                 ahead += max(0.0, self.running.predicted_s
                              - (now - (self.running.started or now)))
             if ahead + predicted > deadline / 1000:
+                learned = (f" (the cost model's {modelled * 1000:.0f} ms x {self.scale:.2f}, "
+                           f"the measured/modelled ratio of {self.learned} finished requests)"
+                           if self.learned and modelled else "")
                 raise ClientError(503, f"the deadline of {deadline:g} ms cannot be met: the "
-                                       f"predicted TTFT is {predicted * 1000:.0f} ms plus "
-                                       f"{ahead * 1000:.0f} ms of work queued ahead")
-        job = Job(call, predicted, key, tokens=asyncio.Queue() if stream else None)
+                                       f"predicted TTFT is {predicted * 1000:.0f} ms{learned} "
+                                       f"plus {ahead * 1000:.0f} ms of work queued ahead")
+        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if stream else None)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()
         return job
@@ -80,6 +106,15 @@ class Admission:
         _, job = heapq.heappop(self.heap)
         self.running = job
         return job
+
+    def learn(self, job: Job, ttft_s: float) -> None:
+        """Correct the scale with a finished job's measured TTFT (jobs the model did not
+        predict, and non-positive times, teach nothing)."""
+        if job.modelled_s <= 0 or not ttft_s > 0:
+            return
+        step = LEARN_RATE * (math.log(ttft_s / job.modelled_s) - math.log(self.scale))
+        self.scale = min(max(self.scale * math.exp(step), SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
+        self.learned += 1
 
     def done(self, job: Job) -> None:
         if self.running is job:

@@ -60,6 +60,9 @@ class Metrics:
                              ["replica"], registry=r)
         self.replica_ready = Gauge("apbv_replica_ready", "1 while the replica is ready",
                                    ["replica"], registry=r)
+        self.ttft_scale = Gauge("apbv_ttft_model_scale", "Measured / cost-model TTFT learned "
+                                "per replica (deadline admission's correction)", ["replica"],
+                                registry=r)
 
 
 @dataclass

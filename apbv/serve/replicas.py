@@ -60,6 +60,7 @@ class Replica:
         metrics.running.labels(label).set_function(
             lambda: int(self.admission.running is not None))
         metrics.replica_ready.labels(label).set_function(lambda: int(self.status == "ready"))
+        metrics.ttft_scale.labels(label).set_function(lambda: self.admission.scale)
 
     @property
     def load(self) -> int:
@@ -105,6 +106,8 @@ class Replica:
                 else:
                     result = await self.group.generate(job.call.request, on_token)
                     self.observe(result)
+                    if not getattr(result, "vision_cache_hit", False):  # the model's case
+                        self.admission.learn(job, result.ttft_s)
                     self.metrics.requests.labels("ok").inc()
                     if job.call.downloaded is None:
                         self.remember(video_identity(job.call.request.video))

@@ -115,6 +115,9 @@ def test_completion_and_stream_equal_the_engine(server, media):
     assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == before + 3
     assert _metric(base, "apbv_ttft_seconds_count") >= 3
     assert _metric(base, "apbv_vision_cache_hits_total") >= 1
+    # The finished requests that encoded the video taught deadline admission this machine.
+    scale = _metric(base, "apbv_ttft_model_scale", '{replica="0"}')
+    assert scale > 0 and scale != 1.0, scale
 
 
 def test_choices(server, media):
