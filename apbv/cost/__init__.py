@@ -31,7 +31,7 @@ from apbv.cost.hardware import (
     h200,
     hardware,
 )
-from apbv.cost.memory import MemoryEstimate, memory_lines, request_memory
+from apbv.cost.memory import PROCESSOR_FLOAT_COPIES, MemoryEstimate, memory_lines, request_memory
 from apbv.cost.predict import Prediction, RankCost, predict, prediction_table
 from apbv.cost.schedule import Event, simulate
 from apbv.cost.work import (
@@ -87,6 +87,7 @@ __all__ = [
     "rank_pairs",
     "read_config",
     "request_memory",
+    "PROCESSOR_FLOAT_COPIES",
     "simulate",
     "split_window",
     "squarest_grid",

@@ -4,16 +4,20 @@
 give the bytes of each part the rank holds, and which parts are alive together in each phase
 of the request. The estimate is the largest phase:
 
-- ``preprocess``: the weights, the decoded frames (uint8) and the video processor's float32
-  work (its copies of the frames and the patch rows it returns);
+- ``preprocess``: the weights, the decoded frames (uint8), the chunk being decoded and resized,
+  and the patch rows being made (int8 pixel levels, the default, or float32 rows; the HF video
+  processor also holds float32 copies of the frames);
 - ``vision``: the weights, the patch rows, and the vision tower's activations (one block's
-  hidden states, q/k/v, attention output and MLP rows over every patch of the rank; windowed
-  attention keeps the score matrices small);
+  hidden states, q/k/v, attention output and MLP rows over the patches of one tower call:
+  ``vision.chunk_rows`` of them on CPU, the rank's whole share elsewhere; windowed attention
+  keeps the score matrices small) with the embeddings the calls have made;
 - ``prefill``: the weights, the patch rows (still referenced by the request), the video
   embeddings, the decoder's activations on the local shard (hidden states, q/k/v, the MLP
   intermediate), the KV cache the rank keeps (:func:`apbv.engine.kvcache.owned_local_index`,
   and the decode reserve on :data:`apbv.plan.QUERY_RANK` only), the passing buffers, the
   gathered query partials, and the logits.
+
+Every phase also holds the engine's own host memory (:data:`RUNTIME_BYTES`).
 
 The per-element factors were fitted to peak resident memory measured on CPU with
 ``benchmarks/bench_memory.py`` (fp32, 1 rank; results in ``benchmarks/results/memory_cpu.md``).
@@ -26,18 +30,27 @@ from dataclasses import dataclass, field
 from apbv.cost.work import ModelDims
 from apbv.engine.kvcache import owned_local_index
 from apbv.plan import QUERY_RANK, Plan
+from apbv.video.load import DECODE_CHUNK_ELEMENTS
+from apbv.video.patches import patches_per_chunk
 
 PHASES: dict[str, tuple[str, ...]] = {
-    "preprocess": ("weights", "frames", "processor"),
-    "vision": ("weights", "pixel_values", "vision_activations"),
-    "prefill": ("weights", "pixel_values", "video_embeddings", "decoder_activations",
-                "kv_cache", "passing_buffers", "query_gathers", "logits"),
+    "preprocess": ("runtime", "weights", "frames", "decode", "processor"),
+    "vision": ("runtime", "weights", "pixel_values", "vision_activations"),
+    "prefill": ("runtime", "weights", "pixel_values", "video_embeddings",
+                "decoder_activations", "kv_cache", "passing_buffers", "query_gathers", "logits"),
 }
 """The parts alive together in each phase of a request."""
-HOST_PARTS = ("frames", "processor", "pixel_values")
+HOST_PARTS = ("runtime", "frames", "decode", "processor", "pixel_values")
 """Parts that live in host memory when the model runs on a GPU (the vision tower's device copy
-of the patch rows is counted in ``vision_activations`` when ``dtype_bytes`` is not 4)."""
+of a call's patch rows is counted in ``vision_activations``)."""
 
+RUNTIME_BYTES = 128 << 20
+"""Host memory the engine holds besides the weights in every phase (the tokenizer and
+processor, the interpreter's objects, allocator slack)."""
+DECODE_COPIES = 6.0
+"""Copies of one decoding chunk (:data:`apbv.video.load.DECODE_CHUNK_ELEMENTS` uint8 values,
+or the rank's frames if fewer) alive while it is decoded and resized: the decoder's buffers,
+its array, the resize's output and the allocator's slack."""
 PROCESSOR_FLOAT_COPIES = 2.5
 """float32 copies of the decoded frames the video processor holds at once besides its output
 (the rescaled-and-normalised frames, then the patchified copy)."""
@@ -111,6 +124,9 @@ def request_memory(
     dtype_bytes: int,
     reserve_tokens: int,
     rank: int,
+    row_bytes: int = 1,
+    processor_copies: float = 0.0,
+    call_rows: int = 0,
 ) -> MemoryEstimate:
     """Bytes rank ``rank`` needs for one request under ``plan``.
 
@@ -123,11 +139,23 @@ def request_memory(
         dtype_bytes: bytes per weight and activation element (4 fp32, 2 bf16).
         reserve_tokens: KV rows reserved per layer for decode (kept on the query rank).
         rank: the rank, in ``[0, plan.world_size)``.
+        row_bytes: bytes per element of the patch rows: 1 for pixel levels (int8; the default
+            ``vision.preprocess=levels`` with the linear patch embedding), 4 for float32 rows.
+        processor_copies: float32 copies of the decoded frames held while the rows are made:
+            :data:`PROCESSOR_FLOAT_COPIES` for the HF video processor
+            (``vision.preprocess=processor``); 0 where :mod:`apbv.video.patches` writes the
+            rows once, chunk by chunk.
+        call_rows: patch rows per vision-tower call (``vision.chunk_rows``, whole temporal
+            patches); 0: the rank's share in one call.
     """
     _check("patches", patches, 0)
     _check("reserve_tokens", reserve_tokens, 0)
-    if dtype_bytes not in (1, 2, 4, 8):
-        raise ValueError(f"dtype_bytes must be one of 1, 2, 4, 8, got {dtype_bytes!r}")
+    _check("call_rows", call_rows, 0)
+    for name, value in (("dtype_bytes", dtype_bytes), ("row_bytes", row_bytes)):
+        if value not in (1, 2, 4, 8):
+            raise ValueError(f"{name} must be one of 1, 2, 4, 8, got {value!r}")
+    if not processor_copies >= 0:
+        raise ValueError(f"processor_copies must be >= 0, got {processor_copies!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < plan.world_size:
         raise ValueError(f"rank must be in [0, {plan.world_size}), got {rank!r}")
     merge = dims.spatial_merge_size
@@ -143,13 +171,18 @@ def request_memory(
     frame_pixels = gh * gw * dims.patch_size**2
     frames = patches * dims.temporal_patch_size * frame_pixels * dims.in_channels
     patch_row = dims.in_channels * dims.temporal_patch_size * dims.patch_size**2
-    pixel_values = vit_patches * patch_row * f32  # float32, as the processor returns them
-    processor = int(PROCESSOR_FLOAT_COPIES * frames * f32) + pixel_values
-    vision = vit_patches * e * (VISION_HIDDEN_ROWS * dims.vision_hidden
-                                + VISION_MLP_ROWS * dims.vision_intermediate)
-    if e != f32:  # the tower's own copy of the patch rows in its dtype
-        vision += vit_patches * patch_row * e
+    pixel_values = vit_patches * patch_row * row_bytes
+    processor = int(processor_copies * frames * f32) + pixel_values
+    call = vit_patches
+    if call_rows and vit_patches:
+        call = min(vit_patches, patches_per_chunk(gh * gw, call_rows) * gh * gw)
+    vision = call * e * (VISION_HIDDEN_ROWS * dims.vision_hidden
+                         + VISION_MLP_ROWS * dims.vision_intermediate)
+    if row_bytes != e:  # the call's rows in the tower's dtype (levels widened, floats cast)
+        vision += call * patch_row * e
     merged = vit_patches // merge**2
+    # The calls' embeddings, and their concatenation when there are several calls.
+    vision += merged * dims.hidden * e * (1 if call == vit_patches else 2)
     # The rank's encoded rows, and the rows its shard holds after routing: at most its context
     # tokens (the video fills nearly all of a long context).
     held = plan.local_len(rank) - plan.query_len if merged else 0
@@ -169,8 +202,10 @@ def request_memory(
     query = plan.world_size * plan.query_len * hq * (d + 1) * f32
     logits = dims.vocab * (e + f32)
     parts = {
+        "runtime": RUNTIME_BYTES,
         "weights": dims.parameters() * e,
         "frames": frames,
+        "decode": int(DECODE_COPIES * min(frames, DECODE_CHUNK_ELEMENTS)),
         "processor": processor,
         "pixel_values": pixel_values,
         "vision_activations": int(vision),

@@ -28,7 +28,14 @@ import torch
 
 from apbv import comm
 from apbv.config import RuntimeConfig, VisionConfig
-from apbv.cost import MemoryEstimate, ModelDims, model_dims, read_config, request_memory
+from apbv.cost import (
+    PROCESSOR_FLOAT_COPIES,
+    MemoryEstimate,
+    ModelDims,
+    model_dims,
+    read_config,
+    request_memory,
+)
 from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
@@ -197,14 +204,18 @@ class Engine:
                         patches: Range, grid_hw: tuple[int, int],
                         reserve: int) -> MemoryEstimate:
         """:func:`apbv.cost.request_memory` for ``request`` on this rank (``patches``: its
-        temporal patches, ``grid_hw``: a frame's patch grid, ``reserve``: decode rows). It
-        counts the rank's whole video at once, also where ``vision.chunk_rows`` and
-        ``vision.pipeline`` hold less (the safe side)."""
+        temporal patches, ``grid_hw``: a frame's patch grid, ``reserve``: decode rows), with
+        this engine's patch rows (levels or float32, made by the processor or not) and tower
+        calls (``vision.chunk_rows``). It counts the rank's whole video decoded at once, also
+        where ``vision.pipeline`` holds a chunk or two (the safe side)."""
         plan = request.plan(context_len, query_len, self.info.world_size)
+        qwen = self.qwen
         return request_memory(
             self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
-            dtype_bytes=self.qwen.dtype.itemsize, reserve_tokens=reserve,
-            rank=self.info.rank)
+            dtype_bytes=qwen.dtype.itemsize, reserve_tokens=reserve, rank=self.info.rank,
+            row_bytes=1 if qwen.preprocess == "levels" and qwen.embeds_levels else 4,
+            processor_copies=PROCESSOR_FLOAT_COPIES if qwen.preprocess == "processor" else 0.0,
+            call_rows=qwen.chunk_rows)
 
     def _memory_need_and_budget(self, estimate: MemoryEstimate) -> tuple[int, int, str]:
         """(bytes needed, bytes available, what the budget is): parallel.memory_gb counts the

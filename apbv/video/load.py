@@ -22,7 +22,8 @@ from apbv.video.sampling import (
     plan_sampling,
 )
 
-_CHUNK_ELEMENTS = 1 << 25  # decode + resize at most ~32 Mi uint8 values (one float copy) at once
+DECODE_CHUNK_ELEMENTS = 1 << 25
+"""Frames decoded and resized at once: about this many uint8 values (at least one frame)."""
 
 
 def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -75,7 +76,7 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
     height, width = sampling.resized_height, sampling.resized_width
     meta = reader.meta
     per_frame = 3 * max(meta.height * meta.width, height * width)
-    chunk = max(1, _CHUNK_ELEMENTS // per_frame)
+    chunk = max(1, DECODE_CHUNK_ELEMENTS // per_frame)
     if frames_per_chunk is not None:
         chunk = max(TEMPORAL_PATCH_SIZE, min(chunk, frames_per_chunk))
         chunk -= chunk % TEMPORAL_PATCH_SIZE

@@ -121,3 +121,52 @@ def test_bad_arguments_name_the_problem() -> None:
         cost.request_memory(QWEN_7B, plan, **{**args, "grid_hw": (5, 4)})
     with pytest.raises(ValueError, match="patches must be an integer >= 0, got -1"):
         cost.request_memory(QWEN_7B, plan, **{**args, "patches": -1})
+
+
+def test_patch_rows_processor_and_tower_calls_change_what_is_held() -> None:
+    """Pixel levels hold a quarter of the float rows' bytes; the HF processor adds its float32
+    copies of the frames; a tower call over fewer rows holds fewer activations (plus the
+    calls' embeddings and their concatenation)."""
+    plan = _video_plan(16, 1)
+    args = dict(patches=16, grid_hw=GRID, dtype_bytes=2, reserve_tokens=0, rank=0)
+    levels = cost.request_memory(QWEN_7B, plan, **args)
+    floats = cost.request_memory(QWEN_7B, plan, **args, row_bytes=4)
+    processor = cost.request_memory(QWEN_7B, plan, **args, row_bytes=4,
+                                    processor_copies=cost.PROCESSOR_FLOAT_COPIES)
+    rows = 16 * GRID[0] * GRID[1]
+    assert levels.parts["pixel_values"] == rows * 1176
+    assert floats.parts["pixel_values"] == 4 * levels.parts["pixel_values"]
+    frames = levels.parts["frames"]
+    assert frames == rows * 2 * 14 * 14 * 3
+    assert processor.parts["processor"] - floats.parts["processor"] == int(2.5 * frames * 4)
+    assert levels.parts["decode"] == 6 * min(frames, 1 << 25)
+    one_patch = cost.request_memory(QWEN_7B, plan, **args, call_rows=GRID[0] * GRID[1])
+    per_row = 2 * (10 * QWEN_7B.vision_hidden + 3 * QWEN_7B.vision_intermediate + 1176)
+    embeddings = rows // 4 * QWEN_7B.hidden * 2
+    assert levels.parts["vision_activations"] == rows * per_row + embeddings
+    assert one_patch.parts["vision_activations"] == rows // 16 * per_row + 2 * embeddings
+    with pytest.raises(ValueError, match="row_bytes must be one of 1, 2, 4, 8, got 3"):
+        cost.request_memory(QWEN_7B, plan, **args, row_bytes=3)
+
+
+def test_the_engine_estimates_with_its_own_rows_and_tower_calls(tiny_config) -> None:
+    from apbv.distributed import DistInfo
+    from apbv.engine.engine import Engine
+
+    engine = Engine(tiny_config, DistInfo(0, 1, 0, torch.device("cpu"), None))
+    request = engine.request("v.mp4", "What is shown?", max_new_tokens=1)
+
+    def estimate() -> cost.MemoryEstimate:
+        return engine.memory_estimate(request, 500, 20, (0, 16), (28, 28), 1)
+
+    rows = 16 * 28 * 28  # calls of 10 temporal patches (8192 rows at most)
+    assert engine.qwen.preprocess == "levels" and engine.qwen.chunk_rows == 8192
+    assert estimate().parts["pixel_values"] == rows * 1176  # int8 levels
+    assert estimate().parts["processor"] == rows * 1176
+    calls = estimate().parts["vision_activations"]
+    engine.qwen.chunk_rows = 0
+    assert estimate().parts["vision_activations"] > calls  # the whole share in one call
+    engine.qwen.preprocess = "processor"
+    est = estimate()
+    assert est.parts["pixel_values"] == rows * 1176 * 4
+    assert est.parts["processor"] == int(2.5 * est.parts["frames"] * 4) + rows * 1176 * 4

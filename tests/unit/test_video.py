@@ -245,7 +245,7 @@ def test_frames_equal_fetch_video(monkeypatch: pytest.MonkeyPatch, vp, videos, k
     monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
     monkeypatch.setitem(vp.VIDEO_READER_BACKENDS, "torchvision", no_fallback)
     # One frame per decode + resize chunk here; qwen-vl-utils resizes all frames at once.
-    monkeypatch.setattr(apbv.video.load, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(apbv.video.load, "DECODE_CHUNK_ELEMENTS", 1)
     spec = VideoSpec(videos.main, **kwargs)
     (ref, info), ref_fps = vp.fetch_video(spec.qwen_element(), return_video_sample_fps=True,
                                           return_video_metadata=True)
