@@ -57,9 +57,17 @@ class DecodeContext:
         return merge_packed(gathered)[0].to(q.dtype)
 
 
-def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None) -> int:
-    """Greedy choice on the query rank, broadcast to every rank."""
-    return comm.broadcast_int(int(torch.argmax(logits)), src=QUERY_RANK, group=group)
+STOP = -1
+"""What the query rank broadcasts instead of a token id when its ``stop`` says so: every rank
+ends the decode at the same step."""
+
+
+def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
+               stop: bool = False) -> int:
+    """Greedy choice on the query rank (or :data:`STOP` when ``stop`` there), broadcast to
+    every rank."""
+    return comm.broadcast_int(STOP if stop else int(torch.argmax(logits)), src=QUERY_RANK,
+                              group=group)
 
 
 @torch.inference_mode()
@@ -84,17 +92,24 @@ def greedy_continue(
     max_new_tokens: int,
     kernel: str | None = None,
     on_token: Callable[[int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[int]:
-    """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included);
-    ``on_token`` is called with each new one as soon as it is picked."""
+    """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included),
+    or until ``stop()`` is true on the query rank before a step's token is picked (the other
+    ranks' ``stop`` is not asked); ``on_token`` is called with each new one as soon as it is
+    picked."""
     tokens = [first_token]
     eos = qwen.eos_token_ids
     ctx = DecodeContext(info, cache, kernel)
     while len(tokens) < max_new_tokens and tokens[-1] not in eos:
         logits = decode_step(qwen, tokens[-1], next_position + len(tokens) - 1, ctx)
-        tokens.append(pick_token(logits, info.group))
+        token = pick_token(logits, info.group,
+                           stop is not None and info.rank == QUERY_RANK and stop())
+        if token == STOP:
+            break
+        tokens.append(token)
         if on_token is not None:
-            on_token(tokens[-1])
+            on_token(token)
     return tokens
 
 

@@ -255,8 +255,8 @@ class Engine:
         :mod:`apbv.engine.stream`."""
         return Stream(self, spec)
 
-    def generate(self, request: Request,
-                 on_token: Callable[[int], None] | None = None) -> Result:
+    def generate(self, request: Request, on_token: Callable[[int], None] | None = None,
+                 stop: Callable[[], bool] | None = None) -> Result:
         """Answer ``request`` (the same on every rank); call on every rank alike.
 
         Bad input (a missing or unreadable video, too few temporal patches for the ranks, a
@@ -264,6 +264,9 @@ class Engine:
         one rank preprocesses or encodes is raised on every rank, naming that rank, before
         the next collective of the model, so none is left waiting. ``on_token``, when given,
         is called on this rank with each token id as soon as it is known (first included).
+        ``stop``, asked on the query rank before each decode step's token is picked, ends the
+        decode on every rank at that step when it returns True (a client gone): the result
+        holds the tokens so far, with ``cancelled`` set.
         """
         group = self.info.group
         self.check_same("requests", request.fingerprint())
@@ -275,4 +278,4 @@ class Engine:
             except Exception as exc:  # every error takes part in the agreement
                 error = exc
             raise_if_any_failed(error, group)
-        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token)
+        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop)

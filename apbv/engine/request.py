@@ -227,6 +227,8 @@ class Result:
     logprobs)}; ``answer`` is then the most probable choice and ``token_ids`` its tokens."""
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     """(vocab,) fp32 logits of the first token (not part of the JSON)."""
+    cancelled: bool = False
+    """True when the caller's ``stop`` ended the decode before EOS or max_new_tokens."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -57,13 +57,14 @@ def raise_if_any_failed(error: Exception | None, group: dist.ProcessGroup | None
 
 def run_prompt(
     qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
 ) -> Result:
     """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
 
     ``request.mode`` picks the plan, the attention overlap and whether the vision work is
     split; the result is the same on every rank. ``on_token`` (every rank) gets each token id
-    as soon as it is known, the first one included.
+    as soon as it is known, the first one included; ``stop`` (asked on the query rank between
+    decode steps) ends the decode early (:attr:`Result.cancelled`).
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
@@ -119,10 +120,10 @@ def run_prompt(
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
-    tokens, choices = finish_answer(qwen, logits, int(positions.max()) + 1, cache, info, timer,
-                                    choices=request.choices, choice_ids=choice_ids,
-                                    max_new_tokens=request.max_new_tokens,
-                                    kernel=request.kernel, on_token=on_token)
+    tokens, choices, cancelled = finish_answer(
+        qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
+        choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
+        on_token=on_token, stop=stop)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
@@ -145,6 +146,7 @@ def run_prompt(
         vision_cache_hit=cache_hit,
         first_logits=logits,
         choices=choices,
+        cancelled=cancelled,
     )
 
 
@@ -152,12 +154,13 @@ def finish_answer(
     qwen: QwenVL, logits: torch.Tensor, next_position: int, cache: RankKVCache,
     info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
-    on_token: Callable[[int], None] | None = None,
-) -> tuple[list[int], list[dict] | None]:
-    """From the prompt's last ``logits`` (every rank) to the answer's tokens, and with
-    ``choices`` the per-choice table of :class:`Result`: the first token (stage
-    ``first_token``), then greedy decode or the choices' exact scores (stage ``decode``) over
-    the distributed ``cache``; ``next_position`` is the first position after the prompt.
+    on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
+) -> tuple[list[int], list[dict] | None, bool]:
+    """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
+    the per-choice table of :class:`Result`, and whether ``stop`` ended the decode: the first
+    token (stage ``first_token``), then greedy decode (until ``stop``, see
+    :func:`greedy_continue`) or the choices' exact scores (stage ``decode``) over the
+    distributed ``cache``; ``next_position`` is the first position after the prompt.
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
@@ -173,11 +176,12 @@ def finish_answer(
         best = choice_ids[max(range(len(choice_ids)), key=lambda i: logprobs[i])]
         for token in best if on_token is not None else ():  # the chosen answer's tokens
             on_token(token)
-        return best, choice_table(choices, choice_ids, logprobs)
+        return best, choice_table(choices, choice_ids, logprobs), False
     if on_token is not None:
         on_token(first)
     with timer.stage("decode"):
         tokens = greedy_continue(qwen, first, next_position, cache, info,
                                  max_new_tokens=max_new_tokens, kernel=kernel,
-                                 on_token=on_token)
-    return tokens, None
+                                 on_token=on_token, stop=stop)
+    # Neither EOS nor the length ended it: stop did (the same on every rank).
+    return tokens, None, len(tokens) < max_new_tokens and tokens[-1] not in qwen.eos_token_ids

@@ -409,11 +409,13 @@ class Stream:
 
     def ask(self, question: str, *, max_new_tokens: int = 1,
             choices: Sequence[str] | None = None, fresh: bool = False,
-            on_token: Callable[[int], None] | None = None) -> Result:
+            on_token: Callable[[int], None] | None = None,
+            stop: Callable[[], bool] | None = None) -> Result:
         """Answer ``question`` about the frames appended so far (whole patches; the buffered
         odd frame waits for its pair). Exact attention over the held KV; the question's rows
         and the decoded tokens are dropped afterwards. ``fresh``: a one-shot spava prefill of
-        the held window from the kept vision embeddings instead (``keep_vision``)."""
+        the held window from the kept vision embeddings instead (``keep_vision``). ``stop``
+        as in :meth:`Engine.generate <apbv.engine.engine.Engine.generate>`."""
         error: Exception | None = None
         try:
             if not isinstance(question, str) or not question.strip():
@@ -434,7 +436,7 @@ class Stream:
                                             "max_new_tokens": str(max_new_tokens),
                                             "fresh": str(fresh)})
         if fresh:
-            return self._ask_fresh(question, max_new_tokens, choices, on_token)
+            return self._ask_fresh(question, max_new_tokens, choices, on_token, stop)
         qwen, info = self.qwen, self.info
         timer = StageTimer(info.device, info.group)
         tokenizer = qwen.processor.tokenizer
@@ -459,10 +461,10 @@ class Stream:
                     hidden = self._feed(qwen.embed(rows.unsqueeze(0)), positions,
                                         owner=QUERY_RANK)
                     logits = qwen.logits(hidden[0, -1]).float()
-            tokens, table = finish_answer(
+            tokens, table, cancelled = finish_answer(
                 qwen, logits, start + len(rows), self.cache, info, timer, choices=choices,
                 choice_ids=choice_ids, max_new_tokens=max_new_tokens, kernel=self.kernel,
-                on_token=on_token)
+                on_token=on_token, stop=stop)
         finally:
             self.cache.truncate(mark)
         seconds = timer.max_over_ranks(info.group)
@@ -484,10 +486,12 @@ class Stream:
             kv_cache_bytes_max=int(comm.all_reduce_max(float(self.cache.nbytes()), info.group)),
             choices=table,
             first_logits=logits,
+            cancelled=cancelled,
         )
 
     def _ask_fresh(self, question: str, max_new_tokens: int, choices: tuple[str, ...] | None,
-                   on_token: Callable[[int], None] | None) -> Result:
+                   on_token: Callable[[int], None] | None,
+                   stop: Callable[[], bool] | None) -> Result:
         """One-shot spava over the held chunks' frames, from the kept vision embeddings."""
         qwen, info, engine = self.qwen, self.info, self.engine
         att = engine.cfg.attention
@@ -525,7 +529,7 @@ class Stream:
             pixel_values=None, num_frames=TEMPORAL_PATCH_SIZE * t, choice_ids=choice_ids,
             vision_embeds=video[p0 * self.tokens_per_patch:p1 * self.tokens_per_patch]
             .to(qwen.device))
-        return run_prompt(qwen, inputs, request, info, timer, on_token)
+        return run_prompt(qwen, inputs, request, info, timer, on_token, stop)
 
     def close(self) -> None:
         """Free this rank's KV and kept embeddings (no collective)."""

@@ -44,6 +44,8 @@ class Job:
         default_factory=lambda: asyncio.get_running_loop().create_future())
     tokens: asyncio.Queue | None = None
     started: float | None = None
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the client went away while the job ran: its decode stops at the next step."""
 
 
 class Admission:

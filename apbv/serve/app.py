@@ -173,14 +173,16 @@ class Server:
         return JSONResponse(api.completion(call, cid, result, wait, replica.index))
 
     async def _wait(self, job: Job, request: Request) -> tuple[Any, float]:
-        """The job's outcome; a client gone while its job is still queued drops the job."""
+        """The job's outcome; a client gone while its job is still queued drops the job, and
+        one gone while it runs cancels its decode (the ranks stop at the next token)."""
         while True:
             done, _ = await asyncio.wait([job.future], timeout=0.25)
             if done:
                 return job.future.result()
-            if job.started is None and await request.is_disconnected():
-                if self._drop(job):
+            if not job.cancel.is_set() and await request.is_disconnected():
+                if job.started is None and self._drop(job):
                     raise ClientError(499, "the client disconnected while queued")
+                job.cancel.set()
 
     def sse(self, job: Job, cid: str, request: Request, model: str, max_new_tokens: int,
             **apbv: Any) -> StreamingResponse:
@@ -209,9 +211,11 @@ class Server:
             yield event({"error": {"message": exc.message, "code": exc.status}})
             yield b"data: [DONE]\n\n"
             return
-        finally:  # the client went away: a job still waiting is dropped
+        finally:  # the client went away: a job still waiting is dropped, a running one stopped
             if job.started is None:
                 self._drop(job)
+            if not job.future.done():
+                job.cancel.set()
         if result.answer.startswith(sent) and len(result.answer) > len(sent):
             yield event(api.chunk(model, cid, {"content": result.answer[len(sent):]}))
         yield event(api.chunk(model, cid, {},

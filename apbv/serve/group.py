@@ -5,7 +5,10 @@ nodes; STRICT_PACK when one node holds them all, SPREAD otherwise), starts one
 :class:`RankActor` per bundle, and has every actor join the process group (rank 0's node and a
 free port rank 0 picks) and load the engine once. :meth:`RankGroup.generate` hands the same
 request to every actor and returns rank 0's result; rank 0 streams each token id as soon as it
-is known (a Ray streaming generator fed by the engine's ``on_token`` hook). A dead actor makes
+is known (a Ray streaming generator fed by the engine's ``on_token`` hook). A request whose
+``cancel`` event is set (its client went away) is stopped at its next decode step: rank 0, the
+query rank, takes the cancel beside the running request (the actors take two calls at once) and
+broadcasts the stop with the next token, so every rank ends together. A dead actor makes
 the request fail with :class:`RankLost` naming the rank; :meth:`RankGroup.rebuild` then starts
 new actors, a new process group and reloads the model.
 """
@@ -13,6 +16,7 @@ new actors, a new process group and reloads the model.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import queue
 import socket
@@ -45,6 +49,8 @@ class RankActor:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.engine: Any = None
         self.streams: dict[str, Any] = {}
+        self.cancelled: int | None = None
+        """The ticket of the last request :meth:`cancel` was called for."""
         torch.set_num_threads(threads)
 
     def address(self) -> tuple[str, int, int]:
@@ -69,19 +75,30 @@ class RankActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def generate(self, request: Any, on_token: Callable[[int], None] | None = None) -> Any:
-        result = self.engine.generate(request, on_token=on_token)
+    def cancel(self, ticket: int) -> None:
+        """Stop the request of ``ticket`` at its next decode step (see :meth:`_stop`)."""
+        self.cancelled = ticket
+
+    def _stop(self, ticket: int | None) -> Callable[[], bool] | None:
+        """The engine's ``stop`` for the request of ``ticket``: true once it is cancelled (a
+        late cancel of a finished request names a ticket no later request has)."""
+        return None if ticket is None else lambda: self.cancelled == ticket
+
+    def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
+                 ticket: int | None = None) -> Any:
+        result = self.engine.generate(request, on_token=on_token, stop=self._stop(ticket))
         result.first_logits = None
         return result
 
-    def generate_stream(self, request: Any) -> Iterator[Any]:
+    def generate_stream(self, request: Any, ticket: int | None = None) -> Iterator[Any]:
         """Yield each token id as soon as it is known, then the Result."""
-        yield from _streamed(lambda on_token: self.generate(request, on_token))
+        yield from _streamed(lambda on_token: self.generate(request, on_token, ticket))
 
-    def ask_stream(self, stream_id: str, question: str, **kwargs: Any) -> Iterator[Any]:
+    def ask_stream(self, stream_id: str, question: str, ticket: int | None = None,
+                   **kwargs: Any) -> Iterator[Any]:
         """A stream's ``ask``: each token id as soon as it is known, then the Result."""
-        yield from _streamed(lambda on_token: self.stream("ask", stream_id, question,
-                                                          on_token=on_token, **kwargs))
+        yield from _streamed(lambda on_token: self.stream(
+            "ask", stream_id, question, on_token=on_token, stop=self._stop(ticket), **kwargs))
 
     def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
         """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
@@ -139,6 +156,7 @@ class RankGroup:
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self.pg: Any = None
+        self.tickets = itertools.count(1)
 
     def _strategy(self) -> str:
         key = "GPU" if self.use_gpu else "CPU"
@@ -201,21 +219,27 @@ class RankGroup:
                 lost.append(r)
         return lost
 
-    async def generate(self, request: Any, on_token: Callable[[int], None] | None = None) -> Any:
+    async def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
+                       cancel: asyncio.Event | None = None) -> Any:
         """Rank 0's Result for ``request`` handed to every rank; ``on_token`` (in the event
-        loop) gets each token id from rank 0 as soon as it is known.
+        loop) gets each token id from rank 0 as soon as it is known; once ``cancel`` is set,
+        the decode stops at its next step (the Result's ``cancelled``).
 
         Raises :class:`RankLost` when an actor died, the engine's ValueError when the request
         was refused on the ranks, RuntimeError for other failures.
         """
-        gen = self.actors[0].generate_stream.options(num_returns="streaming").remote(request)
+        ticket = next(self.tickets)
+        gen = self.actors[0].generate_stream.options(num_returns="streaming").remote(request,
+                                                                                      ticket)
         others = [a.generate.remote(request) for a in self.actors[1:]]
-        return await self._streaming(gen, others, on_token)
+        return await self._streaming(gen, others, on_token, cancel, ticket)
 
     async def _streaming(self, gen: Any, others: list[Any],
-                         on_token: Callable[[int], None] | None) -> Any:
+                         on_token: Callable[[int], None] | None,
+                         cancel: asyncio.Event | None, ticket: int) -> Any:
         """Rank 0's streamed result (token ids to ``on_token`` as they come) and the other
-        ranks' refs, as in :meth:`_outcome`."""
+        ranks' refs, as in :meth:`_outcome`; ``cancel`` set sends rank 0 the cancel of
+        ``ticket``."""
 
         async def rank0() -> Any:
             async for ref in gen:
@@ -227,21 +251,33 @@ class RankGroup:
                     return item
             raise RuntimeError("rank 0 returned no result")
 
+        async def cancel_when_set() -> None:
+            assert cancel is not None
+            await cancel.wait()
+            self.actors[0].cancel.remote(ticket)  # rank 0 is the query rank: it decides
+
         tasks = [asyncio.ensure_future(rank0())] + [asyncio.ensure_future(_tagged(r + 1, ref))
                                                     for r, ref in enumerate(others)]
-        return await self._outcome(tasks)
+        watcher = None if cancel is None else asyncio.ensure_future(cancel_when_set())
+        try:
+            return await self._outcome(tasks)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     async def stream(self, op: str, stream_id: str, *args: Any,
-                     on_token: Callable[[int], None] | None = None, **kwargs: Any) -> Any:
+                     on_token: Callable[[int], None] | None = None,
+                     cancel: asyncio.Event | None = None, **kwargs: Any) -> Any:
         """Rank 0's answer to one stream operation handed to every rank alike (see
-        :meth:`RankActor.stream`); failures as in :meth:`generate`. ``on_token`` (``ask``
-        only) gets each token id from rank 0 as soon as it is known."""
-        if on_token is not None:
-            assert op == "ask", op
+        :meth:`RankActor.stream`); failures as in :meth:`generate`. ``on_token`` and
+        ``cancel`` (``ask`` only) as in :meth:`generate`."""
+        if op == "ask":
+            ticket = next(self.tickets)
             gen = self.actors[0].ask_stream.options(num_returns="streaming").remote(
-                stream_id, *args, **kwargs)
+                stream_id, *args, ticket=ticket, **kwargs)
             others = [a.stream.remote(op, stream_id, *args, **kwargs) for a in self.actors[1:]]
-            return await self._streaming(gen, others, on_token)
+            return await self._streaming(gen, others, on_token, cancel, ticket)
+        assert on_token is None and cancel is None, op
         tasks = [asyncio.ensure_future(_tagged(r, a.stream.remote(op, stream_id, *args,
                                                                   **kwargs)))
                  for r, a in enumerate(self.actors)]

@@ -36,10 +36,11 @@ RECENT_VIDEOS = 256
 
 @dataclass(frozen=True)
 class GroupOp:
-    """A job that is not a chat request: ``run(group, on_token)`` on the replica's rank group,
-    in turn (``on_token``: the job's token queue when it was admitted to stream, else None)."""
+    """A job that is not a chat request: ``run(group, on_token, cancel)`` on the replica's rank
+    group, in turn (``on_token``: the job's token queue when it was admitted to stream, else
+    None; ``cancel``: the job's cancel event)."""
 
-    run: Callable[[Any, Callable[[int], None] | None], Awaitable[Any]]
+    run: Callable[[Any, Callable[[int], None] | None, asyncio.Event], Awaitable[Any]]
     what: str = "stream"
     deadline_ms: None = None
     downloaded: None = None
@@ -101,14 +102,15 @@ class Replica:
             on_token = job.tokens.put_nowait if job.tokens is not None else None
             try:
                 if isinstance(job.call, GroupOp):
-                    result = await job.call.run(self.group, on_token)
+                    result = await job.call.run(self.group, on_token, job.cancel)
                     self.metrics.requests.labels(job.call.what).inc()
                 else:
-                    result = await self.group.generate(job.call.request, on_token)
+                    result = await self.group.generate(job.call.request, on_token, job.cancel)
                     self.observe(result)
                     if not getattr(result, "vision_cache_hit", False):  # the model's case
                         self.admission.learn(job, result.ttft_s)
-                    self.metrics.requests.labels("ok").inc()
+                    self.metrics.requests.labels(
+                        "cancelled" if getattr(result, "cancelled", False) else "ok").inc()
                     if job.call.downloaded is None:
                         self.remember(video_identity(job.call.request.video))
                 job.future.set_result((result, wait))

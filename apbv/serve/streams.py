@@ -121,11 +121,13 @@ class Streams:
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
 
-        async def run(group: Any, on_token: Callable[[int], None] | None) -> Any:
+        async def run(group: Any, on_token: Callable[[int], None] | None,
+                      cancel: asyncio.Event) -> Any:
             if replica.generation != generation:
                 raise ClientError(410, f"stream {live.id!r} was lost with replica "
                                        f"{replica.index}'s ranks; open a new stream")
-            return await group.stream(op, live.id, *args, on_token=on_token, **kwargs)
+            return await group.stream(op, live.id, *args, on_token=on_token,
+                                      cancel=cancel if op == "ask" else None, **kwargs)
 
         def forget_if_lost(future: Any) -> None:
             if not future.cancelled() and future.exception() is not None \

@@ -6,7 +6,9 @@
 - after scoring, the cache is the prompt's again: greedy decode on that same cache gives the
   tokens of a plain greedy request;
 - the choice probabilities are a softmax over the choices, the answer is the likeliest, and
-  every rank returns the same table.
+  every rank returns the same table;
+- a ``stop`` that turns true on the query rank (rank 0 only) ends the decode on every rank at
+  the same step: the plain request's first tokens, ``cancelled`` set.
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         runtime.score_choices = score
     plain = engine.generate(engine.request(video, QUESTION, mode="exact",
                                            max_new_tokens=NEW_TOKENS))
-    return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids}
+    seen: list[int] = []  # a client that goes away after 3 tokens, seen by rank 0 only
+    stopped = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                             max_new_tokens=NEW_TOKENS), on_token=seen.append,
+                              stop=(lambda: len(seen) >= 3) if info.rank == 0 else None)
+    return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids,
+            "plain_cancelled": plain.cancelled, "stopped": stopped.token_ids,
+            "cancelled": stopped.cancelled}
 
 
 @pytest.fixture(scope="module")
@@ -97,4 +105,6 @@ def test_choices_match_hf_and_leave_the_prompt_cache(
         assert r["scored"]["choices"] == table, f"rank {rank} returned another table"
         assert r["after"]["lengths_equal"], f"rank {rank}: the cache was not truncated back"
         assert r["after"]["tokens"] == r["plain"], (rank, r["after"]["tokens"], r["plain"])
+        assert len(r["plain"]) == NEW_TOKENS and not r["plain_cancelled"], r["plain"]
+        assert (r["stopped"], r["cancelled"]) == (r["plain"][:3], True), (rank, r["stopped"])
     assert len(set(per_rank[0]["plain"])) > 1, per_rank[0]["plain"]  # not a degenerate check
