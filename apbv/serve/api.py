@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apbv.engine.request import Request
-from apbv.serve.download import discard, fetch_media
+from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 
 KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
@@ -32,8 +32,8 @@ class ChatCall:
     stream: bool
     model: str
     deadline_ms: float | None = None
-    downloaded: str | None = None
-    """The local copy of a remote video (deleted when the request is over)."""
+    downloaded: Held | None = None
+    """The stored copy of a remote video, held until the request is over (:func:`discard`)."""
 
 
 def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
@@ -120,8 +120,8 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     if mode is not None and not isinstance(mode, str):
         raise ClientError(400, f"mode must be a string, got {mode!r}")
     remote = remote_url(url, policy)
-    path = resolve_media(url, policy) if remote is None else fetch_media(remote, policy)
-    downloaded = path if remote is not None else None
+    downloaded = None if remote is None else fetch_media(remote, policy)
+    path = resolve_media(url, policy) if downloaded is None else downloaded.path
     try:
         request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens)
         # A local path was checked with its links resolved: open exactly that file, no link

@@ -5,14 +5,22 @@ into the server's private download directory (mode 0700), streaming, under a byt
 naming ``--max-download-mb`` once the declared length or the bytes received pass it) and a
 whole-download time limit. Redirects are followed only to the same host (and http or https);
 any other redirect is refused. The file is then an ordinary local file for the limits that
-probe it, and the caller deletes it when the request is over (:func:`discard`).
+probe it.
+
+Downloads are kept by content in a :class:`MediaStore`: a repeat question on the same remote
+video names the same file, so the ranks' vision cache and the replicas' routing find it as
+they find a local one. Each request holds its file until :func:`discard` releases it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from apbv.serve.policy import ClientError, MediaPolicy
@@ -27,15 +35,78 @@ def _limit_error(size: float, policy: MediaPolicy, what: str) -> ClientError:
                             f"{mb:g} MB (--max-download-mb)")
 
 
-def fetch_media(url: str, policy: MediaPolicy) -> str:
-    """Download ``url`` (already allowed by the policy) and return the local file's path."""
+class MediaStore:
+    """Downloaded videos in ``directory``, named by content (``sha256-<hex><suffix>``) and kept
+    under ``budget_bytes``.
+
+    :meth:`admit` moves a finished download in (or drops it for the same bytes already there)
+    and holds the stored file for one request. A file no request holds is deleted, least
+    recently used first, while the store is over its budget (0: as soon as its last request
+    is over); a held file never is. Thread-safe.
+    """
+
+    def __init__(self, directory: str, budget_bytes: int) -> None:
+        self.directory, self.budget_bytes = directory, budget_bytes
+        self._lock = threading.Lock()
+        self._files: OrderedDict[str, list[int]] = OrderedDict()  # path -> [bytes, holders]
+
+    def admit(self, download: str, digest: str, suffix: str) -> Held:
+        """Store the finished file ``download`` (its SHA-256 hex ``digest``) and hold it."""
+        path = os.path.join(self.directory, f"sha256-{digest}{suffix}")
+        with self._lock:
+            if path in self._files:
+                os.unlink(download)
+            else:
+                size = os.path.getsize(download)
+                os.replace(download, path)
+                self._files[path] = [size, 0]
+            self._files[path][1] += 1
+            self._files.move_to_end(path)
+            self._evict()
+        return Held(path, self)
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            self._files[path][1] -= 1
+            self._evict()
+
+    def held(self) -> dict[str, int]:
+        """Each stored file's name and how many requests hold it."""
+        with self._lock:
+            return {os.path.basename(p): n for p, (_, n) in self._files.items()}
+
+    def _evict(self) -> None:
+        total = sum(size for size, _ in self._files.values())
+        for path, (size, holders) in list(self._files.items()):
+            if total <= self.budget_bytes:
+                break
+            if holders == 0:
+                os.unlink(path)
+                del self._files[path]
+                total -= size
+
+
+@dataclass(eq=False)
+class Held:
+    """A stored download held for one request; :func:`discard` releases it (once)."""
+
+    path: str
+    store: MediaStore
+    released: bool = False
+
+
+def fetch_media(url: str, policy: MediaPolicy) -> Held:
+    """Download ``url`` (already allowed by the policy) into the policy's store and hold the
+    stored file for the request."""
     import httpx
 
-    if not policy.download_dir:
+    store = policy.store
+    if store is None:
         raise ClientError(400, "remote media is off: the server has no download directory")
     host = (urlsplit(url).hostname or "").lower()
     suffix = os.path.splitext(urlsplit(url).path)[1][:16]
-    fd, path = tempfile.mkstemp(prefix="remote-", suffix=suffix, dir=policy.download_dir)
+    fd, path = tempfile.mkstemp(prefix="remote-", suffix=suffix, dir=store.directory)
+    digest = hashlib.sha256()
     started = time.monotonic()
     timeout = policy.download_timeout_s
     try:
@@ -67,26 +138,34 @@ def fetch_media(url: str, policy: MediaPolicy) -> str:
                         if time.monotonic() - started > timeout:
                             raise httpx.ReadTimeout("download time limit")
                         out.write(piece)
-                    return path
-            raise ClientError(400, f"the remote video at host {host!r} redirects more than "
-                                   f"{MAX_REDIRECTS} times")
+                        digest.update(piece)
+                    break
+            else:
+                raise ClientError(400, f"the remote video at host {host!r} redirects more "
+                                       f"than {MAX_REDIRECTS} times")
+        return store.admit(path, digest.hexdigest(), suffix)
     except ClientError:
-        discard(path)
+        _unlink(path)
         raise
     except httpx.TimeoutException:
-        discard(path)
+        _unlink(path)
         raise ClientError(504, f"downloading the remote video took over {timeout:g} s "
                                "(--download-timeout-s)") from None
     except (httpx.HTTPError, OSError) as exc:
-        discard(path)
+        _unlink(path)
         raise ClientError(502, f"the remote video at host {host!r} could not be fetched: "
                                f"{type(exc).__name__}: {exc}") from None
 
 
-def discard(path: str | None) -> None:
-    """Delete a downloaded file (nothing when ``path`` is None or already gone)."""
-    if path:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # stored meanwhile, or never written
+        pass
+
+
+def discard(download: Held | None) -> None:
+    """Release a request's downloaded file (nothing when None or released already)."""
+    if download is not None and not download.released:
+        download.released = True
+        download.store.release(download.path)

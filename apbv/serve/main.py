@@ -37,6 +37,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest remote video in MiB (default: %(default)s)")
     p.add_argument("--download-timeout-s", type=float, default=120,
                    help="time limit of one download (default: %(default)s)")
+    p.add_argument("--download-cache-mb", type=float, default=2048,
+                   help="downloaded videos kept (by content) for repeat questions, in MiB; 0: "
+                        "each is deleted when its request is over (default: %(default)s)")
     p.add_argument("--download-dir", help="where the private download directory is made "
                                           "(default: the system temp dir; must be visible to "
                                           "every rank's node)")
@@ -98,6 +101,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
 
     from apbv.serve.admission import Admission, cost_predictor
     from apbv.serve.app import Server, ServerOptions
+    from apbv.serve.download import MediaStore
     from apbv.serve.group import RankGroup
 
     if args.world_size < 1:
@@ -107,6 +111,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     if args.max_download_mb <= 0 or args.download_timeout_s <= 0:
         raise ValueError("--max-download-mb and --download-timeout-s must be > 0, got "
                          f"{args.max_download_mb} and {args.download_timeout_s}")
+    if args.download_cache_mb < 0:
+        raise ValueError(f"--download-cache-mb must be >= 0, got {args.download_cache_mb}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_streams < 0 or args.stream_idle_s <= 0 or \
@@ -149,7 +155,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
             limits=limits, streams=_stream_options(cfg, args, path, use_gpu, limits),
-            policy=MediaPolicy(tuple(args.media_root), domains, download_dir,
+            policy=MediaPolicy(tuple(args.media_root), domains,
+                               None if download_dir is None else MediaStore(
+                                   download_dir, int(args.download_cache_mb * 2**20)),
                                int(args.max_download_mb * 2**20), args.download_timeout_s),
             api_key=args.api_key or None, max_queue=args.max_queue)
         server = Server(cfg, groups, processor, options,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 
@@ -57,12 +58,13 @@ class Limits:
 @dataclass(frozen=True)
 class MediaPolicy:
     """Which videos a request may name: local files under ``roots`` (real paths), and http(s)
-    URLs of the hosts in ``allow_domains``, downloaded into ``download_dir`` under
-    ``max_download_bytes`` and ``download_timeout_s``."""
+    URLs of the hosts in ``allow_domains``, downloaded into ``store``
+    (:class:`apbv.serve.download.MediaStore`) under ``max_download_bytes`` and
+    ``download_timeout_s``."""
 
     roots: tuple[str, ...] = ()
     allow_domains: tuple[str, ...] = field(default=())
-    download_dir: str | None = None
+    store: Any = field(default=None, compare=False)
     max_download_bytes: int = 512 << 20
     download_timeout_s: float = 120.0
 

@@ -111,8 +111,7 @@ class Replica:
                         self.admission.learn(job, result.ttft_s)
                     self.metrics.requests.labels(
                         "cancelled" if getattr(result, "cancelled", False) else "ok").inc()
-                    if job.call.downloaded is None:
-                        self.remember(video_identity(job.call.request.video))
+                    self.remember(video_identity(job.call.request.video))
                 job.future.set_result((result, wait))
             except RankLost as exc:
                 self.metrics.requests.labels("rank_lost").inc()

@@ -1,9 +1,12 @@
 """The real server with two replicas of one CPU rank each (--replicas 2 --world-size 1) and remote
 media from a local http.server (--allow-media-domain 127.0.0.1): concurrent requests on two
-replicas, cache-affinity routing, per-replica health and metrics, downloads under a limit."""
+replicas, cache-affinity routing, per-replica health and metrics, downloads under a limit and
+kept by content (a repeat is a vision-cache hit); the store's budget and holds without a
+server."""
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import shutil
 import threading
@@ -113,7 +116,13 @@ def test_remote_media(server, files, media):
     local = _ask(base, (media / "a.mp4").as_uri())
     remote = _ask(base, files + "/a.mp4")
     assert remote["token_ids"] == local["token_ids"] and remote["frames"] == local["frames"]
-    assert [list(d.iterdir()) for d in downloads.iterdir()] == [[]]  # deleted after the answer
+    # Kept by content: the repeat names the same file, so its replica's vision cache has it.
+    again = _ask(base, files + "/a.mp4")
+    assert again["vision_cache_hit"] and again["replica"] == remote["replica"], again
+    assert again["token_ids"] == remote["token_ids"]
+    digest = hashlib.sha256((media / "a.mp4").read_bytes()).hexdigest()
+    stored = [[p.name for p in d.iterdir()] for d in downloads.iterdir()]
+    assert stored == [[f"sha256-{digest}.mp4"]], stored
     port = files.rsplit(":", 1)[1]
     cases = [
         (f"http://localhost:{port}/a.mp4", 400,
@@ -130,4 +139,39 @@ def test_remote_media(server, files, media):
             client.chat.completions.create(model=MODEL, messages=_messages(url), max_tokens=2)
         assert err.value.status_code == status, (url, err.value.message)
         assert text in err.value.message, (text, err.value.message)
-    assert [list(d.iterdir()) for d in downloads.iterdir()] == [[]]
+    assert [[p.name for p in d.iterdir()] for d in downloads.iterdir()] == stored
+
+
+def test_media_store_keeps_content_under_its_budget_and_never_a_held_file(tmp_path):
+    from apbv.serve.download import MediaStore, discard
+
+    def download(name: str, data: bytes, store: MediaStore):
+        part = tmp_path / f"remote-{name}"
+        part.write_bytes(data)
+        return store.admit(str(part), hashlib.sha256(data).hexdigest(), ".mp4")
+
+    store = MediaStore(str(tmp_path), budget_bytes=2000)
+    a1, a2 = download("1", b"a" * 1000, store), download("2", b"a" * 1000, store)
+    assert a1.path == a2.path and store.held() == {Path(a1.path).name: 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [Path(a1.path).name]  # one copy
+    discard(a1)
+    discard(a1)  # released once only
+    assert store.held() == {Path(a1.path).name: 1}
+    b = download("3", b"b" * 1000, store)
+    discard(a2)
+    discard(b)  # 2000 bytes: within the budget, both kept
+    c = download("4", b"c" * 1000, store)  # over it: a, the least recently used, goes
+    assert sorted(store.held()) == sorted([Path(b.path).name, Path(c.path).name])
+    assert not Path(a1.path).exists()
+    d = download("5", b"d" * 1000, store)  # b goes; c and d are held: kept over the budget
+    e = download("6", b"e" * 1000, store)
+    assert sorted(store.held()) == sorted(Path(x.path).name for x in (c, d, e))
+    for x in (c, d, e):
+        discard(x)
+    assert sorted(store.held()) == sorted([Path(d.path).name, Path(e.path).name])
+    none = MediaStore(str(tmp_path / "none"), budget_bytes=0)
+    (tmp_path / "none").mkdir()
+    f = download("7", b"f", none)
+    assert Path(f.path).exists()
+    discard(f)  # budget 0: gone with its last request
+    assert list((tmp_path / "none").iterdir()) == []
