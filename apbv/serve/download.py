@@ -9,7 +9,9 @@ probe it.
 
 Downloads are kept by content in a :class:`MediaStore`: a repeat question on the same remote
 video names the same file, so the ranks' vision cache and the replicas' routing find it as
-they find a local one. Each request holds its file until :func:`discard` releases it.
+they find a local one. Each request holds its file until :func:`discard` releases it. A URL
+whose download is still stored is asked for again conditionally (its ``ETag`` and
+``Last-Modified``): a 304 reuses the stored file without fetching the bytes again.
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ class MediaStore:
         self.directory, self.budget_bytes = directory, budget_bytes
         self._lock = threading.Lock()
         self._files: OrderedDict[str, list[int]] = OrderedDict()  # path -> [bytes, holders]
+        self._urls: dict[str, tuple[str, dict[str, str]]] = {}  # url -> (path, validators)
 
-    def admit(self, download: str, digest: str, suffix: str) -> Held:
-        """Store the finished file ``download`` (its SHA-256 hex ``digest``) and hold it."""
+    def admit(self, download: str, digest: str, suffix: str, url: str | None = None,
+              validators: dict[str, str] | None = None) -> Held:
+        """Store the finished file ``download`` (its SHA-256 hex ``digest``) and hold it;
+        ``url`` and its response's conditional-request headers are remembered for
+        :meth:`conditions`."""
         path = os.path.join(self.directory, f"sha256-{digest}{suffix}")
         with self._lock:
             if path in self._files:
@@ -60,9 +66,28 @@ class MediaStore:
                 size = os.path.getsize(download)
                 os.replace(download, path)
                 self._files[path] = [size, 0]
-            self._files[path][1] += 1
-            self._files.move_to_end(path)
-            self._evict()
+            if url is not None and validators:
+                self._urls[url] = (path, validators)
+            return self._hold(path)
+
+    def conditions(self, url: str) -> dict[str, str]:
+        """The headers that ask for ``url`` only if it changed since its stored download
+        (none when that download is not stored)."""
+        with self._lock:
+            path, validators = self._urls.get(url, ("", {}))
+            return dict(validators) if path in self._files else {}
+
+    def reuse(self, url: str) -> Held | None:
+        """Hold the stored download of ``url`` again (its server answered 304 to
+        :meth:`conditions`); None when it was deleted meanwhile."""
+        with self._lock:
+            path, _ = self._urls.get(url, ("", {}))
+            return self._hold(path) if path in self._files else None
+
+    def _hold(self, path: str) -> Held:
+        self._files[path][1] += 1
+        self._files.move_to_end(path)
+        self._evict()
         return Held(path, self)
 
     def release(self, path: str) -> None:
@@ -84,6 +109,7 @@ class MediaStore:
                 os.unlink(path)
                 del self._files[path]
                 total -= size
+        self._urls = {u: v for u, v in self._urls.items() if v[0] in self._files}
 
 
 @dataclass(eq=False)
@@ -109,11 +135,19 @@ def fetch_media(url: str, policy: MediaPolicy) -> Held:
     digest = hashlib.sha256()
     started = time.monotonic()
     timeout = policy.download_timeout_s
+    asked, conditions = url, store.conditions(url)
     try:
         with os.fdopen(fd, "wb") as out, httpx.Client(
                 follow_redirects=False, timeout=httpx.Timeout(timeout)) as client:
             for _ in range(MAX_REDIRECTS + 1):
-                with client.stream("GET", url) as response:
+                with client.stream("GET", url, headers=conditions) as response:
+                    if response.status_code == 304 and conditions:
+                        held = store.reuse(asked)
+                        if held is not None:
+                            _unlink(path)
+                            return held
+                        conditions = {}  # deleted meanwhile: ask for the bytes
+                        continue
                     if response.is_redirect:
                         target = urljoin(url, response.headers.get("location", ""))
                         parts = urlsplit(target)
@@ -139,11 +173,14 @@ def fetch_media(url: str, policy: MediaPolicy) -> Held:
                             raise httpx.ReadTimeout("download time limit")
                         out.write(piece)
                         digest.update(piece)
+                    validators = {"If-None-Match": response.headers.get("etag", ""),
+                                  "If-Modified-Since": response.headers.get("last-modified", "")}
                     break
             else:
                 raise ClientError(400, f"the remote video at host {host!r} redirects more "
                                        f"than {MAX_REDIRECTS} times")
-        return store.admit(path, digest.hexdigest(), suffix)
+        return store.admit(path, digest.hexdigest(), suffix, asked,
+                           {k: v for k, v in validators.items() if v})
     except ClientError:
         _unlink(path)
         raise

@@ -1,8 +1,8 @@
 """The real server with two replicas of one CPU rank each (--replicas 2 --world-size 1) and remote
 media from a local http.server (--allow-media-domain 127.0.0.1): concurrent requests on two
 replicas, cache-affinity routing, per-replica health and metrics, downloads under a limit and
-kept by content (a repeat is a vision-cache hit); the store's budget and holds without a
-server."""
+kept by content and asked for again conditionally (a repeat is a 304 and a vision-cache hit);
+the store's budget, holds and conditions without a server."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ LIMIT_MB = 1
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Files of the media directory, plus /redirect (to another host) and /endless (2 MiB
-    without a Content-Length)."""
+    """Files of the media directory (with Last-Modified, and 304 to an If-Modified-Since they
+    have not passed), plus /redirect (to another host) and /endless (2 MiB without a
+    Content-Length); every answer's (path, status) is appended to the server's ``answers``."""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path == "/redirect":
@@ -44,6 +45,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
                 self.wfile.write(b"\0" * (1 << 16))
         else:
             super().do_GET()
+
+    def log_request(self, code: object = "-", size: object = "-") -> None:
+        self.server.answers.append((self.path, int(code)))
 
     def log_message(self, *args: object) -> None:
         pass
@@ -63,8 +67,9 @@ def files(media: Path):
     """A local http.server on 127.0.0.1 serving ``media``: its base URL."""
     handler = lambda *a: _Handler(*a, directory=str(media))  # noqa: E731
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.answers = []
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
+    yield f"http://127.0.0.1:{httpd.server_port}", httpd.answers
     httpd.shutdown()
     httpd.server_close()
 
@@ -112,14 +117,17 @@ def test_two_replicas_serve_concurrently_and_repeats_follow_the_cache(server, me
 
 def test_remote_media(server, files, media):
     base, downloads = server
+    files, answers = files
     client = _client(base)
     local = _ask(base, (media / "a.mp4").as_uri())
     remote = _ask(base, files + "/a.mp4")
     assert remote["token_ids"] == local["token_ids"] and remote["frames"] == local["frames"]
-    # Kept by content: the repeat names the same file, so its replica's vision cache has it.
+    # Kept by content, asked for again only if modified (304): the repeat names the same file,
+    # so its replica's vision cache has it.
     again = _ask(base, files + "/a.mp4")
     assert again["vision_cache_hit"] and again["replica"] == remote["replica"], again
     assert again["token_ids"] == remote["token_ids"]
+    assert [status for path, status in answers if path == "/a.mp4"] == [200, 304], answers
     digest = hashlib.sha256((media / "a.mp4").read_bytes()).hexdigest()
     stored = [[p.name for p in d.iterdir()] for d in downloads.iterdir()]
     assert stored == [[f"sha256-{digest}.mp4"]], stored
@@ -142,13 +150,19 @@ def test_remote_media(server, files, media):
     assert [[p.name for p in d.iterdir()] for d in downloads.iterdir()] == stored
 
 
+def _part(directory: Path, name: str, data: bytes) -> Path:
+    """A finished download, as fetch_media leaves it before storing it."""
+    part = directory / f"remote-{name}"
+    part.write_bytes(data)
+    return part
+
+
 def test_media_store_keeps_content_under_its_budget_and_never_a_held_file(tmp_path):
     from apbv.serve.download import MediaStore, discard
 
     def download(name: str, data: bytes, store: MediaStore):
-        part = tmp_path / f"remote-{name}"
-        part.write_bytes(data)
-        return store.admit(str(part), hashlib.sha256(data).hexdigest(), ".mp4")
+        return store.admit(str(_part(tmp_path, name, data)), hashlib.sha256(data).hexdigest(),
+                           ".mp4")
 
     store = MediaStore(str(tmp_path), budget_bytes=2000)
     a1, a2 = download("1", b"a" * 1000, store), download("2", b"a" * 1000, store)
@@ -169,6 +183,18 @@ def test_media_store_keeps_content_under_its_budget_and_never_a_held_file(tmp_pa
     for x in (c, d, e):
         discard(x)
     assert sorted(store.held()) == sorted([Path(d.path).name, Path(e.path).name])
+    url, seen = "http://host/e.mp4", {"If-Modified-Since": "Mon, 01 Jan 2024 00:00:00 GMT"}
+    assert store.conditions(url) == {} and store.reuse(url) is None
+    g = store.admit(str(_part(tmp_path, "8", b"g")), hashlib.sha256(b"g").hexdigest(), ".mp4",
+                    url, seen)
+    assert store.conditions(url) == seen
+    again = store.reuse(url)
+    assert again.path == g.path and store.held()[Path(g.path).name] == 2
+    discard(g)
+    discard(again)
+    for name in "9ab":  # unheld g leaves the store: its URL asks unconditionally again
+        discard(download(name, name.encode() * 3000, store))
+    assert store.conditions(url) == {} and store.reuse(url) is None
     none = MediaStore(str(tmp_path / "none"), budget_bytes=0)
     (tmp_path / "none").mkdir()
     f = download("7", b"f", none)
