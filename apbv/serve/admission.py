@@ -31,6 +31,10 @@ r to r ** 0.25; ten requests at a steady ratio r bring it to r ** 0.94)."""
 SCALE_BOUNDS = (0.01, 100.0)
 """The learned scale stays inside these bounds (a stalled or instant request is not a rate)."""
 
+_ARRIVALS = itertools.count()
+"""Arrival numbers, shared by every replica's queue: a job handed to another replica keeps its
+place in arrival order there (:meth:`Admission.take`)."""
+
 
 @dataclass(eq=False)
 class Job:
@@ -56,7 +60,6 @@ class Admission:
         self.predictor = predictor
         self.heap: list[tuple[tuple[float, int], Job]] = []
         self.running: Job | None = None
-        self.seq = itertools.count()
         self.ready = asyncio.Event()
         self.scale = 1.0
         """Measured / modelled TTFT learned from finished requests (see :meth:`learn`)."""
@@ -83,7 +86,7 @@ class Admission:
             predicted = 0.0
         now = time.monotonic()
         deadline = call.deadline_ms
-        key = (now + deadline / 1000 if deadline is not None else math.inf, next(self.seq))
+        key = (now + deadline / 1000 if deadline is not None else math.inf, next(_ARRIVALS))
         if deadline is not None and self.predictor is not None:
             ahead = sum(j.predicted_s for k, j in self.heap if k < key)
             if self.running is not None:
@@ -121,6 +124,16 @@ class Admission:
     def done(self, job: Job) -> None:
         if self.running is job:
             self.running = None
+
+    def waiting(self) -> list[Job]:
+        """The waiting jobs, in the order they would run."""
+        return [job for _, job in sorted(self.heap, key=lambda item: item[0])]
+
+    def take(self, job: Job) -> None:
+        """Queue ``job``, waiting in another replica's queue until now, in its place here
+        (deadline, then arrival; its prediction as it was)."""
+        heapq.heappush(self.heap, (job.key, job))
+        self.ready.set()
 
     def drop(self, job: Job) -> bool:
         """Remove a job that is still waiting; False if it already started."""

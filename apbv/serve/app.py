@@ -87,6 +87,8 @@ class Server:
             admissions = [Admission(options.max_queue) for _ in groups]
         self.replicas = [Replica(i, g, a, self.metrics, self._observe)
                          for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
+        for replica in self.replicas:
+            replica.peers = self.replicas
         cache = getattr(cfg, "cache", None)
         self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
         self.workers: list[asyncio.Task] = []

@@ -6,7 +6,8 @@ operations, :class:`GroupOp`, alike, so a stream's append never interleaves with
 collectives); a lost rank fails that replica's in-flight request, the replica rebuilds its
 group (status ``degraded``, no new requests while another replica is ready; ``generation``
 counts the rebuilds, since the streams the old ranks held are gone) and then serves its queue
-again.
+again. The chat requests waiting in its queue move to the least loaded ready replicas with
+room first (:meth:`Replica.hand_over`): a rebuild reloads the model.
 
 :func:`pick` routes a request: to a ready replica that answered the same video recently (its
 ranks' vision caches hold the embeddings; the identity is the resolved path, size, mtime in ns
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from apbv.serve.admission import Admission
+from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.group import RankLost
 from apbv.serve.policy import ClientError
@@ -54,6 +55,8 @@ class Replica:
         self.index, self.group, self.admission = index, group, admission
         self.metrics, self.observe = metrics, observe
         self.status = "starting"
+        self.peers: list[Replica] = []
+        """Every replica of the server (this one included): where waiting jobs may move."""
         self.generation = 0
         self.recent: OrderedDict[tuple, None] = OrderedDict()
         label = str(index)
@@ -135,6 +138,7 @@ class Replica:
         self.generation += 1
         self.recent.clear()  # the new ranks' vision caches are empty
         self.metrics.rebuilds.inc()
+        self.hand_over()
         while True:
             try:
                 await asyncio.to_thread(self.group.rebuild)
@@ -142,6 +146,26 @@ class Replica:
                 return
             except Exception:  # keep trying: the queue waits for a whole group
                 await asyncio.sleep(2.0)
+
+
+    def hand_over(self) -> list[Job]:
+        """Move the waiting chat requests, in their order, each to the least loaded ready peer
+        with room, while there is one; live-stream operations stay (their streams lived on
+        these ranks). Returns the jobs moved (``job.replica`` is their new replica)."""
+        moved = []
+        for job in self.admission.waiting():
+            if isinstance(job.call, GroupOp):
+                continue
+            peers = [r for r in self.peers if r is not self and r.status == "ready"
+                     and len(r.admission) < r.admission.max_queue]
+            if not peers:
+                break
+            target = min(peers, key=lambda r: (r.load, r.index))
+            self.admission.drop(job)
+            target.admission.take(job)
+            job.replica = target
+            moved.append(job)
+        return moved
 
 
 def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:

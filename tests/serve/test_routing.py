@@ -1,7 +1,9 @@
-"""The replica router and the remote-media policy, without a server."""
+"""The replica router, the hand-over of a rebuilding replica's queue and the remote-media
+policy, without a server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,6 +54,34 @@ def test_cache_affinity_then_least_loaded_then_degraded(tmp_path: Path):
     a.status, b.status, c.status = "starting", "failed", "starting"
     with pytest.raises(ClientError, match="no engine group is ready .*0: starting, 1: failed"):
         pick([a, b, c], other, affinity=True)
+
+
+def test_a_rebuilding_replica_hands_its_waiting_chat_requests_to_ready_ones():
+    from apbv.serve.replicas import GroupOp
+
+    async def scenario() -> None:
+        a, b, c = replicas = _replicas(3)
+        for r in replicas:
+            r.peers = replicas
+        calls = [SimpleNamespace(deadline_ms=None, name=n) for n in ("first", "second", "third")]
+        op = GroupOp(run=None)  # a live stream's operation: its stream lived on a's ranks
+        a.admission.max_queue = 4  # b and c take 2 each
+        jobs = [a.admission.admit(calls[0], {}), a.admission.admit(op, {}),
+                a.admission.admit(calls[1], {}), a.admission.admit(calls[2], {})]
+        b.admission.running = object()  # b runs one: c is the least loaded at first
+        a.status = "degraded"
+        moved = a.hand_over()
+        assert [j.call for j in moved] == calls  # in their order
+        assert [j.replica for j in moved] == [c, b, c]  # least loaded, the lower index on ties
+        assert a.admission.waiting() == [jobs[1]]  # the stream operation stays
+        assert [j.call.name for j in c.admission.waiting()] == ["first", "third"]
+        assert await c.admission.next() is jobs[0]
+        late = b.admission.admit(SimpleNamespace(deadline_ms=None), {})
+        assert b.admission.waiting() == [jobs[2], late]  # arrival order across replicas
+        c.status = b.status = "degraded"
+        assert b.hand_over() == []  # no ready peer with room: they wait for the rebuild
+
+    asyncio.run(scenario())
 
 
 def test_remote_url_policy():
