@@ -50,6 +50,8 @@ class Job:
     started: float | None = None
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the client went away while the job ran: its decode stops at the next step."""
+    name: str = "job"
+    """What the server's log calls it (a chat request's completion id, a stream operation)."""
 
 
 class Admission:

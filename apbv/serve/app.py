@@ -167,8 +167,8 @@ class Server:
         except BaseException:
             discard(call.downloaded)
             raise
-        job.replica = replica
         cid = api.completion_id()
+        job.replica, job.name = replica, cid
         if call.stream:
             return self.sse(job, cid, request, call.model, call.request.max_new_tokens)
         result, wait = await self._wait(job, request)

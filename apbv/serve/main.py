@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -26,6 +27,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="R independent rank groups, each with its own queue (R x H actors)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the server's log on stderr: a line per finished request and per "
+                        "replica event at info (default: %(default)s)")
     p.add_argument("--address", help="join this Ray cluster (default: start a local one)")
     p.add_argument("--media-root", action="append", default=[], metavar="DIR",
                    help="directory whose files requests may name (file:// URLs; repeatable; "
@@ -122,6 +126,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
                          f"{args.stream_memory_gb}")
     if not args.stream_end_after_s >= 0:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:
@@ -162,6 +168,11 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
             api_key=args.api_key or None, max_queue=args.max_queue)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor) for _ in groups])
+        logging.getLogger("apbv.serve").info(
+            "serving %s on http://%s:%d: %d replica(s) x %d rank(s) (%s), media roots %s, "
+            "remote hosts %s", options.model_name, args.host, args.port, args.replicas,
+            args.world_size, "GPUs" if use_gpu else "CPUs", list(options.policy.roots) or "none",
+            list(domains) or "none")
         uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=5)
     finally:

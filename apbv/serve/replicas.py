@@ -19,6 +19,7 @@ Degraded replicas are used only when none is ready (the request waits for the re
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,8 @@ from apbv.serve.download import discard
 from apbv.serve.group import RankLost
 from apbv.serve.policy import ClientError
 from apbv.video import video_identity
+
+log = logging.getLogger("apbv.serve")
 
 RECENT_VIDEOS = 256
 """Video identities remembered per replica (least recently answered forgotten first)."""
@@ -87,12 +90,16 @@ class Replica:
 
     async def boot(self) -> None:
         """Start the group (actors, process group, model), then serve the queue."""
+        started = time.monotonic()
         try:
             await asyncio.to_thread(self.group.start)
         except Exception:
             self.status = "failed"
+            log.exception("replica %d failed to start", self.index)
             raise
         self.status = "ready"
+        log.info("replica %d ready in %.1f s: %d rank(s), pids %s", self.index,
+                 time.monotonic() - started, self.group.world_size, self.group.pids)
         await self.run()
 
     async def run(self) -> None:
@@ -103,48 +110,56 @@ class Replica:
             if not isinstance(job.call, GroupOp):
                 self.metrics.queue_wait.observe(wait)
             on_token = job.tokens.put_nowait if job.tokens is not None else None
+            error: ClientError | None = None
             try:
                 if isinstance(job.call, GroupOp):
                     result = await job.call.run(self.group, on_token, job.cancel)
-                    self.metrics.requests.labels(job.call.what).inc()
+                    outcome = job.call.what
                 else:
                     result = await self.group.generate(job.call.request, on_token, job.cancel)
                     self.observe(result)
                     if not getattr(result, "vision_cache_hit", False):  # the model's case
                         self.admission.learn(job, result.ttft_s)
-                    self.metrics.requests.labels(
-                        "cancelled" if getattr(result, "cancelled", False) else "ok").inc()
+                    outcome = "cancelled" if getattr(result, "cancelled", False) else "ok"
                     self.remember(video_identity(job.call.request.video))
-                job.future.set_result((result, wait))
             except RankLost as exc:
-                self.metrics.requests.labels("rank_lost").inc()
-                job.future.set_exception(ClientError(503, f"replica {self.index}: {exc}"))
-                await self._rebuild()
+                outcome, error = "rank_lost", ClientError(503, f"replica {self.index}: {exc}")
             except ClientError as exc:  # refused by a GroupOp itself
-                self.metrics.requests.labels(f"refused_{exc.status}").inc()
-                job.future.set_exception(exc)
+                outcome, error = f"refused_{exc.status}", exc
             except ValueError as exc:
-                self.metrics.requests.labels("rejected").inc()
-                job.future.set_exception(ClientError(400, str(exc)))
+                outcome, error = "rejected", ClientError(400, str(exc))
             except Exception as exc:
-                self.metrics.requests.labels("error").inc()
-                job.future.set_exception(ClientError(500, f"{type(exc).__name__}: {exc}"))
-            finally:
-                self.admission.done(job)
-                discard(job.call.downloaded)
+                log.exception("%s on replica %d failed", job.name, self.index)
+                outcome, error = "error", ClientError(500, f"{type(exc).__name__}: {exc}")
+            self.metrics.requests.labels(outcome).inc()
+            _log_outcome(job, self.index, outcome, wait, None if error else result, error)
+            if error is None:
+                job.future.set_result((result, wait))
+            else:
+                job.future.set_exception(error)
+            self.admission.done(job)
+            discard(job.call.downloaded)
+            if outcome == "rank_lost":
+                await self._rebuild()
 
     async def _rebuild(self) -> None:
         self.status = "degraded"
         self.generation += 1
         self.recent.clear()  # the new ranks' vision caches are empty
         self.metrics.rebuilds.inc()
-        self.hand_over()
+        moved = self.hand_over()
+        log.warning("replica %d lost a rank: rebuilding its group (%d waiting request(s) moved "
+                    "to other replicas, %d wait)", self.index, len(moved), len(self.admission))
+        started = time.monotonic()
         while True:
             try:
                 await asyncio.to_thread(self.group.rebuild)
                 self.status = "ready"
+                log.info("replica %d rebuilt in %.1f s", self.index, time.monotonic() - started)
                 return
-            except Exception:  # keep trying: the queue waits for a whole group
+            except Exception as exc:  # keep trying: the queue waits for a whole group
+                log.warning("replica %d: rebuilding failed (%s: %s); retrying in 2 s",
+                            self.index, type(exc).__name__, exc)
                 await asyncio.sleep(2.0)
 
 
@@ -166,6 +181,20 @@ class Replica:
             job.replica = target
             moved.append(job)
         return moved
+
+
+def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
+                 error: ClientError | None) -> None:
+    """One line per finished job: its name, replica, outcome and, for an answer, what it took."""
+    head = f"{job.name} on replica {replica}: {outcome}"
+    if error is not None:
+        log.warning("%s (%d: %s)", head, error.status, error.message)
+    elif isinstance(job.call, GroupOp):
+        log.info("%s, queued %.3f s", head, wait)
+    else:
+        log.info("%s, %d frames, %d prompt tokens, %d new, TTFT %.3f s, queued %.3f s%s", head,
+                 result.frames, result.context_len + result.query_len, len(result.token_ids),
+                 result.ttft_s, wait, ", vision cache hit" if result.vision_cache_hit else "")
 
 
 def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:

@@ -135,7 +135,7 @@ class Streams:
                 self._forget(live)
 
         job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0)
-        job.replica = replica
+        job.replica, job.name = replica, f"{live.id} {op}"
         job.future.add_done_callback(forget_if_lost)
         return job
 

@@ -61,8 +61,8 @@ def media(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, media: Path):
-    """(base URL, the process, the reference answer computed while the server starts, the
-    live-stream tests' reference)."""
+    """(base URL, the server process (its output in ``.log``), the reference answer computed
+    while the server starts, the live-stream tests' reference)."""
     with serving(tiny_model_dir, "--world-size", "2", "--media-root", str(media), "--api-key",
                  KEY, "--max-frames", "16", "--max-queue", "4", "--max-body-bytes", "65536",
                  "--max-prompt-tokens", "1000", "--vision-cache-gb", "0.25",
@@ -74,7 +74,7 @@ def server(tiny_model_dir: Path, media: Path):
         for _, token_ids, seen, _ in ranks:  # the on_token hook: every token, on every rank
             assert seen == token_ids == ranks[0][1] and len(seen) == 6
         srv.wait_ready()
-        yield srv.base, srv.proc, ranks[0][:2], ranks[0][3]
+        yield srv.base, srv, ranks[0][:2], ranks[0][3]
 
 
 def _client(base: str, key: str = KEY) -> openai.OpenAI:
@@ -115,6 +115,14 @@ def test_completion_and_stream_equal_the_engine(server, media):
     assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == before + 3
     assert _metric(base, "apbv_ttft_seconds_count") >= 3
     assert _metric(base, "apbv_vision_cache_hits_total") >= 1
+    # The server's log: a line per finished request, named by its completion id.
+    line = f"apbv.serve: {again.id} on replica 0: ok, 12 frames, 905 prompt tokens, 6 new, TTFT "
+    deadline = time.monotonic() + 10
+    while not any(line in entry for entry in server[1].log):
+        assert time.monotonic() < deadline, f"no log line {line!r}:\n{server[1].tail()}"
+        time.sleep(0.1)
+    assert any(line in entry and entry.rstrip().endswith("vision cache hit")
+               for entry in server[1].log), server[1].tail()
     # The finished requests that encoded the video taught deadline admission this machine.
     scale = _metric(base, "apbv_ttft_model_scale", '{replica="0"}')
     assert scale > 0 and scale != 1.0, scale
