@@ -22,6 +22,7 @@ from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
+from apbv.engine.request import cut_at_stop
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
@@ -93,24 +94,35 @@ def greedy_continue(
     kernel: str | None = None,
     on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
-) -> list[int]:
-    """Tokens after ``first_token`` until EOS or ``max_new_tokens`` in total (first included),
-    or until ``stop()`` is true on the query rank before a step's token is picked (the other
-    ranks' ``stop`` is not asked); ``on_token`` is called with each new one as soon as it is
+    stop_texts: Sequence[str] = (),
+) -> tuple[list[int], str]:
+    """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
+    the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
+    rank ends at the same step), ``length`` (``max_new_tokens`` in total) or ``cancelled``
+    (``stop()`` was true on the query rank before a step's token was picked; the other ranks'
+    ``stop`` is not asked). ``on_token`` is called with each new token as soon as it is
     picked."""
     tokens = [first_token]
     eos = qwen.eos_token_ids
+    tokenizer = qwen.processor.tokenizer
     ctx = DecodeContext(info, cache, kernel)
-    while len(tokens) < max_new_tokens and tokens[-1] not in eos:
+
+    def ended() -> str | None:
+        if tokens[-1] in eos or (stop_texts and cut_at_stop(
+                tokenizer.decode(tokens, skip_special_tokens=True), stop_texts)[1]):
+            return "stop"
+        return "length" if len(tokens) >= max_new_tokens else None
+
+    while (reason := ended()) is None:
         logits = decode_step(qwen, tokens[-1], next_position + len(tokens) - 1, ctx)
         token = pick_token(logits, info.group,
                            stop is not None and info.rank == QUERY_RANK and stop())
         if token == STOP:
-            break
+            return tokens, "cancelled"
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-    return tokens
+    return tokens, reason
 
 
 def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:

@@ -266,7 +266,7 @@ class Engine:
         is called on this rank with each token id as soon as it is known (first included).
         ``stop``, asked on the query rank before each decode step's token is picked, ends the
         decode on every rank at that step when it returns True (a client gone): the result
-        holds the tokens so far, with ``cancelled`` set.
+        holds the tokens so far, its ``finish_reason`` ``cancelled``.
         """
         group = self.info.group
         self.check_same("requests", request.fingerprint())

@@ -32,6 +32,8 @@ MIN_CHOICES, MAX_CHOICES = 2, 64
 """How many closed-vocabulary choices a request may hold."""
 MAX_CHOICE_CHARS = 256
 """Longest choice accepted (characters)."""
+MAX_STOP_TEXTS, MAX_STOP_CHARS = 4, 64
+"""How many stop texts a request may hold (OpenAI's limit), and how long each may be."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Request:
     choices: tuple[str, ...] | None = None
     """Closed-vocabulary answers: score each (plain text) by its exact log-probability after
     the prompt instead of generating; None: greedy generation."""
+    stop_texts: tuple[str, ...] = ()
+    """Texts that end a generated answer (OpenAI's ``stop``): decoding stops once the
+    answer's text holds one, and the answer is cut before it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -80,15 +85,20 @@ class Request:
                 check_int(name, getattr(self, name), 0)
         if self.choices is not None:
             object.__setattr__(self, "choices", check_choices(self.choices))
+        object.__setattr__(self, "stop_texts", check_stop_texts(self.stop_texts))
+        if self.stop_texts and self.choices is not None:
+            raise ValueError("stop texts end a generated answer; a request with choices "
+                             "generates none: give one or the other")
 
     @classmethod
     def from_config(
         cls, cfg: RuntimeConfig, video: str, question: str, *, mode: str | None = None,
         max_new_tokens: int | None = None, choices: Sequence[str] | None = None,
+        stop_texts: str | Sequence[str] = (),
     ) -> Request:
         """The request the config describes for ``video`` and ``question``; ``mode`` and
         ``max_new_tokens`` replace the config's when given; ``choices`` makes it a
-        closed-vocabulary request."""
+        closed-vocabulary request; ``stop_texts`` end a generated answer."""
         att = cfg.attention
         return cls(
             video=cfg.video.spec(video),
@@ -100,6 +110,7 @@ class Request:
             passing_len=att.passing_len,
             kernel=att.kernel,
             choices=choices,  # type: ignore[arg-type]  # checked and made a tuple on init
+            stop_texts=stop_texts,  # type: ignore[arg-type]  # the same
         )
 
     def plan(self, context_len: int, query_len: int, world_size: int) -> Plan:
@@ -149,6 +160,25 @@ def check_choices(choices: Sequence[str]) -> tuple[str, ...]:
                              f"the choices must be distinct")
         seen[choice] = i
     return tuple(choices)
+
+
+def check_stop_texts(texts: str | Sequence[str]) -> tuple[str, ...]:
+    """``texts`` (one string, or a sequence of them) as a tuple, or ValueError naming what is
+    wrong and the limits."""
+    if isinstance(texts, str):
+        texts = (texts,)
+    if not isinstance(texts, Sequence) or len(texts) > MAX_STOP_TEXTS or not all(
+            isinstance(t, str) and 0 < len(t) <= MAX_STOP_CHARS for t in texts):
+        raise ValueError(f"stop must be a string or a list of at most {MAX_STOP_TEXTS} "
+                         f"strings of 1 .. {MAX_STOP_CHARS} characters, got {texts!r}"[:300])
+    return tuple(texts)
+
+
+def cut_at_stop(text: str, stop_texts: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first place where one of ``stop_texts`` begins, and whether one
+    did."""
+    found = [i for i in (text.find(s) for s in stop_texts) if i >= 0]
+    return (text[:min(found)], True) if found else (text, False)
 
 
 def _file_size(path: str) -> str:
@@ -227,8 +257,9 @@ class Result:
     logprobs)}; ``answer`` is then the most probable choice and ``token_ids`` its tokens."""
     first_logits: torch.Tensor | None = field(default=None, repr=False)
     """(vocab,) fp32 logits of the first token (not part of the JSON)."""
-    cancelled: bool = False
-    """True when the caller's ``stop`` ended the decode before EOS or max_new_tokens."""
+    finish_reason: str = "stop"
+    """Why the answer ended: ``stop`` (EOS, a stop text, or the choices scored), ``length``
+    (max_new_tokens) or ``cancelled`` (the caller's ``stop`` callable)."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

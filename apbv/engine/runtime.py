@@ -8,7 +8,7 @@ per-stage timings. It is the same on every rank; ranks differ only in the data t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ from apbv.engine.decode import (
 )
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
-from apbv.engine.request import PromptInputs, Request, Result
+from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import (
     VideoSpan,
     embedding_routes,
@@ -64,7 +64,7 @@ def run_prompt(
     ``request.mode`` picks the plan, the attention overlap and whether the vision work is
     split; the result is the same on every rank. ``on_token`` (every rank) gets each token id
     as soon as it is known, the first one included; ``stop`` (asked on the query rank between
-    decode steps) ends the decode early (:attr:`Result.cancelled`).
+    decode steps) ends the decode early (:attr:`Result.finish_reason` ``cancelled``).
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
@@ -120,16 +120,15 @@ def run_prompt(
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
-    tokens, choices, cancelled = finish_answer(
+    tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
     return Result(
-        answer=qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True)
-        if choices is None else max(choices, key=lambda c: c["logprob"])["text"],
+        answer=answer_text(qwen, tokens, choices, request.stop_texts),
         token_ids=tokens,
         ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
         seconds=seconds,
@@ -146,7 +145,7 @@ def run_prompt(
         vision_cache_hit=cache_hit,
         first_logits=logits,
         choices=choices,
-        cancelled=cancelled,
+        finish_reason=finish,
     )
 
 
@@ -155,12 +154,14 @@ def finish_answer(
     info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-) -> tuple[list[int], list[dict] | None, bool]:
+    stop_texts: Sequence[str] = (),
+) -> tuple[list[int], list[dict] | None, str]:
     """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
-    the per-choice table of :class:`Result`, and whether ``stop`` ended the decode: the first
-    token (stage ``first_token``), then greedy decode (until ``stop``, see
-    :func:`greedy_continue`) or the choices' exact scores (stage ``decode``) over the
-    distributed ``cache``; ``next_position`` is the first position after the prompt.
+    the per-choice table of :class:`Result`, and why the answer ended (its
+    ``finish_reason``): the first token (stage ``first_token``), then greedy decode (until
+    EOS, a stop text, the length or ``stop``: :func:`greedy_continue`) or the choices' exact
+    scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
+    position after the prompt.
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
@@ -176,12 +177,21 @@ def finish_answer(
         best = choice_ids[max(range(len(choice_ids)), key=lambda i: logprobs[i])]
         for token in best if on_token is not None else ():  # the chosen answer's tokens
             on_token(token)
-        return best, choice_table(choices, choice_ids, logprobs), False
+        return best, choice_table(choices, choice_ids, logprobs), "stop"
     if on_token is not None:
         on_token(first)
     with timer.stage("decode"):
-        tokens = greedy_continue(qwen, first, next_position, cache, info,
-                                 max_new_tokens=max_new_tokens, kernel=kernel,
-                                 on_token=on_token, stop=stop)
-    # Neither EOS nor the length ended it: stop did (the same on every rank).
-    return tokens, None, len(tokens) < max_new_tokens and tokens[-1] not in qwen.eos_token_ids
+        tokens, finish = greedy_continue(qwen, first, next_position, cache, info,
+                                         max_new_tokens=max_new_tokens, kernel=kernel,
+                                         on_token=on_token, stop=stop, stop_texts=stop_texts)
+    return tokens, None, finish
+
+
+def answer_text(qwen: QwenVL, tokens: list[int], choices: list[dict] | None,
+                stop_texts: Sequence[str] = ()) -> str:
+    """The answer: the likeliest choice, or the tokens' text (special tokens left out) cut
+    before the first stop text it holds."""
+    if choices is not None:
+        return max(choices, key=lambda c: c["logprob"])["text"]
+    return cut_at_stop(qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True),
+                       stop_texts)[0]

@@ -53,7 +53,7 @@ from apbv.engine.request import (
     StreamWindow,
     check_choices,
 )
-from apbv.engine.runtime import finish_answer, raise_if_any_failed, run_prompt
+from apbv.engine.runtime import answer_text, finish_answer, raise_if_any_failed, run_prompt
 from apbv.modes import get_mode
 from apbv.plan import QUERY_RANK, check_int, patch_ranges
 from apbv.positions import rope_shift, video_positions
@@ -461,7 +461,7 @@ class Stream:
                     hidden = self._feed(qwen.embed(rows.unsqueeze(0)), positions,
                                         owner=QUERY_RANK)
                     logits = qwen.logits(hidden[0, -1]).float()
-            tokens, table, cancelled = finish_answer(
+            tokens, table, finish = finish_answer(
                 qwen, logits, start + len(rows), self.cache, info, timer, choices=choices,
                 choice_ids=choice_ids, max_new_tokens=max_new_tokens, kernel=self.kernel,
                 on_token=on_token, stop=stop)
@@ -469,8 +469,7 @@ class Stream:
             self.cache.truncate(mark)
         seconds = timer.max_over_ranks(info.group)
         return Result(
-            answer=tokenizer.decode(tokens, skip_special_tokens=True) if table is None
-            else max(table, key=lambda c: c["logprob"])["text"],
+            answer=answer_text(qwen, tokens, table),
             token_ids=tokens,
             ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
             seconds=seconds,
@@ -486,7 +485,7 @@ class Stream:
             kv_cache_bytes_max=int(comm.all_reduce_max(float(self.cache.nbytes()), info.group)),
             choices=table,
             first_logits=logits,
-            cancelled=cancelled,
+            finish_reason=finish,
         )
 
     def _ask_fresh(self, question: str, max_new_tokens: int, choices: tuple[str, ...] | None,

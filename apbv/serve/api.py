@@ -21,7 +21,7 @@ from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, reso
 
 KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "stream", "mode", "fps", "nframes", "max_pixels", "choices", "deadline_ms",
-                "n", "user", "top_p", "stream_options"}
+                "n", "user", "top_p", "stream_options", "stop"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,9 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     downloaded = None if remote is None else fetch_media(remote, policy)
     path = resolve_media(url, policy) if downloaded is None else downloaded.path
     try:
-        request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens)
+        request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens,
+                                      stop_texts=() if body.get("stop") is None
+                                      else body["stop"])
         # A local path was checked with its links resolved: open exactly that file, no link
         # on the way (the download directory is the server's own).
         video = dataclasses.replace(request.video, follow_symlinks=downloaded is not None)
@@ -209,23 +211,19 @@ def apbv_block(result: Any, queue_wait_s: float, replica: int = 0) -> dict[str, 
     return out
 
 
-def finish_reason(result: Any, max_new_tokens: int) -> str:
-    return "length" if len(result.token_ids) >= max_new_tokens else "stop"
-
-
 def completion(call: ChatCall, cid: str, result: Any, queue_wait_s: float,
                replica: int = 0) -> dict[str, Any]:
-    return answer(call.model, call.request.max_new_tokens, cid, result, queue_wait_s, replica)
+    return answer(call.model, cid, result, queue_wait_s, replica)
 
 
-def answer(model: str, max_new_tokens: int, cid: str, result: Any, queue_wait_s: float,
+def answer(model: str, cid: str, result: Any, queue_wait_s: float,
            replica: int = 0) -> dict[str, Any]:
     """A chat.completion body for ``result`` (also the answer of a live stream's ask)."""
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
-                     "finish_reason": finish_reason(result, max_new_tokens),
+                     "finish_reason": result.finish_reason,
                      "logprobs": None}],
         "usage": usage(result),
         "apbv": apbv_block(result, queue_wait_s, replica),

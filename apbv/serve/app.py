@@ -30,6 +30,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from apbv.engine.request import cut_at_stop
 from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
@@ -170,7 +171,7 @@ class Server:
         cid = api.completion_id()
         job.replica, job.name = replica, cid
         if call.stream:
-            return self.sse(job, cid, request, call.model, call.request.max_new_tokens)
+            return self.sse(job, cid, request, call.model, call.request.stop_texts)
         result, wait = await self._wait(job, request)
         return JSONResponse(api.completion(call, cid, result, wait, replica.index))
 
@@ -186,15 +187,16 @@ class Server:
                     raise ClientError(499, "the client disconnected while queued")
                 job.cancel.set()
 
-    def sse(self, job: Job, cid: str, request: Request, model: str, max_new_tokens: int,
-            **apbv: Any) -> StreamingResponse:
+    def sse(self, job: Job, cid: str, request: Request, model: str,
+            stop_texts: tuple[str, ...] = (), **apbv: Any) -> StreamingResponse:
         """The answer of a job admitted to stream, as chat.completion.chunk server-sent
-        events; ``apbv`` adds fields to the last chunk's ``apbv`` block."""
-        return StreamingResponse(self._sse(job, cid, request, model, max_new_tokens, apbv),
+        events (text that may begin one of ``stop_texts`` is held back until it is known not
+        to); ``apbv`` adds fields to the last chunk's ``apbv`` block."""
+        return StreamingResponse(self._sse(job, cid, request, model, stop_texts, apbv),
                                  media_type="text/event-stream")
 
     async def _sse(self, job: Job, cid: str, request: Request, model: str,
-                   max_new_tokens: int, extra: dict[str, Any]) -> AsyncIterator[bytes]:
+                   stop_texts: tuple[str, ...], extra: dict[str, Any]) -> AsyncIterator[bytes]:
         tokenizer = self.processor.tokenizer
         ids: list[int] = []
         sent = ""
@@ -205,7 +207,7 @@ class Server:
         yield event(api.chunk(model, cid, {"role": "assistant", "content": ""}))
         waiter = asyncio.ensure_future(self._wait(job, request))
         try:
-            async for piece in self._deltas(job, waiter, ids, tokenizer):
+            async for piece in self._deltas(job, waiter, ids, tokenizer, stop_texts):
                 sent += piece
                 yield event(api.chunk(model, cid, {"content": piece}))
             result, wait = await waiter
@@ -220,18 +222,19 @@ class Server:
                 job.cancel.set()
         if result.answer.startswith(sent) and len(result.answer) > len(sent):
             yield event(api.chunk(model, cid, {"content": result.answer[len(sent):]}))
-        yield event(api.chunk(model, cid, {},
-                              api.finish_reason(result, max_new_tokens),
+        yield event(api.chunk(model, cid, {}, result.finish_reason,
                               usage=api.usage(result),
                               apbv={**api.apbv_block(result, wait, job.replica.index),
                                     **extra}))
         yield b"data: [DONE]\n\n"
 
     @staticmethod
-    async def _deltas(job: Job, waiter: asyncio.Future, ids: list[int],
-                      tokenizer: Any) -> AsyncIterator[str]:
-        """New text as tokens arrive (held back while it ends inside a UTF-8 sequence)."""
+    async def _deltas(job: Job, waiter: asyncio.Future, ids: list[int], tokenizer: Any,
+                      stop_texts: tuple[str, ...]) -> AsyncIterator[str]:
+        """New text as tokens arrive (held back while it ends inside a UTF-8 sequence, or
+        with what could begin a stop text; nothing from the first stop text on)."""
         sent = ""
+        hold = max(map(len, stop_texts), default=1) - 1
         while True:
             getter = asyncio.ensure_future(job.tokens.get())
             await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
@@ -239,7 +242,10 @@ class Server:
                 getter.cancel()
                 return
             ids.append(getter.result())
-            text = tokenizer.decode(ids, skip_special_tokens=True)
+            text, stopped = cut_at_stop(tokenizer.decode(ids, skip_special_tokens=True),
+                                        stop_texts)
+            if not stopped and hold:
+                text = text[:len(text) - hold]
             if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
                 yield text[len(sent):]
                 sent = text

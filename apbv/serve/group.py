@@ -223,7 +223,7 @@ class RankGroup:
                        cancel: asyncio.Event | None = None) -> Any:
         """Rank 0's Result for ``request`` handed to every rank; ``on_token`` (in the event
         loop) gets each token id from rank 0 as soon as it is known; once ``cancel`` is set,
-        the decode stops at its next step (the Result's ``cancelled``).
+        the decode stops at its next step (the Result's ``finish_reason`` ``cancelled``).
 
         Raises :class:`RankLost` when an actor died, the engine's ValueError when the request
         was refused on the ranks, RuntimeError for other failures.

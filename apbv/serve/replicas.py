@@ -120,7 +120,7 @@ class Replica:
                     self.observe(result)
                     if not getattr(result, "vision_cache_hit", False):  # the model's case
                         self.admission.learn(job, result.ttft_s)
-                    outcome = "cancelled" if getattr(result, "cancelled", False) else "ok"
+                    outcome = "cancelled" if result.finish_reason == "cancelled" else "ok"
                     self.remember(video_identity(job.call.request.video))
             except RankLost as exc:
                 outcome, error = "rank_lost", ClientError(503, f"replica {self.index}: {exc}")

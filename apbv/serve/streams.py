@@ -346,10 +346,10 @@ class Streams:
             job.future.add_done_callback(
                 lambda f: None if f.cancelled() or f.exception() else
                 self.server._observe(f.result()[0]))
-            return self.server.sse(job, cid, request, model, max_tokens, stream=live.id)
+            return self.server.sse(job, cid, request, model, stream=live.id)
         result, wait = await self._run(live, "ask", question, max_new_tokens=max_tokens,
                                        choices=choices, fresh=fresh)
-        out = api.answer(model, max_tokens, cid, result, wait, live.replica.index)
+        out = api.answer(model, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
         self.server._observe(result)
         return JSONResponse(out)

@@ -8,7 +8,9 @@
 - the choice probabilities are a softmax over the choices, the answer is the likeliest, and
   every rank returns the same table;
 - a ``stop`` that turns true on the query rank (rank 0 only) ends the decode on every rank at
-  the same step: the plain request's first tokens, ``cancelled`` set.
+  the same step: the plain request's first tokens, ``cancelled``;
+- a stop text ends the decode on every rank once the answer holds it, and the answer is cut
+  before it.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         out = score(qwen, first_logits, ids, next_position, cache, info, **kw)
         after["lengths_equal"] = cache.lengths() == before
         first = pick_token(first_logits, info.group)  # greedy on the very same cache
-        after["tokens"] = greedy_continue(qwen, first, next_position, cache, info,
-                                          max_new_tokens=NEW_TOKENS, **kw)
+        after["tokens"], _ = greedy_continue(qwen, first, next_position, cache, info,
+                                             max_new_tokens=NEW_TOKENS, **kw)
         return out
 
     runtime.score_choices = score_then_decode
@@ -62,9 +64,16 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     stopped = engine.generate(engine.request(video, QUESTION, mode="exact",
                                              max_new_tokens=NEW_TOKENS), on_token=seen.append,
                               stop=(lambda: len(seen) >= 3) if info.rank == 0 else None)
+    # A stop text that begins where the third token's text does.
+    start = len(engine.qwen.processor.tokenizer.decode(plain.token_ids[:2],
+                                                       skip_special_tokens=True))
+    stop_text = plain.answer[start:start + 2]
+    cut = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                         max_new_tokens=NEW_TOKENS, stop_texts=stop_text))
     return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids,
-            "plain_cancelled": plain.cancelled, "stopped": stopped.token_ids,
-            "cancelled": stopped.cancelled}
+            "plain_finish": plain.finish_reason, "stopped": stopped.token_ids,
+            "stopped_finish": stopped.finish_reason, "plain_answer": plain.answer,
+            "stop_text": stop_text, "cut": cut.to_json()}
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +114,12 @@ def test_choices_match_hf_and_leave_the_prompt_cache(
         assert r["scored"]["choices"] == table, f"rank {rank} returned another table"
         assert r["after"]["lengths_equal"], f"rank {rank}: the cache was not truncated back"
         assert r["after"]["tokens"] == r["plain"], (rank, r["after"]["tokens"], r["plain"])
-        assert len(r["plain"]) == NEW_TOKENS and not r["plain_cancelled"], r["plain"]
-        assert (r["stopped"], r["cancelled"]) == (r["plain"][:3], True), (rank, r["stopped"])
+        assert (len(r["plain"]), r["plain_finish"]) == (NEW_TOKENS, "length"), r["plain"]
+        assert (r["stopped"], r["stopped_finish"]) == (r["plain"][:3], "cancelled"), rank
+        cut, text = r["cut"], r["plain_answer"]
+        assert r["stop_text"] and cut["finish_reason"] == "stop", (rank, cut)
+        assert cut["answer"] == text[:text.find(r["stop_text"])], (rank, cut, text)
+        n = len(cut["token_ids"])
+        assert 3 <= n < NEW_TOKENS and cut["token_ids"] == r["plain"][:n], (rank, cut)
+        assert cut == per_rank[0]["cut"], f"rank {rank} ended elsewhere"
     assert len(set(per_rank[0]["plain"])) > 1, per_rank[0]["plain"]  # not a degenerate check

@@ -164,6 +164,37 @@ def test_choices(server, media):
     assert out.choices[0].message.content == max(table, key=lambda c: c["prob"])["text"]
 
 
+def test_stop_texts_cut_the_answer_streamed_or_not(server, media):
+    """OpenAI's ``stop``: the answer ends before the first stop text, streamed text never
+    shows any of it, finish_reason "stop"; more than 4 stop texts, or stop with choices, are
+    refused naming the limit."""
+    base, _, (answer, token_ids), _ = server
+    client = _client(base)
+    messages = _messages((media / "clip.mp4").as_uri())
+    stop = answer[3:5]  # the reference answer (6 tokens), cut inside
+    expected = answer[:answer.find(stop)]
+    assert stop and expected, answer
+    out = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=messages,
+                                         max_tokens=6, stop=[stop, "never in it \u2603"])
+    assert out.choices[0].message.content == expected, (out.choices[0].message, answer)
+    assert out.choices[0].finish_reason == "stop"
+    ids = out.model_extra["apbv"]["token_ids"]
+    assert len(ids) < len(token_ids) and ids == token_ids[:len(ids)], (ids, token_ids)
+    pieces, finish = [], None
+    for chunk in client.chat.completions.create(model="tiny-qwen2.5-vl", messages=messages,
+                                                max_tokens=6, stop=stop, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            assert stop not in "".join(pieces), pieces
+        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+    assert ("".join(pieces), finish) == (expected, "stop")
+    for extra, text in ((dict(stop=list("abcde")), "at most 4 strings of 1 .. 64 characters"),
+                        (dict(stop="x", extra_body={"choices": ["a", "b"]}),
+                         "a request with choices generates none")):
+        with pytest.raises(openai.BadRequestError, match=text):
+            client.chat.completions.create(model="tiny-qwen2.5-vl", messages=messages, **extra)
+
+
 def test_health_and_models(server):
     base = server[0]
     health = httpx.get(base + "/health").json()
