@@ -52,6 +52,7 @@ from apbv.engine.request import (
     Result,
     StreamWindow,
     check_choices,
+    check_stop_texts,
 )
 from apbv.engine.runtime import answer_text, finish_answer, raise_if_any_failed, run_prompt
 from apbv.modes import get_mode
@@ -410,12 +411,14 @@ class Stream:
     def ask(self, question: str, *, max_new_tokens: int = 1,
             choices: Sequence[str] | None = None, fresh: bool = False,
             on_token: Callable[[int], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> Result:
+            stop: Callable[[], bool] | None = None,
+            stop_texts: str | Sequence[str] = ()) -> Result:
         """Answer ``question`` about the frames appended so far (whole patches; the buffered
         odd frame waits for its pair). Exact attention over the held KV; the question's rows
         and the decoded tokens are dropped afterwards. ``fresh``: a one-shot spava prefill of
         the held window from the kept vision embeddings instead (``keep_vision``). ``stop``
-        as in :meth:`Engine.generate <apbv.engine.engine.Engine.generate>`."""
+        as in :meth:`Engine.generate <apbv.engine.engine.Engine.generate>`, ``stop_texts`` as
+        in :class:`~apbv.engine.request.Request`."""
         error: Exception | None = None
         try:
             if not isinstance(question, str) or not question.strip():
@@ -423,6 +426,10 @@ class Stream:
             check_int("max_new_tokens", max_new_tokens, 1)
             if choices is not None:
                 choices = check_choices(choices)
+            stop_texts = check_stop_texts(stop_texts)
+            if stop_texts and choices is not None:
+                raise ValueError("stop texts end a generated answer; a question with choices "
+                                 "generates none: give one or the other")
             if not self.chunks:
                 raise ValueError("the stream holds no frames yet: append at least one whole "
                                  f"temporal patch ({TEMPORAL_PATCH_SIZE} frames) first")
@@ -434,9 +441,10 @@ class Stream:
         raise_if_any_failed(error, self.info.group)
         self.engine.check_same("questions", {"question": question, "choices": repr(choices),
                                             "max_new_tokens": str(max_new_tokens),
-                                            "fresh": str(fresh)})
+                                            "fresh": str(fresh), "stop": repr(stop_texts)})
         if fresh:
-            return self._ask_fresh(question, max_new_tokens, choices, on_token, stop)
+            return self._ask_fresh(question, max_new_tokens, choices, on_token, stop,
+                                   stop_texts)
         qwen, info = self.qwen, self.info
         timer = StageTimer(info.device, info.group)
         tokenizer = qwen.processor.tokenizer
@@ -464,12 +472,12 @@ class Stream:
             tokens, table, finish = finish_answer(
                 qwen, logits, start + len(rows), self.cache, info, timer, choices=choices,
                 choice_ids=choice_ids, max_new_tokens=max_new_tokens, kernel=self.kernel,
-                on_token=on_token, stop=stop)
+                on_token=on_token, stop=stop, stop_texts=stop_texts)
         finally:
             self.cache.truncate(mark)
         seconds = timer.max_over_ranks(info.group)
         return Result(
-            answer=answer_text(qwen, tokens, table),
+            answer=answer_text(qwen, tokens, table, stop_texts),
             token_ids=tokens,
             ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
             seconds=seconds,
@@ -490,14 +498,15 @@ class Stream:
 
     def _ask_fresh(self, question: str, max_new_tokens: int, choices: tuple[str, ...] | None,
                    on_token: Callable[[int], None] | None,
-                   stop: Callable[[], bool] | None) -> Result:
+                   stop: Callable[[], bool] | None, stop_texts: tuple[str, ...]) -> Result:
         """One-shot spava over the held chunks' frames, from the kept vision embeddings."""
         qwen, info, engine = self.qwen, self.info, self.engine
         att = engine.cfg.attention
         window = StreamWindow(self.chunks[0].index, self.chunks[-1].index, self.frames_held)
         request = Request(video=window, question=question, mode=get_mode("spava"),
                           max_new_tokens=max_new_tokens, anchor_len=att.anchor_len,
-                          passing_len=att.passing_len, kernel=att.kernel, choices=choices)
+                          passing_len=att.passing_len, kernel=att.kernel, choices=choices,
+                          stop_texts=stop_texts)
         timer = StageTimer(info.device, info.group)
         with timer.stage("preprocess"):
             error: Exception | None = None

@@ -29,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from apbv.engine.request import check_choices
+from apbv.engine.request import check_choices, check_stop_texts
 from apbv.engine.stream import StreamSpec
 from apbv.serve import api, stream_budget
 from apbv.serve.admission import Job
@@ -40,7 +40,7 @@ from apbv.stream import Capture, local_source, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
-ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream"}
+ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream", "stop"}
 
 
 @dataclass
@@ -331,8 +331,12 @@ class Streams:
         streamed = bool(api.typed_field(body, "stream", (bool,)))
         try:
             choices = None if choices is None else list(check_choices(choices))
+            stop_texts = check_stop_texts(() if body.get("stop") is None else body["stop"])
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
+        if stop_texts and choices is not None:
+            raise ClientError(400, "stop and choices do not go together: a closed-vocabulary "
+                                   "answer generates no text to stop")
         if not live.opened_on_ranks:
             raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
         if streamed and choices is not None:
@@ -342,13 +346,13 @@ class Streams:
         model, cid = self.server.opt.model_name, api.completion_id()
         if streamed:
             job = self._admit(live, "ask", question, max_new_tokens=max_tokens, fresh=fresh,
-                              stream=True)
+                              stop_texts=stop_texts, stream=True)
             job.future.add_done_callback(
                 lambda f: None if f.cancelled() or f.exception() else
                 self.server._observe(f.result()[0]))
-            return self.server.sse(job, cid, request, model, stream=live.id)
+            return self.server.sse(job, cid, request, model, stop_texts, stream=live.id)
         result, wait = await self._run(live, "ask", question, max_new_tokens=max_tokens,
-                                       choices=choices, fresh=fresh)
+                                       choices=choices, fresh=fresh, stop_texts=stop_texts)
         out = api.answer(model, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
         self.server._observe(result)

@@ -405,6 +405,13 @@ def test_stream_pushed_frames_answer_like_one_shot(server):
     last = events[-1]
     assert last["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]
     assert last["apbv"]["token_ids"] == token_ids and last["apbv"]["stream"] == sid
+    answer = out["choices"][0]["message"]["content"]
+    stop = answer[2:4]  # a stop text ends the streamed answer before it
+    cut = _events(f"{base}/v1/streams/{sid}/ask",
+                  {"question": STREAM_QUESTION, "max_tokens": 5, "stream": True, "stop": stop})
+    assert stop and cut[-1]["choices"][0]["finish_reason"] == "stop", (answer, cut[-1])
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in cut) == \
+        answer[:answer.find(stop)]
     _refused(_post(f"{base}/v1/streams/{sid}/ask",
                    json={"question": STREAM_QUESTION, "choices": CHOICES, "stream": True}),
              400, "stream and choices do not go together")
@@ -416,7 +423,7 @@ def test_stream_pushed_frames_answer_like_one_shot(server):
                                                         abs=1e-4)
     assert scored["choices"][0]["message"]["content"] == max(got, key=lambda c: c["prob"])["text"]
     stats = _get(f"{base}/v1/streams/{sid}").json()
-    assert stats["frames_pushed"] == 10 and stats["pushes"] == 3 and stats["asks"] == 3
+    assert stats["frames_pushed"] == 10 and stats["pushes"] == 3 and stats["asks"] == 4
     assert stats["spec"]["height"] == stats["spec"]["width"] == SIZE
     assert stats["native_size"] == {"height": SIZE, "width": SIZE}
     engine = stats["engine"]
