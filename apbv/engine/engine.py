@@ -39,7 +39,7 @@ from apbv.cost import (
 from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
-from apbv.engine.runtime import raise_if_any_failed, run_prompt
+from apbv.engine.runtime import cancelled_here, raise_if_any_failed, run_prompt
 from apbv.engine.stream import Stream, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.qwen2_5_vl import QwenVL, load
@@ -266,7 +266,9 @@ class Engine:
         is called on this rank with each token id as soon as it is known (first included).
         ``stop``, asked on the query rank before each decode step's token is picked, ends the
         decode on every rank at that step when it returns True (a client gone): the result
-        holds the tokens so far, its ``finish_reason`` ``cancelled``.
+        holds the tokens so far, its ``finish_reason`` ``cancelled``. Asked as well after
+        preprocessing and after the vision tower, it ends the request there on every rank
+        with :class:`~apbv.engine.request.RequestCancelled`.
         """
         group = self.info.group
         self.check_same("requests", request.fingerprint())
@@ -277,5 +279,6 @@ class Engine:
                 inputs = self.preprocess(request)
             except Exception as exc:  # every error takes part in the agreement
                 error = exc
+            error = error or cancelled_here(stop, self.info, "the vision tower")
             raise_if_any_failed(error, group)
         return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop)

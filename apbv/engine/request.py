@@ -36,6 +36,11 @@ MAX_STOP_TEXTS, MAX_STOP_CHARS = 4, 64
 """How many stop texts a request may hold (OpenAI's limit), and how long each may be."""
 
 
+class RequestCancelled(RuntimeError):
+    """The caller's ``stop`` ended the request before its first token (raised on every rank
+    at the same agreement point: after preprocessing, or after the vision tower)."""
+
+
 @dataclass(frozen=True)
 class StreamWindow:
     """The video of a stream's fresh ask: the chunks it holds, whose vision embeddings the

@@ -24,7 +24,7 @@ from apbv.engine.decode import (
 )
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
-from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
+from apbv.engine.request import PromptInputs, Request, RequestCancelled, Result, cut_at_stop
 from apbv.engine.routing import (
     VideoSpan,
     embedding_routes,
@@ -34,6 +34,7 @@ from apbv.engine.routing import (
 )
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
+from apbv.plan import QUERY_RANK
 from apbv.positions import mrope_positions
 from apbv.timing import TTFT_STAGES, StageTimer
 
@@ -44,15 +45,27 @@ class RequestFailed(RuntimeError):
 
 def raise_if_any_failed(error: Exception | None, group: dist.ProcessGroup | None) -> None:
     """Agree on failure (a collective): re-raise this rank's ``error``, or on the other ranks
-    an error naming the rank that failed and its message (ValueError when it was one)."""
+    an error naming the rank that failed and its message (ValueError when it was one; a
+    :class:`RequestCancelled` as it is)."""
     failure = comm.first_failure(error, group)
     if failure is None:
         return
     if error is not None:
         raise error
     rank, kind, message = failure
+    if kind == RequestCancelled.__name__:
+        raise RequestCancelled(message)
     text = f"the request failed on rank {rank}: {kind}: {message}"
     raise ValueError(text) if kind == "ValueError" else RequestFailed(text)
+
+
+def cancelled_here(stop: Callable[[], bool] | None, info: DistInfo,
+                   where: str) -> RequestCancelled | None:
+    """The query rank's cancel at an agreement point (``where``: what it spares), for
+    :func:`raise_if_any_failed`; None elsewhere, or while ``stop`` is false."""
+    if stop is not None and info.rank == QUERY_RANK and stop():
+        return RequestCancelled(f"cancelled before {where}")
+    return None
 
 
 def run_prompt(
@@ -95,6 +108,7 @@ def run_prompt(
                         inputs.vision_store(local_video)
             except Exception as exc:  # e.g. out of memory on this rank only
                 error = exc
+            error = error or cancelled_here(stop, info, "the prefill")
             raise_if_any_failed(error, group)  # reached on every rank, hit or miss
             cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):

@@ -29,6 +29,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from apbv.engine.request import RequestCancelled
+
 
 class RankLost(RuntimeError):
     """A rank's actor died during a request; the group must be rebuilt."""
@@ -302,6 +304,8 @@ class RankGroup:
         cause = error.cause if isinstance(error, RayTaskError) else error
         if isinstance(cause, ValueError):
             raise ValueError(str(cause)) from None
+        if isinstance(cause, RequestCancelled):
+            raise RequestCancelled(str(cause)) from None
         raise RuntimeError(f"the request failed: {type(cause).__name__}: {cause}")
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from apbv.engine.request import RequestCancelled
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.group import RankLost
@@ -124,6 +125,8 @@ class Replica:
                     self.remember(video_identity(job.call.request.video))
             except RankLost as exc:
                 outcome, error = "rank_lost", ClientError(503, f"replica {self.index}: {exc}")
+            except RequestCancelled as exc:  # the client went away before the first token
+                outcome, error = "cancelled", ClientError(499, f"the client went away: {exc}")
             except ClientError as exc:  # refused by a GroupOp itself
                 outcome, error = f"refused_{exc.status}", exc
             except ValueError as exc:

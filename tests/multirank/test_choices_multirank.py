@@ -10,7 +10,9 @@
 - a ``stop`` that turns true on the query rank (rank 0 only) ends the decode on every rank at
   the same step: the plain request's first tokens, ``cancelled``;
 - a stop text ends the decode on every rank once the answer holds it, and the answer is cut
-  before it.
+  before it;
+- a ``stop`` already true after preprocessing, or after the vision tower (rank 0 only), ends
+  the request there on every rank with RequestCancelled.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runtime
 from apbv.engine.decode import greedy_continue, pick_token
 from apbv.engine.engine import Engine
+from apbv.engine.request import RequestCancelled
 from apbv.sequence import text_ids
 from tests.hf_reference import hf_reference
 
@@ -70,7 +73,19 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     stop_text = plain.answer[start:start + 2]
     cut = engine.generate(engine.request(video, QUESTION, mode="exact",
                                          max_new_tokens=NEW_TOKENS, stop_texts=stop_text))
-    return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids,
+    early, asked = [], []
+
+    def second_time() -> bool:  # false after preprocessing, true after the vision tower
+        asked.append(1)
+        return len(asked) >= 2
+
+    for stop in ((lambda: True), second_time):  # the client went away before the answer began
+        try:
+            engine.generate(engine.request(video, QUESTION, mode="exact", max_new_tokens=2),
+                            stop=stop if info.rank == 0 else None)
+        except RequestCancelled as exc:
+            early.append(str(exc))
+    return {"scored": scored.to_json(), "after": after, "plain": plain.token_ids, "early": early,
             "plain_finish": plain.finish_reason, "stopped": stopped.token_ids,
             "stopped_finish": stopped.finish_reason, "plain_answer": plain.answer,
             "stop_text": stop_text, "cut": cut.to_json()}
@@ -122,4 +137,6 @@ def test_choices_match_hf_and_leave_the_prompt_cache(
         n = len(cut["token_ids"])
         assert 3 <= n < NEW_TOKENS and cut["token_ids"] == r["plain"][:n], (rank, cut)
         assert cut == per_rank[0]["cut"], f"rank {rank} ended elsewhere"
+        assert r["early"] == ["cancelled before the vision tower",
+                              "cancelled before the prefill"], (rank, r["early"])
     assert len(set(per_rank[0]["plain"])) > 1, per_rank[0]["plain"]  # not a degenerate check
