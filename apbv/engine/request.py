@@ -90,10 +90,7 @@ class Request:
                 check_int(name, getattr(self, name), 0)
         if self.choices is not None:
             object.__setattr__(self, "choices", check_choices(self.choices))
-        object.__setattr__(self, "stop_texts", check_stop_texts(self.stop_texts))
-        if self.stop_texts and self.choices is not None:
-            raise ValueError("stop texts end a generated answer; a request with choices "
-                             "generates none: give one or the other")
+        object.__setattr__(self, "stop_texts", check_stop_texts(self.stop_texts, self.choices))
 
     @classmethod
     def from_config(
@@ -167,15 +164,20 @@ def check_choices(choices: Sequence[str]) -> tuple[str, ...]:
     return tuple(choices)
 
 
-def check_stop_texts(texts: str | Sequence[str]) -> tuple[str, ...]:
+def check_stop_texts(texts: str | Sequence[str],
+                     choices: Sequence[str] | None = None) -> tuple[str, ...]:
     """``texts`` (one string, or a sequence of them) as a tuple, or ValueError naming what is
-    wrong and the limits."""
+    wrong and the limits; stop texts with ``choices`` are refused (a closed-vocabulary answer
+    generates no text to stop)."""
     if isinstance(texts, str):
         texts = (texts,)
     if not isinstance(texts, Sequence) or len(texts) > MAX_STOP_TEXTS or not all(
             isinstance(t, str) and 0 < len(t) <= MAX_STOP_CHARS for t in texts):
         raise ValueError(f"stop must be a string or a list of at most {MAX_STOP_TEXTS} "
                          f"strings of 1 .. {MAX_STOP_CHARS} characters, got {texts!r}"[:300])
+    if texts and choices is not None:
+        raise ValueError("stop texts end a generated answer; a request with choices "
+                         "generates none: give one or the other")
     return tuple(texts)
 
 

@@ -426,10 +426,7 @@ class Stream:
             check_int("max_new_tokens", max_new_tokens, 1)
             if choices is not None:
                 choices = check_choices(choices)
-            stop_texts = check_stop_texts(stop_texts)
-            if stop_texts and choices is not None:
-                raise ValueError("stop texts end a generated answer; a question with choices "
-                                 "generates none: give one or the other")
+            stop_texts = check_stop_texts(stop_texts, choices)
             if not self.chunks:
                 raise ValueError("the stream holds no frames yet: append at least one whole "
                                  f"temporal patch ({TEMPORAL_PATCH_SIZE} frames) first")

@@ -230,18 +230,19 @@ class RankGroup:
         Raises :class:`RankLost` when an actor died, the engine's ValueError when the request
         was refused on the ranks, RuntimeError for other failures.
         """
-        ticket = next(self.tickets)
-        gen = self.actors[0].generate_stream.options(num_returns="streaming").remote(request,
-                                                                                      ticket)
-        others = [a.generate.remote(request) for a in self.actors[1:]]
-        return await self._streaming(gen, others, on_token, cancel, ticket)
+        return await self._streaming(
+            lambda ticket: self.actors[0].generate_stream.options(
+                num_returns="streaming").remote(request, ticket),
+            [a.generate.remote(request) for a in self.actors[1:]], on_token, cancel)
 
-    async def _streaming(self, gen: Any, others: list[Any],
+    async def _streaming(self, start: Callable[[int], Any], others: list[Any],
                          on_token: Callable[[int], None] | None,
-                         cancel: asyncio.Event | None, ticket: int) -> Any:
-        """Rank 0's streamed result (token ids to ``on_token`` as they come) and the other
-        ranks' refs, as in :meth:`_outcome`; ``cancel`` set sends rank 0 the cancel of
-        ``ticket``."""
+                         cancel: asyncio.Event | None) -> Any:
+        """Rank 0's streamed result (``start(ticket)``: its generator of token ids, to
+        ``on_token`` as they come, then the result) and the other ranks' refs, as in
+        :meth:`_outcome`; ``cancel`` set sends rank 0 the cancel of the ticket."""
+        ticket = next(self.tickets)
+        gen = start(ticket)
 
         async def rank0() -> Any:
             async for ref in gen:
@@ -274,11 +275,11 @@ class RankGroup:
         :meth:`RankActor.stream`); failures as in :meth:`generate`. ``on_token`` and
         ``cancel`` (``ask`` only) as in :meth:`generate`."""
         if op == "ask":
-            ticket = next(self.tickets)
-            gen = self.actors[0].ask_stream.options(num_returns="streaming").remote(
-                stream_id, *args, ticket=ticket, **kwargs)
-            others = [a.stream.remote(op, stream_id, *args, **kwargs) for a in self.actors[1:]]
-            return await self._streaming(gen, others, on_token, cancel, ticket)
+            return await self._streaming(
+                lambda ticket: self.actors[0].ask_stream.options(num_returns="streaming").remote(
+                    stream_id, *args, ticket=ticket, **kwargs),
+                [a.stream.remote(op, stream_id, *args, **kwargs) for a in self.actors[1:]],
+                on_token, cancel)
         assert on_token is None and cancel is None, op
         tasks = [asyncio.ensure_future(_tagged(r, a.stream.remote(op, stream_id, *args,
                                                                   **kwargs)))

@@ -119,7 +119,7 @@ class Replica:
                 else:
                     result = await self.group.generate(job.call.request, on_token, job.cancel)
                     self.observe(result)
-                    if not getattr(result, "vision_cache_hit", False):  # the model's case
+                    if not result.vision_cache_hit:  # the case the cost model predicts
                         self.admission.learn(job, result.ttft_s)
                     outcome = "cancelled" if result.finish_reason == "cancelled" else "ok"
                     self.remember(video_identity(job.call.request.video))

@@ -331,12 +331,10 @@ class Streams:
         streamed = bool(api.typed_field(body, "stream", (bool,)))
         try:
             choices = None if choices is None else list(check_choices(choices))
-            stop_texts = check_stop_texts(() if body.get("stop") is None else body["stop"])
+            stop_texts = check_stop_texts(() if body.get("stop") is None else body["stop"],
+                                          choices)
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
-        if stop_texts and choices is not None:
-            raise ClientError(400, "stop and choices do not go together: a closed-vocabulary "
-                                   "answer generates no text to stop")
         if not live.opened_on_ranks:
             raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
         if streamed and choices is not None:
