@@ -1,9 +1,9 @@
 """Checks on a checkpoint directory before any weight is read (no transformers import).
 
-:func:`validate_checkpoint` reads only ``config.json`` and the names of the other files, so a
-wrong directory (a text-only model, a half-copied download) fails in milliseconds with a
-ValueError naming what is wrong, instead of after minutes of loading or with a traceback from
-deep inside transformers.
+:func:`validate_checkpoint` reads only ``config.json`` (and ``processor_config.json`` where no
+per-part processor file is there) and the names of the other files, so a wrong directory (a
+text-only model, a half-copied download) fails in milliseconds with a ValueError naming what is
+wrong, instead of after minutes of loading or with a traceback from deep inside transformers.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ MODEL_TYPE = "qwen2_5_vl"
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 """One of these holds the weights (the index lists its shards)."""
+
+PER_PART_PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+"""The image and video processors' settings as transformers 4.x and the released checkpoints
+store them (transformers 5 saves them inside ``processor_config.json`` instead)."""
 
 
 def _read_json(path: Path) -> Any:
@@ -67,6 +71,17 @@ def _check_weights(path: Path) -> None:
                          f"{len(shards)} weight shards listed in {index_file.name}: {shown}")
 
 
+def _holds_processor_parts(path: Path) -> bool:
+    """Whether ``path`` is a ``processor_config.json`` holding the image or the video processor's
+    settings (transformers 5 saves a processor as this one file; 4.x wrote only the processor's
+    own options there, next to the per-part files)."""
+    if not path.is_file():
+        return False
+    config = _read_json(path)
+    return isinstance(config, dict) and any(
+        isinstance(config.get(part), dict) for part in ("image_processor", "video_processor"))
+
+
 def _check_processor_files(path: Path) -> None:
     missing = []
     if not (path / "tokenizer_config.json").is_file():
@@ -75,9 +90,10 @@ def _check_processor_files(path: Path) -> None:
         (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
     ):
         missing.append("tokenizer.json (or vocab.json and merges.txt)")
-    if not any((path / name).is_file() for name in
-               ("preprocessor_config.json", "video_preprocessor_config.json")):
-        missing.append("preprocessor_config.json")
+    if not any((path / name).is_file() for name in PER_PART_PROCESSOR_FILES) and \
+            not _holds_processor_parts(path / "processor_config.json"):
+        missing.append("preprocessor_config.json (or a processor_config.json holding the "
+                       "image or video processor, as transformers 5 saves it)")
     if missing:
         raise ValueError(f"model directory {str(path)!r} lacks the tokenizer/processor files: "
                          f"{', '.join(missing)}")
@@ -89,7 +105,10 @@ def validate_checkpoint(path: str | Path) -> Path:
     Raises ValueError naming the problem: no such directory; ``config.json`` missing,
     unreadable or not valid JSON; a model type other than ``qwen2_5_vl`` or no
     ``vision_config``; no weights (``model.safetensors``, ``model.safetensors.index.json`` with
-    all its shards, or ``pytorch_model.bin``); tokenizer or processor files missing.
+    all its shards, or ``pytorch_model.bin``); tokenizer or processor files missing (the
+    processor's settings: ``preprocessor_config.json`` or ``video_preprocessor_config.json`` as
+    in 4.x and the released checkpoints, or ``processor_config.json`` holding them as
+    transformers 5 saves it).
     """
     path = Path(path)
     if not path.is_dir():
