@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -98,6 +99,36 @@ def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool
                                       limits.max_frames_per_push))
 
 
+def check_media_roots(roots: list[str]) -> None:
+    """ValueError naming the first ``--media-root`` that is not an existing directory."""
+    for root in roots:
+        if not os.path.isdir(root):
+            what = "is not a directory" if os.path.exists(root) else "does not exist"
+            raise ValueError(f"--media-root {root!r} {what}")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ValueError unless ``port`` can be bound on ``host`` now, as uvicorn will bind it (every
+    address ``host`` resolves to, SO_REUSEADDR): a busy port is found before Ray and the model
+    start, not after. (Another process may still take it in between.)"""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port must be an integer in 0 .. 65535, got {port!r}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r} cannot be resolved: {exc.strerror}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise ValueError(f"--port {port} cannot be bound on {address[0]} (--host "
+                                 f"{host}): {exc.strerror or exc}") from None
+
+
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
     import ray
     import uvicorn
@@ -126,6 +157,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
                          f"{args.stream_memory_gb}")
     if not args.stream_end_after_s >= 0:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
+    check_media_roots(args.media_root)
+    check_port_free(args.host, args.port)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = os.path.abspath(cfg.model.path)
