@@ -32,10 +32,11 @@ Frames are resized exactly as qwen-vl-utils' ``fetch_video`` does (torchvision b
 antialias on the uint8 frames) and returned as uint8; ``.float()`` gives its tensor bit for bit.
 
 Decoders: decord (default) or PyAV (``backend="pyav"``), chosen explicitly and never swapped for
-one another. qwen-vl-utils' own reader selection (torchcodec first, then a silent fallback to
-torchvision's ``read_video``, which torchvision 0.29 removed) is never used. decord, PyAV,
-qwen-vl-utils and torchvision (the ``video`` extra) are imported only when needed, so
-``import apbv.video`` works without them.
+one another, but for the files whose frames decord cannot copy out at all (some small frame
+widths, 16x16 among them: a decord limitation), which PyAV reads. qwen-vl-utils' own reader
+selection (torchcodec first, then a silent fallback to torchvision's ``read_video``, which
+torchvision 0.29 removed) is never used. decord, PyAV, qwen-vl-utils and torchvision (the
+``video`` extra) are imported only when needed, so ``import apbv.video`` works without them.
 
 Layout: :mod:`apbv.video.sampling` (the data types and the pure sampling rules),
 :mod:`apbv.video.decoders` (decord and PyAV readers with their file checks) and

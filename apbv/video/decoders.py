@@ -36,6 +36,15 @@ def _truncated(path: str, detail: str) -> ValueError:
     return ValueError(f"video {path!r} is truncated or corrupt: {detail}")
 
 
+DECORD_COPY_ERROR = "DECORDArrayCopyFromTo"
+"""In decord's error when it cannot copy a decoded frame of a valid file out of its padded
+buffer (some frame widths, 16x16 among them; measured with decord 0.6)."""
+
+
+class DecordFrameSizeError(ValueError):
+    """decord cannot read a valid file's frames (:data:`DECORD_COPY_ERROR`); PyAV can."""
+
+
 class _Reader:
     """Base of the decoders: ``meta`` after construction, ``read(indices)`` -> (k, H, W, 3)."""
 
@@ -70,6 +79,11 @@ class _DecordReader(_Reader):
         try:  # the last listed frame must decode, or a truncated tail fails on some rank only
             last = self._to_numpy(self._vr.get_batch([total - 1]))[0]
         except Exception as err:
+            if DECORD_COPY_ERROR in str(err):
+                raise DecordFrameSizeError(
+                    f"decord cannot read the frames of video {path!r}: its frame copy fails "
+                    f"on some small frame widths (16 or 24 pixels, for example; a decord "
+                    f"limitation, not a corrupt file: {_decoder_message(err)})") from err
             raise _truncated(
                 path, f"its index lists {total} frames but the last one cannot be decoded "
                 f"({_decoder_message(err)})"
@@ -207,15 +221,30 @@ def _check_file(path: str) -> None:
 
 
 def _open(spec: VideoSpec) -> _Reader:
-    """The decoder of ``spec.path``; with ``spec.follow_symlinks`` off, of the file the path
-    names without a link anywhere on it (:func:`open_nofollow`), opened once here: the decoder
-    reads that file whatever the path is swapped for meanwhile."""
-    reader = {"decord": _DecordReader, "pyav": _PyAVReader}[spec.backend]
+    """The decoder of ``spec.path`` (:func:`_reader`); with ``spec.follow_symlinks`` off, of
+    the file the path names without a link anywhere on it (:func:`open_nofollow`), opened once
+    here: the decoder reads that file whatever the path is swapped for meanwhile."""
     if spec.follow_symlinks:
         _check_file(spec.path)
-        return reader(spec.path, spec.path)
+        return _reader(spec, spec.path)
     fd = open_nofollow(spec.path, "video file")
     try:  # the decoder opens the descriptor's file again and keeps it open
-        return reader(spec.path, fd_path(fd))
+        return _reader(spec, fd_path(fd))
     finally:
         os.close(fd)
+
+
+def _reader(spec: VideoSpec, source: str) -> _Reader:
+    """``spec.backend``'s reader of ``source``; a file whose frames decord cannot copy out
+    (:class:`DecordFrameSizeError`, a property of the file: the same on every rank) is read
+    by PyAV, or refused saying so when PyAV is not installed."""
+    if spec.backend == "pyav":
+        return _PyAVReader(spec.path, source)
+    try:
+        return _DecordReader(spec.path, source)
+    except DecordFrameSizeError as err:
+        try:
+            return _PyAVReader(spec.path, source)
+        except ImportError:
+            raise ValueError(f"{err}; PyAV reads it but is not installed (the 'video' "
+                             "extra)") from err
