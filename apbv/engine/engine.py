@@ -115,9 +115,11 @@ class Engine:
         def preflight(sampling: Sampling) -> None:
             t, h, w = sampling.grid_thw
             merge = self.qwen.spatial_merge_size
-            context_text, query_text = split_prompt(self.qwen.processor, request.question)
+            context_text, query_text = split_prompt(self.qwen.processor, request.question,
+                                                    request.system)
             ids.extend(prompt_ids(self.qwen.processor.tokenizer, context_text, query_text,
-                                  request.question, t * (h // merge) * (w // merge)))
+                                  request.question, t * (h // merge) * (w // merge),
+                                  request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             patch_ranges(t, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
 
 MAX_QUESTION_CHARS = 32768
-"""Longest question accepted (characters); longer text is refused naming this limit."""
+"""Longest question (and system text) accepted (characters); longer text is refused naming this
+limit."""
 MIN_CHOICES, MAX_CHOICES = 2, 64
 """How many closed-vocabulary choices a request may hold."""
 MAX_CHOICE_CHARS = 256
@@ -75,6 +76,9 @@ class Request:
     stop_texts: tuple[str, ...] = ()
     """Texts that end a generated answer (OpenAI's ``stop``): decoding stops once the
     answer's text holds one, and the answer is cut before it."""
+    system: str | None = None
+    """The system turn's text (a chat request's system message), plain text like the question;
+    None: the chat template's default system turn."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -91,16 +95,23 @@ class Request:
         if self.choices is not None:
             object.__setattr__(self, "choices", check_choices(self.choices))
         object.__setattr__(self, "stop_texts", check_stop_texts(self.stop_texts, self.choices))
+        if self.system is not None and not isinstance(self.system, str):
+            raise ValueError(f"the system text must be a string or None, got "
+                             f"{type(self.system).__name__}")
+        if self.system is not None and len(self.system) > MAX_QUESTION_CHARS:
+            raise ValueError(f"the system text has {len(self.system)} characters; the limit is "
+                             f"{MAX_QUESTION_CHARS}")
 
     @classmethod
     def from_config(
         cls, cfg: RuntimeConfig, video: str, question: str, *, mode: str | None = None,
         max_new_tokens: int | None = None, choices: Sequence[str] | None = None,
-        stop_texts: str | Sequence[str] = (),
+        stop_texts: str | Sequence[str] = (), system: str | None = None,
     ) -> Request:
         """The request the config describes for ``video`` and ``question``; ``mode`` and
         ``max_new_tokens`` replace the config's when given; ``choices`` makes it a
-        closed-vocabulary request; ``stop_texts`` end a generated answer."""
+        closed-vocabulary request; ``stop_texts`` end a generated answer; ``system`` is the
+        system turn's text."""
         att = cfg.attention
         return cls(
             video=cfg.video.spec(video),
@@ -113,6 +124,7 @@ class Request:
             kernel=att.kernel,
             choices=choices,  # type: ignore[arg-type]  # checked and made a tuple on init
             stop_texts=stop_texts,  # type: ignore[arg-type]  # the same
+            system=system,
         )
 
     def plan(self, context_len: int, query_len: int, world_size: int) -> Plan:

@@ -1,8 +1,9 @@
 """OpenAI chat-completions requests in, engine Requests out; responses and stream chunks back.
 
 :func:`parse_chat` reads one ``POST /v1/chat/completions`` body (a user message with one
-``video_url`` part and text parts, ``max_tokens``, ``temperature`` 0 or absent, ``stream``, and
-apbv's own fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choices``, ``deadline_ms``)
+``video_url`` part and text parts, at most one system message, whose text goes into the chat
+template's system turn, ``max_tokens``, ``temperature`` 0 or absent, ``stream``, and apbv's own
+fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choices``, ``deadline_ms``)
 into a resolved :class:`apbv.engine.request.Request`; :func:`check_request` applies the limits
 that need the file (duration, frames, pixels, prompt tokens) without decoding a frame.
 """
@@ -50,16 +51,20 @@ def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | Non
     return value
 
 
-def _message_parts(body: dict) -> tuple[str, str]:
-    """(video URL, question text) of the request's user message."""
+def _message_parts(body: dict) -> tuple[str, str, str | None]:
+    """(video URL, question text) of the request's user message, and the text of its system
+    message (None without one)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages must be a non-empty list")
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
     others = {m.get("role") for m in messages if isinstance(m, dict)} - {"user", "system"}
-    if len(users) != 1 or others:
-        raise ClientError(400, f"exactly one user message is supported (got {len(users)} user "
-                               f"message(s) and roles {sorted(map(str, others))})")
+    if len(users) != 1 or others or len(systems) > 1 or \
+            not all(isinstance(m, dict) for m in messages):
+        raise ClientError(400, f"exactly one user message and at most one system message are "
+                               f"supported (got {len(users)} user and {len(systems)} system "
+                               f"message(s), other roles {sorted(map(str, others))})")
     content = users[0].get("content")
     if not isinstance(content, list):
         raise ClientError(400, "the user message's content must be a list of parts holding one "
@@ -79,7 +84,21 @@ def _message_parts(body: dict) -> tuple[str, str]:
     question = "\n".join(texts)
     if not question.strip():
         raise ClientError(400, "the user message needs a non-empty text part (the question)")
-    return urls[0], question
+    return urls[0], question, _system_text(systems[0]) if systems else None
+
+
+def _system_text(message: dict) -> str:
+    """The text of a system message: its content string, or its text parts joined by
+    newlines (plain text, as the question)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        raise ClientError(400, f"the system message's content must be a string or a list of "
+                               f"{{'type': 'text'}} parts, got {str(content)[:120]!r}")
+    return "\n".join(p["text"] for p in content)
 
 
 def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
@@ -101,9 +120,12 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     if body.get("model") not in (None, model_name):
         raise ClientError(404, f"model {body.get('model')!r} is not served; this server "
                                f"serves {model_name!r}")
-    url, question = _message_parts(body)
+    url, question, system = _message_parts(body)
     limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                  "the question's length in characters")
+    if system is not None:
+        limits.check("system", len(system), limits.max_question_chars, "max-question-chars",
+                     "the system message's length in characters")
     max_tokens = typed_field(body, "max_tokens", (int,), 1)
     if max_tokens is None:
         max_tokens = typed_field(body, "max_completion_tokens", (int,), 1)
@@ -125,7 +147,7 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     try:
         request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens,
                                       stop_texts=() if body.get("stop") is None
-                                      else body["stop"])
+                                      else body["stop"], system=system)
         # A local path was checked with its links resolved: open exactly that file, no link
         # on the way (the download directory is the server's own).
         video = dataclasses.replace(request.video, follow_symlinks=downloaded is not None)
@@ -177,9 +199,10 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
                  "pixels per sampled frame")
     t, h, w = sampling.grid_thw
     merge = getattr(processor.video_processor, "merge_size", 2)
-    context_text, query_text = split_prompt(processor, request.question)
+    context_text, query_text = split_prompt(processor, request.question, request.system)
     context, query = prompt_ids(processor.tokenizer, context_text, query_text,
-                                request.question, t * (h // merge) * (w // merge))
+                                request.question, t * (h // merge) * (w // merge),
+                                request.system)
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")
