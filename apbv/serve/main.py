@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -108,23 +109,30 @@ def check_media_roots(roots: list[str]) -> None:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """ValueError unless ``port`` can be bound on ``host`` now, as uvicorn will bind it (every
-    address ``host`` resolves to, SO_REUSEADDR): a busy port is found before Ray and the model
-    start, not after. (Another process may still take it in between.)"""
+    """ValueError unless ``port`` can be bound on ``host`` now, as uvicorn will bind it
+    (asyncio's ``create_server``: every address ``host`` resolves to, SO_REUSEADDR, an address
+    family the host lacks skipped): a busy port is found before Ray and the model start, not
+    after. (Another process may still take it in between.)"""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"--port must be an integer in 0 .. 65535, got {port!r}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ValueError(f"--host {host!r} cannot be resolved: {exc.strerror}") from None
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as sock:
+    for family, kind, proto, _, address in set(infos):
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # an address family this host does not have
+            continue
+        with sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind(address)
             except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    continue
                 raise ValueError(f"--port {port} cannot be bound on {address[0]} (--host "
                                  f"{host}): {exc.strerror or exc}") from None
 
