@@ -93,7 +93,7 @@ def _generate(args: argparse.Namespace) -> int:
     if not cfg.model.path:
         raise ValueError("no model: pass --model DIR or set model.path in the config")
     request = Request.from_config(cfg, args.video, args.question,  # checked before any work
-                                  choices=args.choices)
+                                  choices=args.choices, system=args.system)
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
     try:
@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(gen, default_preset=None)
     gen.add_argument("--video", required=True, help="video file")
     gen.add_argument("--question", required=True, help="question about the video")
+    gen.add_argument("--system", metavar="TEXT",
+                     help="the chat template's system turn (plain text; default: the "
+                          "template's own)")
     gen.add_argument("--choices", action="append", metavar="TEXT",
                      help="a closed-vocabulary answer; repeat for each (2 .. 64): every choice "
                           "is scored by its exact log-probability and the likeliest is the "

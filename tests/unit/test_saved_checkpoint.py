@@ -43,13 +43,17 @@ def test_generate_answers_as_the_source_checkpoint(capsys, saved_dir: Path,
                                                    tiny_model_dir: Path,
                                                    short_video: Path) -> None:
     answers = []
-    for model in (saved_dir, tiny_model_dir):
+    for model, system in ((saved_dir, []), (tiny_model_dir, []), (saved_dir, ["--system",
+                                                                             "Be brief."])):
         assert main(["generate", "--config", "tiny_cpu", "--model", str(model), "--video",
                      str(short_video), "--question", "What is shown?", "--max-new-tokens", "4",
-                     "--json"]) == 0
+                     "--json", *system]) == 0
         out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         answers.append((out["token_ids"], out["context_len"], out["query_len"]))
     assert answers[0] == answers[1] and len(answers[0][0]) == 4
+    # --system replaces the template's default system turn ("You are a helpful assistant.":
+    # 6 tokens; "Be brief.": 3).
+    assert answers[2][1] == answers[0][1] - 3 and answers[2][2] == answers[0][2]
 
 
 def test_processor_settings_missing_are_still_refused(saved_dir: Path, tmp_path: Path) -> None:
