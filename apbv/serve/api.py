@@ -60,8 +60,7 @@ def _message_parts(body: dict) -> tuple[str, str, str | None]:
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
     others = {m.get("role") for m in messages if isinstance(m, dict)} - {"user", "system"}
-    if len(users) != 1 or others or len(systems) > 1 or \
-            not all(isinstance(m, dict) for m in messages):
+    if len(users) != 1 or others or len(systems) > 1:
         raise ClientError(400, f"exactly one user message and at most one system message are "
                                f"supported (got {len(users)} user and {len(systems)} system "
                                f"message(s), other roles {sorted(map(str, others))})")
