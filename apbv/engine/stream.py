@@ -66,6 +66,42 @@ if TYPE_CHECKING:
     from apbv.engine.engine import Engine
 
 
+MAX_TIMESTAMP_S = 1e10
+"""A frame's timestamp is within +-this many seconds (Unix times fit, and float seconds there
+still tell microseconds apart)."""
+
+MAX_TIMESTAMP_GAP_S = 3600.0
+"""The most a frame's timestamp may pass the previous frame's, in seconds (a pause: its
+positions are taken from the model's context; after a longer one, open a new stream)."""
+
+
+def check_timestamps(stamps: Sequence[object], last: float | None) -> list[float]:
+    """``stamps`` (seconds, one per frame) as floats, or ValueError naming the bound broken:
+    each a finite number within +-``MAX_TIMESTAMP_S``, greater than the one before it (the
+    first: than ``last``, the stream's newest; None before its first frame) by at most
+    ``MAX_TIMESTAMP_GAP_S``."""
+    out: list[float] = []
+    previous = last
+    for item in stamps:
+        try:
+            t = float(item) if not isinstance(item, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError):
+            t = math.nan
+        if not math.isfinite(t):
+            raise ValueError(f"timestamps must be finite numbers of seconds, got {item!r}")
+        if abs(t) > MAX_TIMESTAMP_S:
+            raise ValueError(f"timestamps must be within +-{MAX_TIMESTAMP_S:g} s, got {t:g}")
+        if previous is not None and t <= previous:
+            raise ValueError(f"timestamps must increase: {t!r} follows {previous!r}")
+        if previous is not None and t - previous > MAX_TIMESTAMP_GAP_S:
+            raise ValueError(f"timestamps may jump at most {MAX_TIMESTAMP_GAP_S:g} s from the "
+                             f"previous frame: {t!r} follows {previous!r}, {t - previous:g} s "
+                             "later (after a longer pause, open a new stream)")
+        out.append(t)
+        previous = t
+    return out
+
+
 def _check_positive(name: str, value: object, *, allow_none: bool = True) -> float | None:
     if value is None and allow_none:
         return None
@@ -161,7 +197,7 @@ class Stream:
         self.stats = StreamStats()
         self._pending: tuple[torch.Tensor, float] | None = None  # the odd frame
         self._t0: float | None = None  # timestamp of the first frame
-        self._last_ts = -math.inf
+        self._last_ts: float | None = None  # the newest frame's timestamp
         self._next_patch = 0
         self._chunk_index = 0
         merge = qwen.spatial_merge_size
@@ -241,15 +277,9 @@ class Stream:
         if tuple(frames.shape[2:]) != (spec.height, spec.width):
             raise ValueError(f"frames are {frames.shape[3]}x{frames.shape[2]}; the stream was "
                              f"opened for {spec.width}x{spec.height}")
-        stamps = [float(t) for t in timestamps]
+        stamps = check_timestamps(list(timestamps), self._last_ts)
         if len(stamps) != frames.shape[0]:
             raise ValueError(f"{frames.shape[0]} frames but {len(stamps)} timestamps")
-        last = self._last_ts
-        for t in stamps:
-            if not math.isfinite(t) or t <= last:
-                raise ValueError(f"timestamps must be finite and increasing: {t!r} follows "
-                                 f"{last!r}")
-            last = t
         return frames, stamps
 
     def _patch_indices(self, starts: list[float]) -> list[int]:
@@ -272,9 +302,10 @@ class Stream:
 
     def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> dict[str, Any]:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
-        (seconds, increasing). Whole temporal patches become one chunk now; an odd last frame
-        waits for the next append. Returns what happened: {"chunk", "owner", "tokens",
-        "evicted", "seconds"} (chunk None when no whole patch was complete)."""
+        (seconds, increasing, bounded as :func:`check_timestamps` says). Whole temporal
+        patches become one chunk now; an odd last frame waits for the next append. Returns
+        what happened: {"chunk", "owner", "tokens", "evicted", "seconds"} (chunk None when no
+        whole patch was complete)."""
         error: Exception | None = None
         try:
             frames, stamps = self._check_frames(frames, timestamps)

@@ -3,7 +3,9 @@ checked and resized to the stream's frame size before anything reaches a rank.
 
 Body of ``POST /v1/streams/{id}/frames``: ``{"frames": [base64 image, ...], "timestamps":
 [seconds, ...]}``; ``timestamps`` is optional (absent: the frames follow the stream's last one
-at ``1 / fps`` steps, the first push starting at 0). Every frame of a stream has one native
+at ``1 / fps`` steps, the first push starting at 0); they are bounded as
+:func:`apbv.engine.stream.check_timestamps` says (finite, within +-1e10 s, each after the
+previous by at most an hour). Every frame of a stream has one native
 size (stated at open as ``width`` / ``height``, else fixed by the first push) and is resized to
 the stream's size with the one-shot path's resize (torchvision bicubic with antialias on the
 uint8 frame); a frame already at that size is passed on untouched, pixel for pixel.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from apbv.engine.stream import check_timestamps
 from apbv.serve.policy import ClientError, Limits
 from apbv.video.load import resize_frames
 
@@ -79,11 +82,10 @@ def parse_push(body: object, limits: Limits, native: tuple[int, int] | None,
             for t in stamps):
         raise ClientError(400, f"timestamps must be a list of {len(items)} finite numbers (one "
                                "per frame), or absent")
-    previous = last_ts
-    for t in stamps:
-        if previous is not None and t <= previous:
-            raise ClientError(400, f"timestamps must increase: {t!r} follows {previous!r}")
-        previous = t
+    try:
+        stamps = check_timestamps(stamps, last_ts)
+    except ValueError as exc:
+        raise ClientError(400, str(exc)) from None
     images = [_image(i, item, limits) for i, item in enumerate(items)]
     want = native or tuple(images[0].shape[:2])
     for i, image in enumerate(images):
@@ -95,7 +97,7 @@ def parse_push(body: object, limits: Limits, native: tuple[int, int] | None,
     batch = torch.stack(images).permute(0, 3, 1, 2)  # (F, 3, H, W), channels-last strides
     if size is not None:
         batch = resize_to(batch, size)
-    return Push(batch.contiguous(), [float(t) for t in stamps], (want[0], want[1]))
+    return Push(batch.contiguous(), stamps, (want[0], want[1]))
 
 
 def resize_to(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -8,7 +8,8 @@ on one rank before the window evicts anything):
 - ``window_tokens``: that many per rank (the engine keeps the average at or below it);
 - ``window_s``: the patches of ``window_s`` seconds at ``fps`` (two frames a patch, plus one),
   spread over the ranks;
-- both: the smaller; neither: the model's context spread over the ranks.
+- both: the smaller; neither (or a window wider than that): the model's context spread over
+  the ranks (a stream never holds more: the engine refuses a chunk past the context).
 
 Frame size unknown at open (the first push fixes it): the largest frame the stream allows
 (its ``max_pixels``, else ``--max-pixels-per-frame``) until then.
@@ -56,13 +57,14 @@ class KVSizing:
 
     def tokens_per_rank(self, tokens_per_patch: int, fps: float, window_s: float | None,
                         window_tokens: int | None) -> int:
-        windows = []
+        windows = [math.ceil(self.max_positions / self.world_size)]  # the engine's ceiling
         if window_tokens is not None:
             windows.append(window_tokens)
-        if window_s is not None:
-            patches = math.ceil(window_s * fps / 2) + 1
+        frames = None if window_s is None else window_s * fps  # inf past the float range
+        if frames is not None and frames / 2 < self.max_positions:  # else the context bounds it
+            patches = math.ceil(frames / 2) + 1
             windows.append(math.ceil(patches * tokens_per_patch / self.world_size))
-        kept = min(windows) if windows else math.ceil(self.max_positions / self.world_size)
+        kept = min(windows)
         push = (self.max_frames_per_push + 1) // 2 * tokens_per_patch
         return kept + push
 

@@ -13,7 +13,11 @@ media file under a ``--media-root``, or a directory of segment files there) is f
 that takes frames from an :class:`apbv.stream.Capture` (a followed file, or the segments in
 name order, symbolic links not followed) and appends them. A stream lost with its
 replica's ranks (a rank died and the group was rebuilt) answers 410 and frees its budget; a
-stream no client touched for ``--stream-idle-s`` is closed.
+stream no client touched for ``--stream-idle-s`` is closed, its idle clock counting only
+while none of its operations is queued or running (a client waiting on a long ask, or on
+the ask queued before it, is using the stream). A source is probed before the stream opens
+(:meth:`apbv.stream.Source.probe`: a file that is no video is a 400), and why its capture
+stopped is the stream's top-level ``error``.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ from apbv.serve.admission import Job
 from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
-from apbv.stream import Capture, local_source, stream_frame_size
+from apbv.stream import Capture, Source, local_source, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
 ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream", "stop"}
+PROBE_TIMEOUT_S = 10.0
+"""The longest a source's probe at open may take (seconds; it reads a few MiB at most)."""
 
 
 @dataclass
@@ -71,6 +77,12 @@ class LiveStream:
     feeder: asyncio.Task | None = None
     opened: float = field(default_factory=time.monotonic)
     used: float = field(default_factory=time.monotonic)
+    """When a client last touched the stream or one of its operations ended (monotonic s)."""
+    busy: int = 0
+    """Client requests on the stream now being handled."""
+    jobs: set[Job] = field(default_factory=set)
+    """Its operations admitted to the replica's queue and not yet ended: with ``busy``, the
+    idle clock runs only while there are none."""
     frames_pushed: int = 0
     pushes: int = 0
     asks: int = 0
@@ -106,6 +118,17 @@ class Streams:
         live.used = time.monotonic()
         return live
 
+    @staticmethod
+    def _busy(live: LiveStream) -> Callable[[], None]:
+        """Stop ``live``'s idle clock while a client request on it is handled, until the
+        returned function is called (once); the clock starts again from that moment."""
+        live.busy += 1
+
+        def done() -> None:
+            live.busy -= 1
+            live.used = time.monotonic()
+        return done
+
     def _forget(self, live: LiveStream) -> None:
         self.live.pop(live.id, None)
         if live.feeder is not None:
@@ -136,6 +159,13 @@ class Streams:
 
         job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0)
         job.replica, job.name = replica, f"{live.id} {op}"
+
+        def ended(_: Any) -> None:  # the idle clock starts again from here
+            live.jobs.discard(job)
+            live.used = time.monotonic()
+
+        live.jobs.add(job)  # queued or running: the stream is in use
+        job.future.add_done_callback(ended)
         job.future.add_done_callback(forget_if_lost)
         return job
 
@@ -206,9 +236,8 @@ class Streams:
         if unknown:
             raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(OPEN_FIELDS)}")
         spec, sized, pixels, native = self._spec(body)
-        source = body.get("source")
-        path = None if source is None else resolve_media(source, self.server.opt.policy,
-                                                         directory=True)
+        path, source = (None, None) if body.get("source") is None else \
+            await self._probe(body["source"])
         need = self._need(spec, sized, pixels[1])
         replica = self._place(need)
         live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
@@ -218,14 +247,29 @@ class Streams:
             if sized:
                 await self._run(live, "open", spec)
                 live.opened_on_ranks = True
-            if path is not None:
+            if source is not None:
                 live.source = path
-                live.capture = _start_capture(path, spec, sized, pixels, self.opt.end_after_s)
+                live.capture = _start_capture(source, spec, sized, pixels)
                 live.feeder = asyncio.ensure_future(self._feed(live))
         except BaseException:
             self._forget(live)
             raise
         return JSONResponse(self._summary(live), status_code=201)
+
+    async def _probe(self, url: object) -> tuple[str, Source]:
+        """The path and source a stream's ``source`` URL names (:func:`resolve_media`),
+        probed: a 400 naming the file when it is no video that can be followed, before any
+        rank works."""
+        path = resolve_media(url, self.server.opt.policy, directory=True)
+        source = local_source(path, end_after_s=self.opt.end_after_s, follow_symlinks=False)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(source.probe), PROBE_TIMEOUT_S)
+        except ValueError as exc:
+            raise ClientError(400, f"source: {exc}") from None
+        except asyncio.TimeoutError:
+            raise ClientError(504, f"source: probing {path!r} took over {PROBE_TIMEOUT_S:g} s"
+                              ) from None
+        return path, source
 
     # --- frames -------------------------------------------------------------------------------
     async def push(self, stream_id: str, request: Request) -> JSONResponse:
@@ -234,7 +278,13 @@ class Streams:
         if live.capture is not None:
             raise ClientError(409, f"stream {stream_id!r} is fed by its source; it takes no "
                                    "pushed frames")
-        body = await self.server._read_json(request)
+        done = self._busy(live)
+        try:
+            return await self._push(live, await self.server._read_json(request))
+        finally:
+            done()
+
+    async def _push(self, live: LiveStream, body: object) -> JSONResponse:
         async with live.lock:
             size = (live.spec.height, live.spec.width) if live.sized else None
             push = await asyncio.to_thread(parse_push, body, self.server.opt.limits,
@@ -313,7 +363,14 @@ class Streams:
     async def ask(self, stream_id: str, request: Request) -> Response:
         self.server._authorize(request)
         live = self._get(stream_id)
-        body = await self.server._read_json(request)
+        done = self._busy(live)
+        try:
+            return await self._ask(live, request, await self.server._read_json(request))
+        finally:
+            done()
+
+    async def _ask(self, live: LiveStream, request: Request, body: object) -> Response:
+        stream_id = live.id
         limits = self.server.opt.limits
         if not isinstance(body, dict) or set(body) - ASK_FIELDS:
             raise ClientError(400, f"the body must be a JSON object with fields among "
@@ -405,14 +462,29 @@ class Streams:
             capture = live.capture.stats()
             out.update(frames_dropped=capture["frames_dropped"],
                        ingest_lag_s=capture["ingest_lag_s"], capture=capture)
+            if out["error"] is None and capture["error"] is not None:
+                out["error"] = f"the source failed: {capture['error']}"  # it takes no more
         return out
 
+    def _idle(self, live: LiveStream) -> bool:
+        """No request on ``live`` handled and no operation of it queued or running, and none
+        for ``idle_s`` seconds."""
+        dropped = {job for job in live.jobs if not job.future.done()
+                   and not _queued_or_running(job)}
+        if dropped:  # taken out of the queue unrun (its client went away): ended now
+            live.jobs -= dropped
+            live.used = time.monotonic()
+        return live.busy == 0 and not live.jobs and \
+            time.monotonic() - live.used > self.opt.idle_s
+
     async def sweep(self) -> None:
-        """Close the streams no client touched for ``idle_s`` seconds (forever)."""
+        """Close the streams idle for ``idle_s`` seconds (forever): untouched by any client,
+        and none of their operations queued or running meanwhile."""
         while True:
             await asyncio.sleep(min(5.0, self.opt.idle_s / 2))
-            now = time.monotonic()
-            for live in [s for s in self.live.values() if now - s.used > self.opt.idle_s]:
+            for live in [s for s in self.live.values() if self._idle(s)]:
+                if not self._idle(live) or self.live.get(live.id) is not live:
+                    continue  # used, or closed, while an earlier one was being closed
                 try:
                     await self._close(live)
                 except ClientError:
@@ -427,9 +499,15 @@ class Streams:
 
 
 
-def _start_capture(path: str, spec: StreamSpec, sized: bool,
-                   pixels: tuple[int | None, int | None], end_after_s: float | None) -> Capture:
-    source = local_source(path, end_after_s=end_after_s, follow_symlinks=False)
+def _queued_or_running(job: Job) -> bool:
+    """Whether ``job`` waits in its replica's queue or runs there (False once it ended, or
+    was taken out of the queue unrun)."""
+    admission = job.replica.admission
+    return admission.running is job or any(j is job for _, j in admission.heap)
+
+
+def _start_capture(source: Source, spec: StreamSpec, sized: bool,
+                   pixels: tuple[int | None, int | None]) -> Capture:
     size = (spec.height, spec.width) if sized else None
     return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],

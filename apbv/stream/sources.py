@@ -45,6 +45,9 @@ SEGMENT_ORDERS = ("name", "mtime")
 """The orders :class:`SegmentDir` takes segments in."""
 
 
+PROBE_BYTES = 8 << 20
+"""The most :meth:`FollowFile.probe` reads of a file (bytes)."""
+
 _NO_TOTAL_CAP = 1e300
 """A total_pixels budget no frame size reaches: the per-frame bounds alone decide the size."""
 
@@ -114,6 +117,10 @@ class Source:
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         raise NotImplementedError
 
+    def probe(self) -> None:
+        """ValueError when the source cannot give video (a quick look, before any frame is
+        taken; the server calls it when a stream opens). This base: nothing to look at."""
+
 
 def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple[Any, float]]:
     """(numpy uint8 (H, W, 3), frame.time in seconds) of the first video stream of an open
@@ -155,28 +162,44 @@ def _frame_step(container: Any) -> float:
 class _TailReader:
     """A read-only, unseekable file object over a growing file: at the current end of the file
     ``read`` waits for more bytes, and returns b"" (end of stream) once ``stop`` or
-    ``finished`` is set or the file has not grown for ``end_after_s`` seconds."""
+    ``finished`` is set, ``max_bytes`` (None: no limit) have been read, or no byte has come for
+    ``end_after_s`` seconds since the last one read (or since the reader was made): not since
+    the read call began, so a slow decoder between two reads, or a demuxer that asks again
+    after an end, never stretches the wait."""
 
     def __init__(self, fd: int, stop: threading.Event, finished: threading.Event,
-                 poll_s: float, end_after_s: float | None) -> None:
+                 poll_s: float, end_after_s: float | None, max_bytes: int | None = None) -> None:
         self._file = os.fdopen(fd, "rb")  # closed by close()
         self._stop = stop
         self._finished = finished
         self._poll_s = poll_s
         self._end_after_s = end_after_s
+        self._left = max_bytes
+        self.last_byte = time.monotonic()
+        """time.monotonic() when the last byte was read (when made, before the first)."""
 
     def read(self, size: int = -1) -> bytes:
-        since = time.monotonic()
+        if self._left is not None:
+            if self._left <= 0:
+                return b""
+            size = self._left if size is None or size < 0 else min(size, self._left)
+        data = b""
         while not self._stop.is_set():
             data = self._file.read(size)
             if data:
-                return data
+                break
             if self._finished.is_set():  # what was written before finish(), then the end
-                return self._file.read(size)
-            if self._end_after_s is not None and time.monotonic() - since >= self._end_after_s:
+                data = self._file.read(size)
+                break
+            if self._end_after_s is not None and \
+                    time.monotonic() - self.last_byte >= self._end_after_s:
                 break
             self._stop.wait(self._poll_s)
-        return b""
+        if data:
+            self.last_byte = time.monotonic()
+            if self._left is not None:
+                self._left -= len(data)
+        return data
 
     def close(self) -> None:
         self._file.close()
@@ -190,8 +213,8 @@ class FollowFile(Source):
     soon as they can be decoded (with B-frames, a few frames wait for the packets after them;
     the decoder uses slice threads only, as frame threads would hold back more). The last
     frames come out when the source ends: after :meth:`finish` (the writer has finished: the
-    file is decoded to its end), or when the file has not grown for ``end_after_s`` seconds
-    (None: never; the capture's ``give_up_s`` can still end it).
+    file is decoded to its end), or when no byte has come for ``end_after_s`` seconds since
+    the last one read (None: never; the capture's ``give_up_s`` can still end it).
 
     What can be followed: streamable containers, whose index is not at the end of the file:
     MPEG-TS (what recorders and HLS write; frames come out a packet at a time), fragmented MP4
@@ -204,8 +227,9 @@ class FollowFile(Source):
     0.2 s, so the first frames come out at once; raise them for a high-bitrate stream whose
     codec parameters come later). The file must exist when the source starts (ValueError
     otherwise, in the capture's stats); data it cannot open or decode ends the source with
-    the decoder's error naming the file. With ``follow_symlinks=False`` (the server's choice)
-    the file is opened without following a link anywhere on its path (see
+    the decoder's error naming the file; :meth:`probe` looks at the file's first bytes at
+    once (the server probes before a stream opens). With ``follow_symlinks=False`` (the
+    server's choice) the file is opened without following a link anywhere on its path (see
     :func:`~apbv.video.nofollow.open_nofollow`): a link is an error naming it.
     """
 
@@ -225,14 +249,45 @@ class FollowFile(Source):
         """The writer has finished the file: decode it to its end, then end the source."""
         self._finished.set()
 
+    def _open(self) -> int:
+        """A read-only descriptor of the file (without following links when so made)."""
+        if not self.follow_symlinks:
+            return open_nofollow(self.path, "followed video")
+        if not os.path.isfile(self.path):
+            raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def probe(self) -> None:
+        """ValueError unless the bytes the file holds now (at most ``PROBE_BYTES``, read once,
+        without waiting for more) open as a video: a streamable container with a video
+        stream. An empty file, text, audio only, or a plain MP4 whose index is not written
+        yet are refused, so a client hears it when opening the stream, not when the source
+        ends."""
+        av = _import("av", "av", "following a video file")
+        fd = self._open()
+        done = threading.Event()
+        done.set()
+        reader = _TailReader(fd, threading.Event(), done, self.poll_s, None, PROBE_BYTES)
+        where = f"followed video {self.path!r}"
+        try:
+            if os.fstat(fd).st_size == 0:
+                raise ValueError(f"{where} is empty: nothing to probe yet (open the stream once "
+                                 "the writer has written the file's first packets)")
+            try:
+                with av.open(reader, options=self.options) as container:
+                    if not container.streams.video:
+                        raise ValueError(f"{where} has no video stream")
+            except (av.FFmpegError, OSError) as err:
+                raise ValueError(
+                    f"{where} is not a video that can be followed: its first bytes (up to "
+                    f"{PROBE_BYTES} read) do not open as a streamable video format (MPEG-TS, "
+                    f"fragmented MP4, Matroska/WebM): {_error_text(err)}") from err
+        finally:
+            reader.close()
+
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "following a video file")
-        if self.follow_symlinks:
-            if not os.path.isfile(self.path):
-                raise ValueError(f"followed video {self.path!r} does not exist or is not a file")
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        else:
-            fd = open_nofollow(self.path, "followed video")
+        fd = self._open()
         reader = _TailReader(fd, stop, self._finished, self.poll_s, self.end_after_s)
         try:
             try:
@@ -362,16 +417,25 @@ class SegmentDir(Source):
     def _open_flags(self) -> int:
         return os.O_RDONLY | (0 if self.follow_symlinks else os.O_NOFOLLOW)
 
+    def _open(self) -> int:
+        """A descriptor of the directory (without following links when so made)."""
+        if not self.follow_symlinks:
+            return open_nofollow(self.path, "segment directory", directory=True)
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise ValueError(f"segment directory {self.path!r} cannot be opened: "
+                             f"{_error_text(err)}") from err
+
+    def probe(self) -> None:
+        """ValueError unless the directory opens as :meth:`frames` will open it (its segments
+        are not looked into: the newest may still be being written; one that fails is
+        reported and skipped)."""
+        os.close(self._open())
+
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
         av = _import("av", "av", "reading video segments")
-        if self.follow_symlinks:
-            try:
-                directory = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as err:
-                raise ValueError(f"segment directory {self.path!r} cannot be opened: "
-                                 f"{_error_text(err)}") from err
-        else:
-            directory = open_nofollow(self.path, "segment directory", directory=True)
+        directory = self._open()
         try:
             yield from self._follow(av, directory, stop)
         finally:
