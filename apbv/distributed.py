@@ -155,6 +155,7 @@ def _rank_main(
     results: Any,
     threads: int,
     collective_timeout_s: float,
+    device: str | None,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -165,7 +166,7 @@ def _rank_main(
     )
     torch.set_num_threads(threads)
     try:
-        info = init_distributed(backend="gloo", timeout_s=collective_timeout_s)
+        info = init_distributed(backend="gloo", timeout_s=collective_timeout_s, device=device)
         report = ("ok", rank, fn(info, *args), "")
     except BaseException as exc:  # report everything, including KeyboardInterrupt
         report = ("error", rank, (type(exc).__name__, str(exc)), traceback.format_exc())
@@ -182,8 +183,12 @@ def spawn_local(
     timeout_s: float = 600.0,
     collective_timeout_s: float = 60.0,
     threads_per_rank: int = 1,
+    device: str | None = None,
 ) -> list[Any]:
     """Run ``fn(info: DistInfo, *args)`` on ``world_size`` local gloo ranks.
+
+    ``device``: every rank's device (default the CPU; ``"cuda:0"`` puts all the ranks on one
+    GPU, gloo moving their CUDA tensors).
 
     ``fn`` must be importable by name (a module-level function) and its result picklable.
     Returns the per-rank results in rank order. If any rank raises, waits up to
@@ -199,7 +204,7 @@ def spawn_local(
         ctx.Process(
             target=_rank_main,
             args=(r, world_size, port, fn, tuple(args), results, threads_per_rank,
-                  collective_timeout_s),
+                  collective_timeout_s, device),
             daemon=True,
         )
         for r in range(world_size)
