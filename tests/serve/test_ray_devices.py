@@ -130,3 +130,22 @@ def test_each_rank_uses_the_gpu_ray_gave_it(fake_gpu_ray, world_size, gpus_per_r
     per_gpu = round(1 / gpus_per_rank)
     assert len(set(ids)) == world_size // per_gpu, ids  # packed: whole GPUs, shared ones full
     assert max(Counter(ids).values()) == per_gpu, ids
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--gpus-per-rank", "0.5", "--set", "parallel.backend=nccl"], "NCCL refuses"),
+    (["--gpus-per-rank", "0.3"], "--gpus-per-rank must be 0"),
+])
+def test_serve_refuses_shared_gpus_on_nccl_before_ray_starts(monkeypatch, flags, message):
+    import argparse
+
+    from apbv.config import load_config
+    from apbv.serve import main
+
+    p = argparse.ArgumentParser()
+    main.add_serve_args(p)
+    p.add_argument("--set", action="append", default=[])
+    args = p.parse_args(flags)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(ValueError, match=message):
+        main.run_server(load_config("tiny_cpu", args.set), args)
