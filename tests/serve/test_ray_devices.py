@@ -97,11 +97,16 @@ def test_every_thread_that_runs_engine_work_sets_the_ranks_device(monkeypatch):
 
 # --- on a local Ray with 4 fake GPUs ------------------------------------------------------------
 
+GROUPS = [(2, 1), (4, 1), (2, 0.5), (4, 0.5)]
+"""(ranks, GPUs per rank) of the groups started side by side: 9 GPUs in all."""
+
+
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False,
-             object_store_memory=80 << 20, _node_ip_address="127.0.0.1")
+    ray.init(num_cpus=sum(h for h, _ in GROUPS), num_gpus=sum(h * g for h, g in GROUPS),
+             include_dashboard=False, log_to_driver=False, object_store_memory=80 << 20,
+             _node_ip_address="127.0.0.1")
     try:
         yield
     finally:
@@ -112,24 +117,33 @@ def _what_ray_gave(actor) -> tuple[list[str], str | None, str]:
     return (ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), actor.device_given())
 
 
-@pytest.mark.parametrize("world_size,gpus_per_rank", [(2, 1), (4, 1), (2, 0.5), (4, 0.5)])
-def test_each_rank_uses_the_gpu_ray_gave_it(fake_gpu_ray, world_size, gpus_per_rank):
-    group = RankGroup(None, world_size, gpus_per_rank=gpus_per_rank, backend="gloo")
+def test_each_rank_uses_the_gpu_ray_gave_it(fake_gpu_ray):
+    """2 and 4 ranks, whole and half GPUs (the groups started at once: one actor start each)."""
+    groups = [RankGroup(None, h, gpus_per_rank=g, backend="gloo") for h, g in GROUPS]
     try:
-        group.start_actors()
-        given = ray.get([a.__ray_call__.remote(_what_ray_gave) for a in group.actors],
-                        timeout=120)
+        for group in groups:
+            group.start_actors()
+        refs = [[a.__ray_call__.remote(_what_ray_gave) for a in group.actors]
+                for group in groups]
+        given = [ray.get(r, timeout=120) for r in refs]
     finally:
-        group.stop()
-    ids = []
-    for rank, (gpu_ids, visible, device) in enumerate(given):
-        assert len(gpu_ids) == 1 and visible == str(gpu_ids[0]), (rank, gpu_ids, visible)
-        # cuda:0 of its own visible set, whatever its rank (the old code asked for cuda:rank)
-        assert device == "cuda:0", (rank, gpu_ids, visible, device)
-        ids.append(str(gpu_ids[0]))
-    per_gpu = round(1 / gpus_per_rank)
-    assert len(set(ids)) == world_size // per_gpu, ids  # packed: whole GPUs, shared ones full
-    assert max(Counter(ids).values()) == per_gpu, ids
+        for group in groups:
+            group.stop()
+    taken: list[str] = []
+    for (world_size, gpus_per_rank), ranks in zip(GROUPS, given):
+        ids = []
+        for rank, (gpu_ids, visible, device) in enumerate(ranks):
+            where = (world_size, gpus_per_rank, rank, gpu_ids, visible, device)
+            assert len(gpu_ids) == 1 and visible == str(gpu_ids[0]), where
+            # cuda:0 of its own visible set, whatever its rank (the old code: cuda:<rank>)
+            assert device == "cuda:0", where
+            ids.append(str(gpu_ids[0]))
+        per_gpu = round(1 / gpus_per_rank)
+        # packed: whole GPUs, each shared one full
+        assert len(set(ids)) == world_size // per_gpu, (world_size, gpus_per_rank, ids)
+        assert max(Counter(ids).values()) == per_gpu, (world_size, gpus_per_rank, ids)
+        taken += sorted(set(ids))
+    assert len(taken) == len(set(taken)) == 9, taken  # no GPU given to two groups
 
 
 @pytest.mark.parametrize("flags,message", [
