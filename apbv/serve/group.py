@@ -186,7 +186,6 @@ class RankGroup:
         ``backend`` gloo); ``backend``: the process group's (None: nccl on GPUs, else gloo)."""
         self.cfg, self.world_size, self.gpus_per_rank = cfg, world_size, gpus_per_rank
         self.backend = backend
-        self.use_gpu = gpus_per_rank > 0
         self.threads, self.env, self.local = threads, env or {}, local
         self.actors: list[Any] = []
         self.pids: list[int] = []
