@@ -2,9 +2,11 @@
 
 Functions take the process group explicitly (None means the default group when one is
 initialised). Without an initialised process group the world is one rank and every collective
-completes at once. Waits are bounded: each one passes the timeout given at
-:func:`apbv.distributed.init_distributed` (the group's own timeout bounds it too), so a rank
-whose peer died raises instead of hanging.
+completes at once. Waits are bounded, so a rank whose peer died raises instead of hanging: on
+gloo each wait passes the timeout given at :func:`apbv.distributed.init_distributed`; on NCCL a
+wait with a timeout would block the CPU thread until the collective completes (the host could
+no longer queue work ahead of the GPU), so NCCL waits take none and only order the current CUDA
+stream after the collective: the process group's timeout and NCCL's watchdog bound them.
 """
 
 from __future__ import annotations
@@ -46,16 +48,26 @@ def _scalar_device(group: dist.ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
+def _wait(work: dist.Work, group: dist.ProcessGroup | None) -> None:
+    """Wait for an async collective: bounded on gloo (a CPU wait anyway); on NCCL without a
+    CPU-side timeout, so the host keeps running ahead of the GPU (the stream waits instead)."""
+    if dist.get_backend(group) == "nccl":
+        work.wait()
+    else:
+        work.wait(timeout=_timeout)
+
+
 @dataclass
 class PendingGather:
     """An all-gather in flight; :meth:`wait` returns the (H, *shape) result."""
 
     result: torch.Tensor
     work: dist.Work | None
+    group: dist.ProcessGroup | None = None
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:
-            self.work.wait(timeout=_timeout)
+            _wait(self.work, self.group)
             self.work = None
         return self.result
 
@@ -68,7 +80,7 @@ def start_all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) ->
     x = x.contiguous().view(1, *x.shape)  # gathered along dim 0 (gloo takes only this form)
     result = x.new_empty((world, *x.shape[1:]))
     work = _all_gather_single(result, x, group=group, async_op=True)
-    return PendingGather(result, work)
+    return PendingGather(result, work, group)
 
 
 def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -94,7 +106,7 @@ def all_to_all_rows(
         return out
     work = dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group,
                                   async_op=True)
-    work.wait(timeout=_timeout)
+    _wait(work, group)
     return out
 
 
@@ -105,7 +117,7 @@ def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None = None)
         return x
     x = x.contiguous()
     work = dist.broadcast(x, src=src, group=group, async_op=True)
-    work.wait(timeout=_timeout)
+    _wait(work, group)
     return x
 
 

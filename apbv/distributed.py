@@ -51,12 +51,18 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
-def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
+                     device: torch.device | str | None = None) -> DistInfo:
     """Join the job's process group (once per process) and pick this rank's device.
 
     Args:
         backend: "nccl" or "gloo"; default nccl when CUDA is available, gloo otherwise.
-        timeout_s: bound on every collective wait, in seconds.
+        timeout_s: bound on every collective, in seconds: the process group's timeout (on NCCL
+            the watchdog then ends the process, see :func:`_nccl_environment`) and, on gloo,
+            each wait's own bound.
+        device: this rank's device, from a caller that knows it (a Ray actor: the GPU Ray gave
+            it; a check putting gloo ranks on one GPU: ``cuda:0``). Default: ``cuda:LOCAL_RANK``
+            on NCCL (torchrun's one process per GPU), the CPU on gloo.
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"unknown backend {backend!r}; allowed: nccl, gloo")
@@ -70,15 +76,24 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) ->
     elif backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("parallel.backend=nccl needs CUDA, which is not available; "
                          "use gloo or auto")
-    if backend == "nccl":
+    if device is not None:
+        device = torch.device(device)
+        if backend == "nccl" and device.type != "cuda":
+            raise ValueError(f"the nccl backend needs a CUDA device, got {device}; use gloo")
+    elif backend == "nccl":
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
     comm.set_timeout(timeout_s)
     if world_size == 1:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
+        if backend == "nccl":
+            _nccl_environment()
         dist.init_process_group(
             backend,
             rank=rank,
@@ -87,6 +102,20 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) ->
             device_id=device if backend == "nccl" else None,
         )
     return DistInfo(rank, world_size, local_rank, device, backend)
+
+
+def _nccl_environment() -> None:
+    """How an NCCL hang ends (the user's own settings win): NCCL collectives are waited without
+    a CPU-side bound (:mod:`apbv.comm`), so the watchdog bounds them: a collective past the
+    group's timeout is reported on stderr by the watchdog ("Watchdog caught collective
+    operation timeout: WorkNCCL(SeqNum=..., OpType=...) ran for ... milliseconds before timing
+    out"), the communicators are aborted and the process ends (``TORCH_NCCL_ASYNC_ERROR_HANDLING
+    =3``); with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` the flight recorder's trace of the last
+    collectives is written first (``TORCH_NCCL_TRACE_BUFFER_SIZE`` entries, to
+    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``)."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
 def destroy_distributed() -> None:
@@ -126,6 +155,7 @@ def _rank_main(
     results: Any,
     threads: int,
     collective_timeout_s: float,
+    device: str | None,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -136,7 +166,7 @@ def _rank_main(
     )
     torch.set_num_threads(threads)
     try:
-        info = init_distributed(backend="gloo", timeout_s=collective_timeout_s)
+        info = init_distributed(backend="gloo", timeout_s=collective_timeout_s, device=device)
         report = ("ok", rank, fn(info, *args), "")
     except BaseException as exc:  # report everything, including KeyboardInterrupt
         report = ("error", rank, (type(exc).__name__, str(exc)), traceback.format_exc())
@@ -153,8 +183,12 @@ def spawn_local(
     timeout_s: float = 600.0,
     collective_timeout_s: float = 60.0,
     threads_per_rank: int = 1,
+    device: str | None = None,
 ) -> list[Any]:
     """Run ``fn(info: DistInfo, *args)`` on ``world_size`` local gloo ranks.
+
+    ``device``: every rank's device (default the CPU; ``"cuda:0"`` puts all the ranks on one
+    GPU, gloo moving their CUDA tensors).
 
     ``fn`` must be importable by name (a module-level function) and its result picklable.
     Returns the per-rank results in rank order. If any rank raises, waits up to
@@ -170,7 +204,7 @@ def spawn_local(
         ctx.Process(
             target=_rank_main,
             args=(r, world_size, port, fn, tuple(args), results, threads_per_rank,
-                  collective_timeout_s),
+                  collective_timeout_s, device),
             daemon=True,
         )
         for r in range(world_size)

@@ -4,6 +4,11 @@
 #   2. benchmarks/calibrate_gpu.py: the kernel adapter against the CPU reference in bf16, one
 #      decoder layer and the vision tower of a Qwen2.5-VL-7B-shaped random bf16 model, written to
 #      benchmarks/results/h200_calibration.json (the form calibrate_cpu.py writes).
+#   3. benchmarks/multirank_check.py: every multi-rank path on the one GPU: the op on H=2 and 4
+#      gloo ranks all on cuda:0 against the oracle, the engine end to end on those ranks, apbv
+#      serve --world-size 2 --gpus-per-rank 0.5 answering the openai client, and a 1-rank NCCL
+#      group (object collectives from a worker thread, wait() against wait(timeout)).
+#      MULTIRANK_PARTS (op,engine,serve,nccl) and MULTIRANK_SIZES (2,4) choose what runs.
 #
 # It runs with the Python of a bare CUDA PyTorch image (torch and transformers; no flash-attn,
 # decord or qwen-vl-utils needed): PYTHON=... picks the interpreter (default: python3). Wheels
@@ -12,6 +17,10 @@
 # only, never downloaded.
 # Without a GPU, or without a package, each part says why it is skipped, and the calibration
 # runs its CPU dry run (toy sizes) instead, so the code path is still checked.
+#
+# APBV_DRY_RUN=1 runs the same script on the CPU whatever the machine has (device cpu, H=2, a
+# smaller needle video; the CUDA-only parts say why they are skipped), so it cannot rot.
+# GPU_CHECK_STEPS (default "1 2 3") runs some of the steps only.
 #
 #   bash scripts/gpu_check.sh              # CALIBRATION=... sets the calibration file
 set -uo pipefail
@@ -41,10 +50,20 @@ fi
 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), \
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 cuda=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
+nocuda="no CUDA device"
+if [ "${APBV_DRY_RUN:-0}" = 1 ]; then
+    echo "gpu_check: dry run on the CPU (APBV_DRY_RUN=1)"
+    cuda=0 nocuda="dry run"
+fi
+
+steps=" ${GPU_CHECK_STEPS:-1 2 3} "
+step() { [[ "$steps" == *" $1 "* ]] || { echo "gpu_check: step $1 not chosen (GPU_CHECK_STEPS)"; false; }; }
 
 echo "== 1. tests/gpu"
-if [ "$cuda" != 1 ]; then
-    echo "gpu_check: tests/gpu skipped: no CUDA device"
+if ! step 1; then
+    :
+elif [ "$cuda" != 1 ]; then
+    echo "gpu_check: tests/gpu skipped: $nocuda"
 elif ! have pytest; then
     echo "gpu_check: tests/gpu skipped: pytest is not installed (carry its wheel in $WHEELS)"
 else
@@ -52,13 +71,30 @@ else
 fi
 
 echo "== 2. calibration (kernel adapter, decoder layer, vision tower)"
-if [ "$cuda" = 1 ]; then
+if ! step 2; then
+    :
+elif [ "$cuda" = 1 ]; then
     timeout 300 "$PY" benchmarks/calibrate_gpu.py --out "$CALIBRATION" || status=1
 else
-    echo "gpu_check: no CUDA device: the calibration's dry run on CPU (toy sizes, not written" \
+    echo "gpu_check: $nocuda: the calibration's dry run on CPU (toy sizes, not written" \
          "to $CALIBRATION)"
-    dry=$(mktemp -d)
-    timeout 300 "$PY" benchmarks/calibrate_gpu.py --dry-run --out "$dry/dry.json" || status=1
-    rm -rf "$dry"
+    scratch=$(mktemp -d)
+    CUDA_VISIBLE_DEVICES="" timeout 300 "$PY" benchmarks/calibrate_gpu.py --dry-run \
+        --out "$scratch/dry.json" || status=1
+    rm -rf "$scratch"
+fi
+
+echo "== 3. multi-rank paths on one device (benchmarks/multirank_check.py)"
+if ! step 3; then
+    :
+elif [ "$cuda" = 1 ]; then
+    timeout 420 "$PY" benchmarks/multirank_check.py --device cuda:0 \
+        --world-sizes "${MULTIRANK_SIZES:-2,4}" --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl}" \
+        || status=1
+else
+    echo "gpu_check: $nocuda: the same check on the CPU, H=${MULTIRANK_SIZES:-2}"
+    OMP_NUM_THREADS=1 timeout 420 "$PY" benchmarks/multirank_check.py --device cpu \
+        --world-sizes "${MULTIRANK_SIZES:-2}" --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl}" \
+        --tokens 2048 || status=1
 fi
 exit $status

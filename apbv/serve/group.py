@@ -1,9 +1,11 @@
 """The H engine ranks as Ray actors in one placement group, one torch.distributed group.
 
-:class:`RankGroup` reserves a placement group of H bundles (1 CPU each, or 1 GPU each on GPU
-nodes; STRICT_PACK when one node holds them all, SPREAD otherwise), starts one
-:class:`RankActor` per bundle, and has every actor join the process group (rank 0's node and a
-free port rank 0 picks) and load the engine once. :meth:`RankGroup.generate` hands the same
+:class:`RankGroup` reserves a placement group for H ranks (1 CPU and ``gpus_per_rank`` GPUs each;
+one node when one holds them all, else whole nodes in rank order: :mod:`apbv.serve.placement`),
+starts one :class:`RankActor` per rank, and has every actor join the process group (rank 0's
+node and a free port rank 0 picks) and load the engine once. A GPU actor runs on the device Ray
+gave it (``cuda:0`` of its own visible set), made the current device in every thread that
+runs engine work. :meth:`RankGroup.generate` hands the same
 request to every actor and returns rank 0's result; rank 0 streams each token id as soon as it
 is known (a Ray streaming generator fed by the engine's ``on_token`` hook). A request whose
 ``cancel`` event is set (its client went away) is stopped at its next decode step: rank 0, the
@@ -30,6 +32,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from apbv.engine.request import RequestCancelled
+from apbv.serve.placement import group_layout, rank_device
 
 
 class RankLost(RuntimeError):
@@ -49,6 +52,8 @@ class RankActor:
         import torch
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device: torch.device = torch.device("cpu")
+        """This rank's device (set by :meth:`setup` from what Ray gave the actor)."""
         self.engine: Any = None
         self.streams: dict[str, Any] = {}
         self.cancelled: int | None = None
@@ -62,17 +67,38 @@ class RankActor:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
-    def setup(self, master_addr: str, master_port: int, local_rank: int) -> int:
+    def device_given(self) -> str:
+        """The device Ray gave this actor: ``cuda:0`` of its visible set, or ``cpu``."""
+        return rank_device(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def setup(self, master_addr: str, master_port: int, local_rank: int,
+              backend: str | None = None) -> int:
+        """Join the process group (``backend``: None picks nccl on a GPU, gloo otherwise) on
+        the device Ray gave this actor, and load the engine."""
+        import torch
+
         from apbv.distributed import init_distributed
         from apbv.engine.engine import Engine
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                           RANK=str(self.rank), WORLD_SIZE=str(self.world_size),
                           LOCAL_RANK=str(local_rank))
-        backend = None if self.cfg.parallel.backend == "auto" else self.cfg.parallel.backend
-        info = init_distributed(backend=backend, timeout_s=self.cfg.parallel.timeout_s)
+        self.device = torch.device(self.device_given())
+        if backend is None:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._use_device()
+        info = init_distributed(backend=backend, timeout_s=self.cfg.parallel.timeout_s,
+                                device=self.device)
         self.engine = Engine(self.cfg, info)
         return os.getpid()
+
+    def _use_device(self) -> None:
+        """Make this rank's GPU the current device of the calling thread (the current CUDA
+        device is per thread, and Ray runs the actor's calls in several threads)."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(self.device)
 
     def ping(self) -> int:
         return os.getpid()
@@ -88,6 +114,7 @@ class RankActor:
 
     def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
                  ticket: int | None = None) -> Any:
+        self._use_device()
         result = self.engine.generate(request, on_token=on_token, stop=self._stop(ticket))
         result.first_logits = None
         return result
@@ -105,6 +132,7 @@ class RankActor:
     def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
         """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
         ``open`` (args: the StreamSpec), ``append``, ``ask``, ``describe``, ``close``."""
+        self._use_device()
         if op == "open":
             if stream_id in self.streams:
                 raise ValueError(f"stream {stream_id!r} is already open")
@@ -151,45 +179,48 @@ def _streamed(work: Callable[[Callable[[int], None]], Any]) -> Iterator[Any]:
 class RankGroup:
     """H rank actors in one placement group; one request at a time."""
 
-    def __init__(self, cfg: Any, world_size: int, *, use_gpu: bool, threads: int = 1,
+    def __init__(self, cfg: Any, world_size: int, *, gpus_per_rank: float = 0,
+                 backend: str | None = None, threads: int = 1,
                  env: dict[str, str] | None = None, local: bool = True):
-        self.cfg, self.world_size, self.use_gpu = cfg, world_size, use_gpu
+        """``gpus_per_rank``: 0 for CPU ranks, 1, or a fraction (several ranks per GPU, with
+        ``backend`` gloo); ``backend``: the process group's (None: nccl on GPUs, else gloo)."""
+        self.cfg, self.world_size, self.gpus_per_rank = cfg, world_size, gpus_per_rank
+        self.backend = backend
         self.threads, self.env, self.local = threads, env or {}, local
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self.pg: Any = None
         self.tickets = itertools.count(1)
 
-    def _strategy(self) -> str:
-        key = "GPU" if self.use_gpu else "CPU"
-        one_node = any(n["Resources"].get(key, 0) >= self.world_size
-                       for n in ray.nodes() if n.get("Alive"))
-        return "STRICT_PACK" if one_node else "SPREAD"
-
     def start(self) -> None:
         """Reserve the bundles, start the actors, join the process group, load the model."""
-        bundle = {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
-        self.pg = placement_group([dict(bundle)] * self.world_size, strategy=self._strategy())
-        ray.get(self.pg.ready(), timeout=600)
-        cls = ray.remote(RankActor)
-        self.actors = [
-            cls.options(
-                num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_concurrency=2,
-                max_restarts=0, runtime_env={"env_vars": dict(self.env)},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=r),
-            ).remote(self.cfg, r, self.world_size, self.threads)
-            for r in range(self.world_size)
-        ]
+        self.start_actors()
         addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
         ip, port, _ = addresses[0]
         master = "127.0.0.1" if self.local else ip
         local_ranks, seen = [], {}
-        for node_ip, _, _ in addresses:  # GPU index on its node: bundles in rank order
+        for node_ip, _, _ in addresses:  # index on its node: bundles hold ranks in rank order
             local_ranks.append(seen.get(node_ip, 0))
             seen[node_ip] = local_ranks[-1] + 1
-        self.pids = ray.get([a.setup.remote(master, port, lr)
+        self.pids = ray.get([a.setup.remote(master, port, lr, self.backend)
                              for a, lr in zip(self.actors, local_ranks)], timeout=1800)
+
+    def start_actors(self) -> None:
+        """Reserve the placement group and start one actor per rank (nothing loaded yet)."""
+        layout = group_layout(self.world_size, self.gpus_per_rank,
+                              [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        self.pg = placement_group(layout.bundles, strategy=layout.strategy)
+        ray.get(self.pg.ready(), timeout=600)
+        cls = ray.remote(RankActor)
+        self.actors = [
+            cls.options(
+                num_cpus=1, num_gpus=self.gpus_per_rank, max_concurrency=2,
+                max_restarts=0, runtime_env={"env_vars": dict(self.env)},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=bundle),
+            ).remote(self.cfg, r, self.world_size, self.threads)
+            for r, bundle in enumerate(layout.rank_bundle)
+        ]
 
     def stop(self) -> None:
         """Kill every actor and release the placement group."""

@@ -59,6 +59,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", help="model id of /v1/models (default: the "
                                                "checkpoint directory's name)")
     p.add_argument("--threads-per-rank", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--gpus-per-rank", type=float,
+                   help="GPUs of one rank: 1, or 1/k to put k ranks on one GPU (e.g. 0.5, for "
+                        "checks on one GPU; the ranks then talk through gloo), or 0 for CPU "
+                        "ranks (default: 1 when the Ray cluster has GPUs and parallel.backend "
+                        "is not gloo, else 0)")
     p.add_argument("--stream-memory-gb", type=float,
                    help="per-rank KV budget in GiB shared by the live streams of one replica "
                         "(default: half of parallel.memory_gb when set, else a quarter of the "
@@ -137,6 +142,19 @@ def check_port_free(host: str, port: int) -> None:
                                  f"{host}): {exc.strerror or exc}") from None
 
 
+def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> float:
+    """``--gpus-per-rank`` (checked by :func:`run_server`), or its default for a Ray cluster
+    with ``cluster_gpus`` GPUs."""
+    if args.gpus_per_rank is None:
+        return 1.0 if cfg.parallel.backend != "gloo" and cluster_gpus >= 1 else 0.0
+    need = args.gpus_per_rank * args.world_size * args.replicas
+    if cluster_gpus < need:
+        raise ValueError(f"--gpus-per-rank {args.gpus_per_rank:g} x --world-size "
+                         f"{args.world_size} x --replicas {args.replicas} needs {need:g} GPUs; "
+                         f"the Ray cluster has {cluster_gpus:g}")
+    return args.gpus_per_rank
+
+
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
     import ray
     import uvicorn
@@ -146,6 +164,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     from apbv.serve.app import Server, ServerOptions
     from apbv.serve.download import MediaStore
     from apbv.serve.group import RankGroup
+    from apbv.serve.placement import check_gpus_per_rank, group_backend
 
     if args.world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
@@ -158,6 +177,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         raise ValueError(f"--download-cache-mb must be >= 0, got {args.download_cache_mb}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.gpus_per_rank is not None:  # before Ray starts
+        check_gpus_per_rank(args.gpus_per_rank)
+        group_backend(cfg.parallel.backend, args.gpus_per_rank)
     if args.max_streams < 0 or args.stream_idle_s <= 0 or \
             (args.stream_memory_gb is not None and args.stream_memory_gb <= 0):
         raise ValueError("--max-streams must be >= 0, --stream-idle-s and --stream-memory-gb "
@@ -192,8 +214,10 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     try:
         if domains:  # private (mode 0700), removed on the way out
             download_dir = tempfile.mkdtemp(prefix="apbv-media-", dir=args.download_dir)
-        use_gpu = cfg.parallel.backend != "gloo" and ray.cluster_resources().get("GPU", 0) >= 1
-        groups = [RankGroup(cfg, args.world_size, use_gpu=use_gpu,
+        gpus_per_rank = _gpus_per_rank(cfg, args, ray.cluster_resources().get("GPU", 0))
+        use_gpu = gpus_per_rank > 0
+        backend = group_backend(cfg.parallel.backend, gpus_per_rank)
+        groups = [RankGroup(cfg, args.world_size, gpus_per_rank=gpus_per_rank, backend=backend,
                             threads=args.threads_per_rank, env=env, local=local)
                   for _ in range(args.replicas)]
         predictor = cost_predictor(path, args.world_size,
