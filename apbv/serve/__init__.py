@@ -1,8 +1,9 @@
 """The HTTP server: an OpenAI-style front end over H engine ranks held as Ray actors.
 
-:mod:`apbv.serve.policy` (media policy, limits; pure), :mod:`apbv.serve.api` (chat requests in,
-responses and stream chunks out), :mod:`apbv.serve.admission` (the queue and deadline
-admission), :mod:`apbv.serve.group` (the rank actors), :mod:`apbv.serve.app` (routes, worker,
-metrics), :mod:`apbv.serve.main` (``python -m apbv serve``). The server imports the engine; the
-engine never imports the server.
+:mod:`apbv.serve.policy` (media policy, limits; pure), :mod:`apbv.serve.bodies` (strict JSON
+bodies), :mod:`apbv.serve.http_guard` (Host check, read deadlines, answers at shutdown),
+:mod:`apbv.serve.api` (chat requests in, responses and stream chunks out),
+:mod:`apbv.serve.admission` (the queue and deadline admission), :mod:`apbv.serve.group` (the
+rank actors), :mod:`apbv.serve.app` (routes, worker, metrics), :mod:`apbv.serve.main`
+(``python -m apbv serve``). The server imports the engine; the engine never imports the server.
 """

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apbv.engine.request import Request
+from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 
@@ -38,13 +39,15 @@ class ChatCall:
 
 
 def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
-    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``."""
+    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``: by
+    type, never by truthiness (``"false"`` is no boolean, ``true`` no number)."""
     value = body.get(name)
     if value is None:
         return None
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
             (low is not None and value < low):
         what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
+                else "a string" if kinds == (str,) else "an object" if kinds == (dict,)
                 else "a number")
         raise ClientError(400, f"{name} must be {what}"
                                f"{f' >= {low:g}' if low is not None else ''}, got {value!r}")
@@ -110,16 +113,22 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     unknown = sorted(set(body) - KNOWN_FIELDS)
     if unknown:
         raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(KNOWN_FIELDS)}")
-    temperature = body.get("temperature")
-    if temperature not in (None, 0, 0.0):
+    temperature = typed_field(body, "temperature", (int, float))
+    if temperature not in (None, 0):
         raise ClientError(400, f"temperature {temperature!r} is not supported: only greedy "
                                "decoding (temperature 0 or absent)")
-    if body.get("n", 1) != 1:
+    if typed_field(body, "n", (int,)) not in (None, 1):
         raise ClientError(400, f"n={body.get('n')!r} is not supported: only n=1")
-    if body.get("model") not in (None, model_name):
-        raise ClientError(404, f"model {body.get('model')!r} is not served; this server "
+    if typed_field(body, "model", (str,)) not in (None, model_name):
+        raise ClientError(404, f"model {body.get('model')[:200]!r} is not served; this server "
                                f"serves {model_name!r}")
+    streamed = typed_field(body, "stream", (bool,)) is True
+    typed_field(body, "top_p", (int, float))  # accepted for clients' sake; greedy ignores it
+    typed_field(body, "user", (str,))
+    typed_field(body, "stream_options", (dict,))
+    _check_messages(body.get("messages"))
     url, question, system = _message_parts(body)
+    url = check_url(url, "video_url.url")
     limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                  "the question's length in characters")
     if system is not None:
@@ -164,7 +173,17 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     except BaseException:
         discard(downloaded)
         raise
-    return ChatCall(request, bool(body.get("stream", False)), model_name, deadline, downloaded)
+    return ChatCall(request, streamed, model_name, deadline, downloaded)
+
+
+def _check_messages(messages: object) -> None:
+    """Each message an object whose role is a string (the roles are judged after)."""
+    if not isinstance(messages, list):
+        return  # refused with the message parts
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ClientError(400, f"messages[{i}] must be an object with a string role, got "
+                                   f"{str(message)[:120]!r}")
 
 
 def _with_choices(request: Request, choices: object) -> Request:

@@ -33,7 +33,9 @@ from prometheus_client import (
 from apbv.engine.request import cut_at_stop
 from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
+from apbv.serve.bodies import check_content_type, decode_json
 from apbv.serve.download import discard
+from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
 from apbv.serve.streams import StreamOptions, Streams
@@ -75,6 +77,10 @@ class ServerOptions:
     max_queue: int = 16
     streams: StreamOptions | None = None
     """Live streams (``/v1/streams``); None: those routes are not served."""
+    hosts: HostRule | None = None
+    """The Host headers requests may carry (--host, --port, --allow-host); None: any."""
+    read_timeout_s: float | None = None
+    """Seconds a request body may take to arrive after its head (--read-timeout-s)."""
 
 
 class Server:
@@ -94,7 +100,8 @@ class Server:
         self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
         self.workers: list[asyncio.Task] = []
         self.streams = Streams(self, options.streams) if options.streams is not None else None
-        self.app = self._routes()
+        self.app = HttpGuard(self._routes(), options.hosts, options.read_timeout_s,
+                             refused=self._count_refused)
 
     @property
     def status(self) -> str:
@@ -108,6 +115,7 @@ class Server:
         try:
             yield
         finally:
+            self.app.shut()  # whatever is still in flight is answered 503
             for worker in self.workers:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
@@ -128,6 +136,10 @@ class Server:
             return True
         return False
 
+    def _count_refused(self, status: int) -> None:
+        if status < 500 or status == 503:
+            self.metrics.requests.labels(f"refused_{status}").inc()
+
     # --- HTTP ---------------------------------------------------------------------------------
     def _authorize(self, request: Request) -> None:
         key = self.opt.api_key
@@ -140,6 +152,9 @@ class Server:
                                    "set with --api-key or APBV_API_KEY)")
 
     async def _read_json(self, request: Request) -> Any:
+        """The request's JSON body (:mod:`apbv.serve.bodies`: application/json only, strictly
+        decoded), within --max-body-bytes."""
+        check_content_type(request.headers.get("content-type"))
         limit = self.opt.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit():
@@ -150,10 +165,7 @@ class Server:
             body += piece
             self.opt.limits.check("body", len(body), limit, "max-body-bytes",
                                   "the request body in bytes")
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise ClientError(400, f"the request body is not JSON: {exc}") from None
+        return decode_json(body)
 
     async def chat(self, request: Request) -> Response:
         self._authorize(request)
@@ -256,11 +268,8 @@ class Server:
 
         @app.exception_handler(ClientError)
         async def client_error(_: Request, exc: ClientError) -> JSONResponse:
-            if exc.status < 500 or exc.status == 503:
-                self.metrics.requests.labels(f"refused_{exc.status}").inc()
-            return JSONResponse({"error": {"message": exc.message, "type": "invalid_request"
-                                           if exc.status < 500 else "server_error",
-                                           "code": exc.status}}, status_code=exc.status)
+            self._count_refused(exc.status)
+            return JSONResponse(error_body(exc.status, exc.message), status_code=exc.status)
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:

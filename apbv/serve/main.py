@@ -2,9 +2,10 @@
 
 The front end runs in the driver (uvicorn + FastAPI): one process owns the queue and the
 admission decisions, and the H ranks are one group of Ray actors that must all take every
-request. uvicorn handles SIGINT/SIGTERM: it stops accepting, the app's shutdown kills the rank
-actors and releases their placement group, and Ray is shut down (or, with ``--address``,
-disconnected from); nothing is left running.
+request. uvicorn handles SIGINT/SIGTERM: it stops accepting, the requests in flight are
+answered 503 (:mod:`apbv.serve.http_guard`), the app's shutdown kills the rank actors and
+releases their placement group, and Ray is shut down (or, with ``--address``, disconnected
+from); nothing is left running.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="R independent rank groups, each with its own queue (R x H actors)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="a Host header requests may carry besides the bound address "
+                        "(repeatable; without a port, any port; '*': no Host check); others "
+                        "are refused with 421 (DNS rebinding)")
+    p.add_argument("--read-timeout-s", type=float, default=30.0,
+                   help="a request's head, and then its body, must each arrive within this "
+                        "many seconds, else 408 and the connection is closed (slowloris; "
+                        "default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's log on stderr: a line per finished request and per "
                         "replica event at info (default: %(default)s)")
@@ -157,13 +166,13 @@ def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> f
 
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
     import ray
-    import uvicorn
     from transformers import AutoProcessor
 
     from apbv.serve.admission import Admission, cost_predictor
     from apbv.serve.app import Server, ServerOptions
     from apbv.serve.download import MediaStore
     from apbv.serve.group import RankGroup
+    from apbv.serve.http_guard import HostRule, serve
     from apbv.serve.placement import check_gpus_per_rank, group_backend
 
     if args.world_size < 1:
@@ -189,6 +198,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
     check_media_roots(args.media_root)
     check_port_free(args.host, args.port)
+    if not args.read_timeout_s > 0:
+        raise ValueError(f"--read-timeout-s must be > 0, got {args.read_timeout_s}")
+    hosts = HostRule(args.host, args.port, tuple(args.allow_host))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = os.path.abspath(cfg.model.path)
@@ -230,7 +242,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
                                None if download_dir is None else MediaStore(
                                    download_dir, int(args.download_cache_mb * 2**20)),
                                int(args.max_download_mb * 2**20), args.download_timeout_s),
-            api_key=args.api_key or None, max_queue=args.max_queue)
+            api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
+            read_timeout_s=args.read_timeout_s)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor) for _ in groups])
         logging.getLogger("apbv.serve").info(
@@ -238,8 +251,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
             "remote hosts %s", options.model_name, args.host, args.port, args.replicas,
             args.world_size, "GPUs" if use_gpu else "CPUs", list(options.policy.roots) or "none",
             list(domains) or "none")
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+        serve(server.app, args.host, args.port, args.read_timeout_s)
     finally:
         ray.shutdown()
         if download_dir is not None:

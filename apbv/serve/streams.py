@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from apbv.engine.request import check_choices, check_stop_texts
 from apbv.engine.stream import StreamSpec
 from apbv.serve import api, stream_budget
 from apbv.serve.admission import Job
+from apbv.serve.bodies import check_url
 from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
@@ -198,6 +200,9 @@ class Streams:
                 keep_vision=bool(api.typed_field(body, "keep_vision", (bool,))))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
+        if spec.window_s is not None and not math.isfinite(spec.window_s * spec.fps):
+            raise ClientError(400, f"window_s x fps ({spec.window_s:g} x {spec.fps:g}) "
+                                   "overflows: the window holds too many frames to count")
         if size is not None:
             limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
                          "max-pixels-per-frame", "pixels per resized frame")
@@ -237,7 +242,7 @@ class Streams:
             raise ClientError(400, f"unknown field(s) {unknown}; supported: {sorted(OPEN_FIELDS)}")
         spec, sized, pixels, native = self._spec(body)
         path, source = (None, None) if body.get("source") is None else \
-            await self._probe(body["source"])
+            await self._probe(check_url(body["source"], "source"))
         need = self._need(spec, sized, pixels[1])
         replica = self._place(need)
         live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
