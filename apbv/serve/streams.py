@@ -134,7 +134,8 @@ class Streams:
                     and replica.generation != generation:
                 self._forget(live)
 
-        job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0)
+        job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0,
+                                      max_tokens=kwargs.get("max_new_tokens", 0))
         job.replica, job.name = replica, f"{live.id} {op}"
         job.future.add_done_callback(forget_if_lost)
         return job
