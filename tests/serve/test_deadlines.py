@@ -254,3 +254,16 @@ def test_a_failed_request_names_the_ranks_that_did_not_answer():
         asyncio.run(outcome({0: "died", 1: "died"}))
     with pytest.raises(RankLost, match=r"\(rank 0 died; rank 1 did not answer within 5 s\)"):
         asyncio.run(outcome({0: "died", 1: "did not answer within 5 s"}))
+
+
+def test_the_decode_prior_of_the_cost_model():
+    """One decode step: the weight reads of every layer dominate a 7B model on a GPU (tens of
+    ms with the host's per-layer overhead); attending to a longer cache costs more."""
+    from apbv import cost
+
+    dims = cost.preset_dims("qwen2.5-vl-7b")
+    h200 = cost.decode_token_s(dims, context_len=1000, world_size=8, hw=cost.hardware("h200"))
+    assert 0.005 < h200 < 0.1, h200
+    short, long = (cost.decode_token_s(dims, context_len=n, world_size=8,
+                                       hw=cost.hardware("cpu")) for n in (1000, 131072))
+    assert h200 < short < long, (h200, short, long)
