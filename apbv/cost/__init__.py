@@ -32,7 +32,13 @@ from apbv.cost.hardware import (
     hardware,
 )
 from apbv.cost.memory import PROCESSOR_FLOAT_COPIES, MemoryEstimate, memory_lines, request_memory
-from apbv.cost.predict import Prediction, RankCost, predict, prediction_table
+from apbv.cost.predict import (
+    Prediction,
+    RankCost,
+    decode_token_s,
+    predict,
+    prediction_table,
+)
 from apbv.cost.schedule import Event, simulate
 from apbv.cost.work import (
     MODEL_PRESETS,
@@ -76,6 +82,7 @@ __all__ = [
     "attention_flops",
     "block_pairs",
     "checkpoint_dims",
+    "decode_token_s",
     "full_pairs",
     "h200",
     "hardware",

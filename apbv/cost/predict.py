@@ -265,6 +265,23 @@ def predict(
                       seconds=seconds, ranks=tuple(costs))
 
 
+def decode_token_s(dims: ModelDims, *, context_len: int, world_size: int, hw: Hardware,
+                   dtype_bytes: int | None = None) -> float:
+    """Predicted seconds of one greedy decode step (:mod:`apbv.engine.decode`) after a prompt
+    of ``context_len`` tokens on ``world_size`` ranks: every rank runs each layer's matmuls on
+    the one new row (weight reads) and attends it to its share of the cache, the H partials are
+    gathered per layer, then the LM head and the token's broadcast. A prior for the serve
+    admission's learned seconds per token; not a calibrated figure."""
+    m = Machine(hw, hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
+    held = -(-context_len // world_size)
+    partials = (world_size - 1) * dims.heads * (dims.head_dim + 1) * 4  # fp32 partials
+    layer = m.host(m.matmuls(1, dims.text_linears()) + m.attention(held, dims.heads,
+                                                                    dims.head_dim),
+                   hw.layer_overhead_s) + m.collective(partials, world_size)
+    return (dims.layers * layer + m.matmuls(1, [(dims.hidden, dims.vocab)])
+            + m.collective(8, world_size))
+
+
 def prediction_table(predictions: list[Prediction]) -> str:
     """One row per mode: stage seconds, TTFT with and without preprocessing, speedups over
     ``full`` and ``zigzag_ring`` (when predicted) and the largest per-rank KV cache."""

@@ -1,11 +1,21 @@
 """Admission: a bounded queue, FIFO by default and earliest deadline first for requests with
 ``deadline_ms``; a request whose predicted TTFT (the cost model, plus the work queued ahead of
-it) already misses its deadline is refused at once (503 with the prediction).
+it) already misses its deadline is refused at once (503 with the prediction), and one whose
+deadline can no longer be met when it reaches the ranks is refused then (504, :meth:`expired`)
+without running.
+
+The work ahead of a request is every job that runs before it: each one's TTFT and its decode
+(``max_tokens`` x the replica's learned seconds per token), and the running job's remaining
+time (its TTFT still to come, if any, and the decode of its tokens not yet generated; a job
+past its prediction still counts its undecoded tokens, never 0).
 
 The cost model's TTFT is for its hardware preset; the machine the replica runs on may be
 faster or slower. Each finished request corrects it: the replica keeps the geometric running
 mean of measured / modelled TTFT (:data:`LEARN_RATE`) and predicts the model's TTFT times that
-scale, so deadline admission follows the machine after a few requests.
+scale, so deadline admission follows the machine after a few requests. The seconds per
+generated token are learned the same way, from each answer's (total time - TTFT) / (tokens -
+1), starting from a prior (:func:`apbv.cost.decode_token_s` on the hardware preset, or
+:data:`DECODE_PRIOR_S`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,12 @@ LEARN_RATE = 0.25
 r to r ** 0.25; ten requests at a steady ratio r bring it to r ** 0.94)."""
 SCALE_BOUNDS = (0.01, 100.0)
 """The learned scale stays inside these bounds (a stalled or instant request is not a rate)."""
+DECODE_PRIOR_S = 0.1
+"""Seconds per generated token before any answer was measured, without a cost model: on the
+slow side of what a decode step takes (a 7B model's step on one GPU is ~0.02-0.05 s; the
+tiny CPU model's ~0.01 s), so early deadlines are refused rather than missed."""
+DECODE_BOUNDS = (1e-5, 10.0)
+"""The learned seconds per token stay inside these bounds."""
 
 _ARRIVALS = itertools.count()
 """Arrival numbers, shared by every replica's queue: a job handed to another replica keeps its
@@ -52,12 +68,17 @@ class Job:
     """Set when the client went away while the job ran: its decode stops at the next step."""
     name: str = "job"
     """What the server's log calls it (a chat request's completion id, a stream operation)."""
+    max_tokens: int = 0
+    """Tokens it may generate (0: no decode, as a stream's append)."""
+    generated: int = 0
+    """Tokens generated so far (counted by the replica while it runs)."""
 
 
 class Admission:
     """The waiting requests, ordered by (deadline, arrival); one runs at a time."""
 
-    def __init__(self, max_queue: int, predictor: Predictor | None = None):
+    def __init__(self, max_queue: int, predictor: Predictor | None = None,
+                 decode_s: float = DECODE_PRIOR_S):
         self.max_queue = max_queue
         self.predictor = predictor
         self.heap: list[tuple[tuple[float, int], Job]] = []
@@ -66,15 +87,33 @@ class Admission:
         self.scale = 1.0
         """Measured / modelled TTFT learned from finished requests (see :meth:`learn`)."""
         self.learned = 0
+        self.decode_s = decode_s
+        """Seconds per generated token: the prior, then learned (see :meth:`learn_decode`)."""
+        self.decoded = 0
 
     def __len__(self) -> int:
         return len(self.heap)
 
+    def expected_s(self, job: Job) -> float:
+        """The job's predicted time on the ranks: its TTFT and the decode of ``max_tokens``."""
+        return job.predicted_s + job.max_tokens * self.decode_s
+
+    def remaining_s(self, job: Job, now: float) -> float:
+        """The running job's predicted time left: its TTFT still to come (none once it is
+        past its prediction or has a token) and the decode of the tokens not yet generated."""
+        ttft_left = 0.0 if job.generated else max(0.0, job.predicted_s
+                                                  - (now - (job.started or now)))
+        return ttft_left + max(0, job.max_tokens - job.generated) * self.decode_s
+
     def admit(self, call: Any, measured: dict[str, int], *, stream: bool = False,
-              predicted_s: float | None = None) -> Job:
+              predicted_s: float | None = None, max_tokens: int = 0) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
-        given, as for a live-stream operation), or ClientError (429: full; 503: its deadline
-        cannot be met)."""
+        given, as for a live-stream operation; ``max_tokens`` it may generate), or ClientError
+        (429: full; 503: its deadline cannot be met; 400: a deadline that is not a finite
+        number >= 0)."""
+        deadline = call.deadline_ms
+        if deadline is not None and not (math.isfinite(deadline) and deadline >= 0):
+            raise ClientError(400, f"deadline_ms must be a finite number >= 0, got {deadline!r}")
         if len(self.heap) >= self.max_queue:
             raise ClientError(429, f"the queue is full: {len(self.heap)} requests waiting, the "
                                    f"limit is {self.max_queue} (--max-queue)")
@@ -87,21 +126,26 @@ class Admission:
         else:
             predicted = 0.0
         now = time.monotonic()
-        deadline = call.deadline_ms
         key = (now + deadline / 1000 if deadline is not None else math.inf, next(_ARRIVALS))
         if deadline is not None and self.predictor is not None:
-            ahead = sum(j.predicted_s for k, j in self.heap if k < key)
+            before = [j for k, j in self.heap if k < key]
+            ahead = sum(self.expected_s(j) for j in before)
+            tokens = sum(j.max_tokens for j in before)
             if self.running is not None:
-                ahead += max(0.0, self.running.predicted_s
-                             - (now - (self.running.started or now)))
+                ahead += self.remaining_s(self.running, now)
+                tokens += max(0, self.running.max_tokens - self.running.generated)
             if ahead + predicted > deadline / 1000:
                 learned = (f" (the cost model's {modelled * 1000:.0f} ms x {self.scale:.2f}, "
                            f"the measured/modelled ratio of {self.learned} finished requests)"
                            if self.learned and modelled else "")
+                decode = (f", {tokens} tokens of it decoding at {self.decode_s * 1000:.1f} ms "
+                          f"per token" if tokens else "")
                 raise ClientError(503, f"the deadline of {deadline:g} ms cannot be met: the "
                                        f"predicted TTFT is {predicted * 1000:.0f} ms{learned} "
-                                       f"plus {ahead * 1000:.0f} ms of work queued ahead")
-        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if stream else None)
+                                       f"plus {ahead * 1000:.0f} ms of work queued ahead"
+                                       f"{decode}")
+        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if stream else None,
+                  max_tokens=max_tokens)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()
         return job
@@ -114,14 +158,33 @@ class Admission:
         self.running = job
         return job
 
+    def expired(self, job: Job, now: float) -> ClientError | None:
+        """The 504 for a job taken from the queue whose deadline has passed, or would pass
+        before its predicted first token; None when it may run."""
+        if job.key[0] == math.inf or now + job.predicted_s <= job.key[0]:
+            return None
+        deadline, waited = job.call.deadline_ms, (now - job.enqueued) * 1000
+        why = ("passed while it waited" if now > job.key[0] else
+               f"would pass before its predicted TTFT of {job.predicted_s * 1000:.0f} ms")
+        return ClientError(504, f"the deadline of {deadline:g} ms {why}: it waited "
+                                f"{waited:.0f} ms in the queue and did not run")
+
     def learn(self, job: Job, ttft_s: float) -> None:
         """Correct the scale with a finished job's measured TTFT (jobs the model did not
         predict, and non-positive times, teach nothing)."""
         if job.modelled_s <= 0 or not ttft_s > 0:
             return
-        step = LEARN_RATE * (math.log(ttft_s / job.modelled_s) - math.log(self.scale))
-        self.scale = min(max(self.scale * math.exp(step), SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
+        self.scale = _toward(self.scale, ttft_s / job.modelled_s, SCALE_BOUNDS)
         self.learned += 1
+
+    def learn_decode(self, decode_s: float, tokens: int) -> None:
+        """Correct the seconds per token with an answer's ``decode_s`` (its time after the
+        first token) for its ``tokens`` tokens after the first (none, or a non-positive time,
+        teach nothing)."""
+        if tokens < 1 or not decode_s > 0:
+            return
+        self.decode_s = _toward(self.decode_s, decode_s / tokens, DECODE_BOUNDS)
+        self.decoded += 1
 
     def done(self, job: Job) -> None:
         if self.running is job:
@@ -147,6 +210,12 @@ class Admission:
         return False
 
 
+def _toward(value: float, measured: float, bounds: tuple[float, float]) -> float:
+    """``value`` moved :data:`LEARN_RATE` of the way to ``measured`` in log space, bounded."""
+    step = LEARN_RATE * (math.log(measured) - math.log(value))
+    return min(max(value * math.exp(step), bounds[0]), bounds[1])
+
+
 def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor:
     """TTFT predicted by :func:`apbv.cost.predict` on a hardware preset (or calibration)."""
     from apbv import cost
@@ -164,3 +233,14 @@ def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor
                             passing_len=call.request.passing_len).ttft_s
 
     return predict
+
+
+def cost_decode_prior(model_path: str, world_size: int, hardware: str,
+                      context_len: int) -> float:
+    """Seconds per generated token predicted by :func:`apbv.cost.decode_token_s` after a
+    prompt of ``context_len`` tokens (the largest admitted: the slow side), the prior of
+    :attr:`Admission.decode_s`."""
+    from apbv import cost
+
+    return cost.decode_token_s(cost.checkpoint_dims(model_path), context_len=context_len,
+                               world_size=world_size, hw=cost.hardware(hardware))

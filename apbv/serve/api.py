@@ -11,6 +11,7 @@ that need the file (duration, frames, pixels, prompt tokens) without decoding a 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,15 +41,17 @@ class ChatCall:
 
 def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
     """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``: by
-    type, never by truthiness (``"false"`` is no boolean, ``true`` no number)."""
+    type, never by truthiness (``"false"`` is no boolean, ``true`` no number); a float must
+    be finite (JSON bodies may hold NaN and Infinity literals)."""
     value = body.get(name)
     if value is None:
         return None
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
+            (isinstance(value, float) and not math.isfinite(value)) or \
             (low is not None and value < low):
         what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
                 else "a string" if kinds == (str,) else "an object" if kinds == (dict,)
-                else "a number")
+                else "a finite number")
         raise ClientError(400, f"{name} must be {what}"
                                f"{f' >= {low:g}' if low is not None else ''}, got {value!r}")
     return value

@@ -63,9 +63,15 @@ class Metrics:
                              ["replica"], registry=r)
         self.replica_ready = Gauge("apbv_replica_ready", "1 while the replica is ready",
                                    ["replica"], registry=r)
+        self.replica_stalled = Gauge("apbv_replica_stalled", "1 while a rank of the replica "
+                                     "does not answer (its job ran past its prediction)",
+                                     ["replica"], registry=r)
         self.ttft_scale = Gauge("apbv_ttft_model_scale", "Measured / cost-model TTFT learned "
                                 "per replica (deadline admission's correction)", ["replica"],
                                 registry=r)
+        self.decode_s = Gauge("apbv_decode_token_seconds", "Seconds per generated token learned "
+                              "per replica (deadline admission's decode time)", ["replica"],
+                              registry=r)
 
 
 @dataclass
@@ -176,7 +182,8 @@ class Server:
             measured = await asyncio.to_thread(api.check_request, call.request,
                                                self.opt.limits, self.processor)
             replica = pick(self.replicas, call.request, self.affinity)
-            job = replica.admission.admit(call, measured, stream=call.stream)
+            job = replica.admission.admit(call, measured, stream=call.stream,
+                                          max_tokens=call.request.max_new_tokens)
         except BaseException:
             discard(call.downloaded)
             raise

@@ -23,6 +23,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,14 +35,18 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from apbv.engine.request import RequestCancelled
 from apbv.serve.placement import group_layout, rank_device
 
+PING_TIMEOUT_S = 5.0
+"""How long a rank's actor has to answer a ping (:meth:`RankGroup.unanswered`)."""
+
 
 class RankLost(RuntimeError):
-    """A rank's actor died during a request; the group must be rebuilt."""
+    """A rank's actor died (or stopped answering) during a request; the group must be
+    rebuilt. ``why``: what happened to them (default: the actor died)."""
 
-    def __init__(self, ranks: list[int], detail: str = ""):
+    def __init__(self, ranks: list[int], detail: str = "", why: str = "actor died"):
         self.ranks = ranks
         super().__init__(f"rank(s) {', '.join(map(str, ranks))} of the engine group were lost "
-                         f"(actor died){': ' + detail if detail else ''}; the request failed "
+                         f"({why}){': ' + detail if detail else ''}; the request failed "
                          "and the group is being rebuilt")
 
 
@@ -241,16 +246,25 @@ class RankGroup:
         self.stop()
         self.start()
 
-    def lost_ranks(self, timeout_s: float = 5.0) -> list[int]:
-        """Ranks whose actor does not answer a ping (dead, or hung past ``timeout_s``)."""
-        lost = []
+    def unanswered(self, timeout_s: float = PING_TIMEOUT_S) -> dict[int, str]:
+        """The ranks whose actor does not answer a ping, each with why: ``died``, or
+        ``did not answer within N s`` (stopped or hung past ``timeout_s``). Blocking: the
+        pings share one deadline, so it returns within about ``timeout_s``."""
+        lost = {}
         refs = [a.ping.remote() for a in self.actors]
+        ends = time.monotonic() + timeout_s
         for r, ref in enumerate(refs):
             try:
-                ray.get(ref, timeout=timeout_s)
-            except (RayActorError, GetTimeoutError):
-                lost.append(r)
+                ray.get(ref, timeout=max(0.0, ends - time.monotonic()))
+            except RayActorError:
+                lost[r] = "died"
+            except GetTimeoutError:
+                lost[r] = f"did not answer within {timeout_s:g} s"
         return lost
+
+    def lost_ranks(self, timeout_s: float = PING_TIMEOUT_S) -> list[int]:
+        """Ranks whose actor does not answer a ping (dead, or hung past ``timeout_s``)."""
+        return sorted(self.unanswered(timeout_s))
 
     async def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
                        cancel: asyncio.Event | None = None) -> Any:
@@ -324,11 +338,11 @@ class RankGroup:
         failed = [t for t in done if t.exception() is not None]
         if not failed:
             return tasks[0].result()
-        lost = await asyncio.to_thread(self.lost_ranks)
+        lost = await asyncio.to_thread(self.unanswered)
         if lost:
             for t in pending:
                 t.cancel()
-            raise RankLost(lost)
+            raise RankLost(sorted(lost), why=describe_lost(lost))
         await asyncio.gather(*pending, return_exceptions=True)  # the ranks agree on failure
         error = failed[0].exception()
         if isinstance(error, RankLost):
@@ -339,6 +353,14 @@ class RankGroup:
         if isinstance(cause, RequestCancelled):
             raise RequestCancelled(str(cause)) from None
         raise RuntimeError(f"the request failed: {type(cause).__name__}: {cause}")
+
+
+def describe_lost(lost: dict[int, str]) -> str:
+    """``lost`` (:meth:`RankGroup.unanswered`) in words: ``actor died`` when every rank died,
+    else each rank with why (``rank 0 died; rank 1 did not answer within 5 s``)."""
+    if set(lost.values()) == {"died"}:
+        return "actor died"
+    return "; ".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
 
 
 async def _tagged(rank: int, ref: Any) -> Any:

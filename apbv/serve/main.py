@@ -168,7 +168,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     import ray
     from transformers import AutoProcessor
 
-    from apbv.serve.admission import Admission, cost_predictor
+    from apbv.serve.admission import Admission, cost_decode_prior, cost_predictor
     from apbv.serve.app import Server, ServerOptions
     from apbv.serve.download import MediaStore
     from apbv.serve.group import RankGroup
@@ -232,9 +232,10 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         groups = [RankGroup(cfg, args.world_size, gpus_per_rank=gpus_per_rank, backend=backend,
                             threads=args.threads_per_rank, env=env, local=local)
                   for _ in range(args.replicas)]
-        predictor = cost_predictor(path, args.world_size,
-                                   args.hardware or ("h200" if use_gpu else "cpu"))
+        hardware = args.hardware or ("h200" if use_gpu else "cpu")
+        predictor = cost_predictor(path, args.world_size, hardware)
         limits = _limits(args)
+        decode_s = cost_decode_prior(path, args.world_size, hardware, limits.max_prompt_tokens)
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
             limits=limits, streams=_stream_options(cfg, args, path, use_gpu, limits),
@@ -245,7 +246,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
             read_timeout_s=args.read_timeout_s)
         server = Server(cfg, groups, processor, options,
-                        [Admission(args.max_queue, predictor) for _ in groups])
+                        [Admission(args.max_queue, predictor, decode_s) for _ in groups])
         logging.getLogger("apbv.serve").info(
             "serving %s on http://%s:%d: %d replica(s) x %d rank(s) (%s), media roots %s, "
             "remote hosts %s", options.model_name, args.host, args.port, args.replicas,

@@ -9,6 +9,14 @@ counts the rebuilds, since the streams the old ranks held are gone) and then ser
 again. The chat requests waiting in its queue move to the least loaded ready replicas with
 room first (:meth:`Replica.hand_over`): a rebuild reloads the model.
 
+A job that runs past :data:`STALL_FACTOR` times its prediction (and at least
+:data:`STALL_FLOOR_S`) makes the replica ping its ranks every :data:`STALL_POLL_S`; while one
+does not answer (a stopped or hung process), the replica's status is ``stalled``, naming the
+ranks (``/health``, ``apbv_replica_stalled``), and it takes no new requests while another
+replica is ready. The job then fails when the ranks' collective timeout (``parallel.timeout_s``)
+ends it, with the ranks' ping naming who did not answer, and the group is rebuilt; if they
+answer again, the replica is ``ready`` again.
+
 :func:`pick` routes a request: to a ready replica that answered the same video recently (its
 ranks' vision caches hold the embeddings; the identity is the resolved path, size, mtime in ns
 and every sampling field, kept in a bounded LRU per replica, only when the vision cache is on),
@@ -29,7 +37,7 @@ from typing import Any
 from apbv.engine.request import RequestCancelled
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
-from apbv.serve.group import RankLost
+from apbv.serve.group import RankLost, describe_lost
 from apbv.serve.policy import ClientError
 from apbv.video import video_identity
 
@@ -37,6 +45,12 @@ log = logging.getLogger("apbv.serve")
 
 RECENT_VIDEOS = 256
 """Video identities remembered per replica (least recently answered forgotten first)."""
+STALL_FACTOR = 2.0
+"""A job running this many times its predicted time (TTFT and decode) gets its ranks pinged."""
+STALL_FLOOR_S = 10.0
+"""... but not before it ran this long (predictions of short jobs are too rough)."""
+STALL_POLL_S = 2.0
+"""Seconds between the pings (each waits up to the group's ping timeout) while it runs on."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +76,17 @@ class Replica:
         self.peers: list[Replica] = []
         """Every replica of the server (this one included): where waiting jobs may move."""
         self.generation = 0
+        self.stalled: list[int] = []
+        """The ranks that did not answer while the job ran long (status ``stalled``)."""
         self.recent: OrderedDict[tuple, None] = OrderedDict()
         label = str(index)
         metrics.queue_depth.labels(label).set_function(lambda: len(self.admission))
         metrics.running.labels(label).set_function(
             lambda: int(self.admission.running is not None))
         metrics.replica_ready.labels(label).set_function(lambda: int(self.status == "ready"))
+        metrics.replica_stalled.labels(label).set_function(lambda: int(bool(self.stalled)))
         metrics.ttft_scale.labels(label).set_function(lambda: self.admission.scale)
+        metrics.decode_s.labels(label).set_function(lambda: self.admission.decode_s)
 
     @property
     def load(self) -> int:
@@ -86,8 +104,15 @@ class Replica:
             self.recent.popitem(last=False)
 
     def describe(self) -> dict[str, Any]:
-        return {"replica": self.index, "status": self.status, "queued": len(self.admission),
-                "running": self.admission.running is not None, "rank_pids": self.group.pids}
+        out = {"replica": self.index, "status": self.status, "queued": len(self.admission),
+               "running": self.admission.running is not None, "rank_pids": self.group.pids}
+        job = self.admission.running
+        if job is not None and job.started is not None:
+            out["running_s"] = round(time.monotonic() - job.started, 3)
+            out["predicted_s"] = round(self.admission.expected_s(job), 3)
+        if self.stalled:
+            out["stalled_ranks"] = list(self.stalled)
+        return out
 
     async def boot(self) -> None:
         """Start the group (actors, process group, model), then serve the queue."""
@@ -108,19 +133,26 @@ class Replica:
             job = await self.admission.next()
             job.started = time.monotonic()
             wait = job.started - job.enqueued
+            error: ClientError | None = self.admission.expired(job, job.started)
+            if error is not None:
+                self._finish(job, "deadline_missed", wait, None, error)
+                continue
             if not isinstance(job.call, GroupOp):
                 self.metrics.queue_wait.observe(wait)
-            on_token = job.tokens.put_nowait if job.tokens is not None else None
-            error: ClientError | None = None
             try:
                 if isinstance(job.call, GroupOp):
-                    result = await job.call.run(self.group, on_token, job.cancel)
+                    result = await self._watched(job, job.call.run(
+                        self.group, None if job.tokens is None else self._counter(job),
+                        job.cancel))
                     outcome = job.call.what
                 else:
-                    result = await self.group.generate(job.call.request, on_token, job.cancel)
+                    result = await self._watched(job, self.group.generate(
+                        job.call.request, self._counter(job), job.cancel))
                     self.observe(result)
                     if not result.vision_cache_hit:  # the case the cost model predicts
                         self.admission.learn(job, result.ttft_s)
+                    self.admission.learn_decode(time.monotonic() - job.started - result.ttft_s,
+                                                len(result.token_ids) - 1)
                     outcome = "cancelled" if result.finish_reason == "cancelled" else "ok"
                     self.remember(video_identity(job.call.request.video))
             except RankLost as exc:
@@ -134,16 +166,62 @@ class Replica:
             except Exception as exc:
                 log.exception("%s on replica %d failed", job.name, self.index)
                 outcome, error = "error", ClientError(500, f"{type(exc).__name__}: {exc}")
-            self.metrics.requests.labels(outcome).inc()
-            _log_outcome(job, self.index, outcome, wait, None if error else result, error)
-            if error is None:
-                job.future.set_result((result, wait))
-            else:
-                job.future.set_exception(error)
-            self.admission.done(job)
-            discard(job.call.downloaded)
+            self._finish(job, outcome, wait, None if error else result, error)
             if outcome == "rank_lost":
                 await self._rebuild()
+
+    def _finish(self, job: Job, outcome: str, wait: float, result: Any,
+                error: ClientError | None) -> None:
+        """Count, log and answer a job (its result, or ``error``), and let the queue move."""
+        self.metrics.requests.labels(outcome).inc()
+        _log_outcome(job, self.index, outcome, wait, result, error)
+        if error is None:
+            job.future.set_result((result, wait))
+        else:
+            job.future.set_exception(error)
+        self.admission.done(job)
+        discard(job.call.downloaded)
+
+    @staticmethod
+    def _counter(job: Job) -> Callable[[int], None]:
+        """The ``on_token`` of a running job: counts its tokens (admission's remaining time)
+        and hands them to its token queue when it streams."""
+        def on_token(token: int) -> None:
+            job.generated += 1
+            if job.tokens is not None:
+                job.tokens.put_nowait(token)
+        return on_token
+
+    async def _watched(self, job: Job, work: Awaitable[Any]) -> Any:
+        """``work``'s outcome; once it ran past :data:`STALL_FACTOR` x the job's prediction (at
+        least :data:`STALL_FLOOR_S`), the ranks are pinged every :data:`STALL_POLL_S` and the
+        replica is ``stalled`` while one does not answer (see the module docstring)."""
+        task = asyncio.ensure_future(work)
+        assert job.started is not None
+        after = max(STALL_FACTOR * self.admission.expected_s(job), STALL_FLOOR_S)
+        try:
+            while True:
+                left = job.started + after - time.monotonic()
+                done, _ = await asyncio.wait([task], timeout=max(left, STALL_POLL_S))
+                if done:
+                    return task.result()
+                lost = await asyncio.to_thread(self.group.unanswered)
+                if lost and not self.stalled:
+                    log.warning("replica %d is stalled: %s, %.0f s into %s (predicted %.1f s)",
+                                self.index, describe_lost(lost),
+                                time.monotonic() - job.started, job.name,
+                                self.admission.expected_s(job))
+                elif self.stalled and not lost:
+                    log.info("replica %d: its ranks answer again", self.index)
+                self.stalled = sorted(lost)
+                if self.status in ("ready", "stalled"):
+                    self.status = "stalled" if lost else "ready"
+        finally:
+            task.cancel()  # only when this wait itself is cancelled (the server stops)
+            if self.stalled:
+                self.stalled = []
+                if self.status == "stalled":
+                    self.status = "ready"
 
     async def _rebuild(self) -> None:
         self.status = "degraded"
@@ -203,7 +281,7 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
 def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:
     """The replica for ``request`` (see the module docstring), or 503 when none can take it."""
     usable = [r for r in replicas if r.status == "ready"] or \
-        [r for r in replicas if r.status == "degraded"]
+        [r for r in replicas if r.status in ("degraded", "stalled")]
     if not usable:
         states = ", ".join(f"{r.index}: {r.status}" for r in replicas)
         raise ClientError(503, f"no engine group is ready (replicas {states}); retry shortly")
@@ -218,7 +296,7 @@ def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:
 
 def overall_status(replicas: list[Replica]) -> str:
     states = {r.status for r in replicas}
-    for status in ("ready", "degraded", "starting"):
+    for status in ("ready", "stalled", "degraded", "starting"):
         if status in states:
             return status
     return "failed"

@@ -113,15 +113,15 @@ def chat(tmp_path: Path):
 @pytest.mark.parametrize("fields, text", [
     ({"stream": "false"}, "stream must be true or false, got 'false'"),
     ({"stream": 1}, "stream must be true or false"),
-    ({"temperature": False}, "temperature must be a number"),
-    ({"temperature": "0"}, "temperature must be a number"),
+    ({"temperature": False}, "temperature must be a finite number"),
+    ({"temperature": "0"}, "temperature must be a finite number"),
     ({"n": True}, "n must be an integer"),
     ({"model": ["m"]}, "model must be a string"),
-    ({"top_p": "1"}, "top_p must be a number"),
+    ({"top_p": "1"}, "top_p must be a finite number"),
     ({"user": 7}, "user must be a string"),
     ({"stream_options": "yes"}, "stream_options must be an object"),
     ({"max_tokens": True}, "max_tokens must be an integer"),
-    ({"deadline_ms": "100"}, "deadline_ms must be a number"),
+    ({"deadline_ms": "100"}, "deadline_ms must be a finite number"),
 ])
 def test_chat_fields_are_checked_by_type(chat, fields: dict, text: str):
     assert text in _refused(chat, **fields)

@@ -96,7 +96,7 @@ def test_wrong_types_are_400s_not_truthiness(server):
     body = json.dumps(_body(server.clip, max_tokens=2, stream="false")).encode()
     _refusal(_post(server, body), 400, "stream must be true or false, got 'false'")
     body = json.dumps(_body(server.clip, max_tokens=2, temperature=False)).encode()
-    _refusal(_post(server, body), 400, "temperature must be a number")
+    _refusal(_post(server, body), 400, "temperature must be a finite number")
     ok = _post(server, json.dumps(_body(server.clip, max_tokens=2, stream=False)).encode())
     assert ok.status_code == 200 and ok.json()["object"] == "chat.completion", ok.text[:300]
 
