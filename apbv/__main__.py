@@ -221,11 +221,13 @@ def _plan(args: argparse.Namespace) -> int:
                      world_size=args.world_size, frames=frames, grid=grid, hw=hw,
                      source_pixels=source, dtype_bytes=args.dtype_bytes,
                      anchor_len=args.anchor_len, passing_len=args.passing_len,
-                     pipeline=args.pipeline)
+                     pipeline=args.pipeline, answer_tokens=args.answer_tokens)
         for mode in modes
     ]
     video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per 2 frames" if frames
              else "no video")
+    if args.answer_tokens > 1:
+        video += f"; {args.answer_tokens}-token answers, eager decode"
     print(f"\npredicted on {hw.name} ({args.preset or args.model}; {video}; "
           f"N={context_len} Q={args.query_len} H={args.world_size}; seconds, slowest rank):")
     print(cost.prediction_table(predictions))
@@ -280,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--pipeline", action="store_true",
                       help="predict with vision.pipeline=true (frames decoded and processed "
                            "chunk by chunk in the vision stage, overlapped on GPUs)")
+    plan.add_argument("--answer-tokens", type=int, default=1,
+                      help="tokens of the answer (the first included): also predict the "
+                           "seconds per decoded token and to the last token (default 1)")
     plan.add_argument("--dtype-bytes", type=int, default=None,
                       help="bytes per element (default: 2 for the memory estimate; the "
                            "hardware's for predictions, 2 on GPUs and 4 on CPU)")

@@ -10,7 +10,8 @@ Backends, chosen per call (``backend=None`` picks the first that applies):
 - ``"sdpa"``: PyTorch's own fused kernels that return the log-sum-exp. On CPU
   ``aten._scaled_dot_product_flash_attention_for_cpu`` (GQA native); on CUDA
   ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or
-  ``aten._scaled_dot_product_efficient_attention`` (fp32), with K/V repeated for GQA.
+  ``aten._scaled_dot_product_efficient_attention`` (fp32), GQA by :func:`grouped` (no copy
+  of K/V: the query group folded into rows, or one call per group member when causal).
 - ``"reference"``: plain fp32 math, written for clarity; used by tests.
 
 Mask alignment is the same for every backend: causal means **bottom-right** aligned, query row
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
 
@@ -119,6 +121,8 @@ def attention(
         )
         return out, lse
 
+    if causal and tq == 1:  # bottom-right: the one row sees every key (a decode step)
+        causal = False
     if backend == "reference":
         return _reference(q, k, v, causal, scale)
     if backend == "flash":
@@ -165,10 +169,16 @@ def _sdpa(
             qh, kh, vh, 0.0, causal, scale=scale
         )
         return out.transpose(1, 2), lse
-    group = q.shape[2] // k.shape[2]
-    if group > 1:
-        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
-    if q.dtype in (torch.float16, torch.bfloat16):
+    out, lse = grouped(qh, kh, vh, causal, lambda a, b, c, m: _sdpa_cuda(a, b, c, m, scale))
+    return out.transpose(1, 2), lse
+
+
+def _sdpa_cuda(
+    qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CUDA kernels on (B, H, T, D), as many query heads as KV heads: out
+    (B, H, Tq, D), lse (B, H, Tq) fp32."""
+    if qh.dtype in (torch.float16, torch.bfloat16):
         result = torch.ops.aten._scaled_dot_product_flash_attention(
             qh, kh, vh, 0.0, causal, False, scale=scale
         )
@@ -176,8 +186,36 @@ def _sdpa(
         result = torch.ops.aten._scaled_dot_product_efficient_attention(
             qh, kh, vh, None, True, 0.0, causal, scale=scale
         )
-    out, lse = result[0], result[1][..., : q.shape[1]]  # efficient attn pads lse rows
-    return out.transpose(1, 2), lse.float()
+    return result[0], result[1][..., : qh.shape[2]].float()  # efficient attn pads lse rows
+
+
+EqualHeadsKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool],
+                            tuple[torch.Tensor, torch.Tensor]]
+
+
+def grouped(
+    qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, causal: bool, kernel: EqualHeadsKernel
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention through a ``kernel`` that needs as many query as KV heads,
+    without copying K or V (they are passed as they are).
+
+    qh (B, Hq, Tq, D), kh/vh (B, Hkv, Tk, D); ``kernel(q, k, v, causal)`` returns out
+    (B, H, Tq', D) and lse (B, H, Tq') for its own row count. Returns out (B, Hq, Tq, D), lse
+    (B, Hq, Tq). Without a causal mask every row sees every key, so the query group of a KV
+    head is folded into rows (one call, (B, Hkv, group * Tq, D)); a causal call (the mask
+    depends on the row's position) runs once per group member g, on query heads
+    g, g + group, ... (strided views of q)."""
+    b, hq, tq, d = qh.shape
+    group = hq // kh.shape[1]
+    if group == 1:
+        return kernel(qh, kh, vh, causal)
+    if not causal:
+        out, lse = kernel(qh.reshape(b, -1, group * tq, d), kh, vh, False)
+        return out.reshape(b, hq, tq, d), lse.reshape(b, hq, tq)
+    parts = [kernel(qh[:, g::group], kh, vh, True) for g in range(group)]
+    out = torch.stack([o for o, _ in parts], dim=2)  # (B, Hkv, group, Tq, D): head kv*group+g
+    lse = torch.stack([s for _, s in parts], dim=2)
+    return out.reshape(b, hq, tq, d), lse.reshape(b, hq, tq)
 
 
 def _flash(

@@ -18,6 +18,7 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
    one request, by part, checked before any work.
 """
 
+from apbv.cost.decode import decode_token_s
 from apbv.cost.hardware import (
     CPU,
     H200_MATMUL_FLOPS,
@@ -35,7 +36,6 @@ from apbv.cost.memory import PROCESSOR_FLOAT_COPIES, MemoryEstimate, memory_line
 from apbv.cost.predict import (
     Prediction,
     RankCost,
-    decode_token_s,
     predict,
     prediction_table,
 )

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from apbv.cost.decode import decode_s
 from apbv.cost.hardware import Hardware, Machine
 from apbv.cost.schedule import full_layer, layer_events, simulate, vision_cost
 from apbv.cost.work import ModelDims, _flops, attention_flops, full_pairs, squarest_grid
@@ -64,10 +65,20 @@ class Prediction:
     seconds: dict[str, float]
     """Per stage, as the engine times it: the slowest rank's time and the closing barrier."""
     ranks: tuple[RankCost, ...]
+    answer_tokens: int = 1
+    """Tokens of the answer (the first included) whose decode ``seconds["decode"]`` holds."""
+    decode_token_s: float = 0.0
+    """Seconds per decoded token after the first (:mod:`apbv.cost.decode`), averaged over the
+    answer's steps (the first step's for a one-token answer)."""
 
     @property
     def ttft_s(self) -> float:
         return sum(self.seconds[s] for s in TTFT_STAGES)
+
+    @property
+    def last_token_s(self) -> float:
+        """Seconds to the answer's last token: TTFT and the decode stage."""
+        return self.ttft_s + self.seconds["decode"]
 
     @property
     def device_ttft_s(self) -> float:
@@ -80,6 +91,8 @@ class Prediction:
             "context_len": self.plan.context_len, "query_len": self.plan.query_len,
             "anchor_len": self.plan.anchor_len, "passing_len": self.plan.passing_len,
             "ttft_s": self.ttft_s, "seconds": self.seconds,
+            "answer_tokens": self.answer_tokens, "decode_token_s": self.decode_token_s,
+            "last_token_s": self.last_token_s,
             "ranks": [dataclasses.asdict(r) for r in self.ranks],
         }
 
@@ -118,6 +131,7 @@ def predict(
     passing_len: int | None = None,
     vision_attention: str = "grouped",
     pipeline: bool = False,
+    answer_tokens: int = 1,
 ) -> Prediction:
     """Predicted work and stage times of one request in ``mode`` on ``world_size`` ranks.
 
@@ -142,6 +156,8 @@ def predict(
             where host work overlaps the device (GPUs), a rank's frame work F and tower V
             take max(F, V) + min(F, V) / chunks (the first chunk's frames and the last
             chunk's tower do not overlap), elsewhere F + V.
+        answer_tokens: tokens of the answer, the first included: the ``decode`` stage holds
+            the greedy steps after the first token (:func:`apbv.cost.decode.decode_s`).
     """
     spec = get_mode(mode)
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0 or frames % 2:
@@ -258,36 +274,29 @@ def predict(
         ))
     # apbv.timing ends every stage with a barrier: the slowest rank's time, plus the barrier.
     barrier = m.collective(0, ranks)
+    cached = [c.cached_tokens for c in costs]
+    decode = decode_s(dims, m, cached, answer_tokens, ranks)
+    steps = max(1, answer_tokens - 1)
+    per_token = (decode / steps if answer_tokens > 1
+                 else decode_s(dims, m, cached, 2, ranks))
     seconds = {"preprocess": max(preprocess) + barrier, "vision": max(vision_s) + barrier,
                "transfer": max(transfer) + barrier, "prefill": prefill_stage + barrier,
-               "first_token": first_token + barrier}
+               "first_token": first_token + barrier, "decode": decode + barrier}
     return Prediction(mode=mode, hardware=hw.name, world_size=world_size, plan=plan,
-                      seconds=seconds, ranks=tuple(costs))
-
-
-def decode_token_s(dims: ModelDims, *, context_len: int, world_size: int, hw: Hardware,
-                   dtype_bytes: int | None = None) -> float:
-    """Predicted seconds of one greedy decode step (:mod:`apbv.engine.decode`) after a prompt
-    of ``context_len`` tokens on ``world_size`` ranks: every rank runs each layer's matmuls on
-    the one new row (weight reads) and attends it to its share of the cache, the H partials are
-    gathered per layer, then the LM head and the token's broadcast. A prior for the serve
-    admission's learned seconds per token; not a calibrated figure."""
-    m = Machine(hw, hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
-    held = -(-context_len // world_size)
-    partials = (world_size - 1) * dims.heads * (dims.head_dim + 1) * 4  # fp32 partials
-    layer = m.host(m.matmuls(1, dims.text_linears()) + m.attention(held, dims.heads,
-                                                                    dims.head_dim),
-                   hw.layer_overhead_s) + m.collective(partials, world_size)
-    return (dims.layers * layer + m.matmuls(1, [(dims.hidden, dims.vocab)])
-            + m.collective(8, world_size))
+                      seconds=seconds, ranks=tuple(costs), answer_tokens=answer_tokens,
+                      decode_token_s=per_token)
 
 
 def prediction_table(predictions: list[Prediction]) -> str:
     """One row per mode: stage seconds, TTFT with and without preprocessing, speedups over
-    ``full`` and ``zigzag_ring`` (when predicted) and the largest per-rank KV cache."""
+    ``full`` and ``zigzag_ring`` (when predicted) and the largest per-rank KV cache; for
+    answers of more than one token also the seconds per decoded token and to the last
+    token."""
     by_mode = {p.mode: p for p in predictions}
+    answer = max(p.answer_tokens for p in predictions) > 1
     head = (f"{'mode':<13} {'TTFT s':>9} " + " ".join(f"{s:>11}" for s in TTFT_STAGES)
-            + f" {'no-prep s':>10} {'x full':>7} {'x zigzag':>8} {'KV GiB/rank':>11}")
+            + f" {'no-prep s':>10} {'x full':>7} {'x zigzag':>8} {'KV GiB/rank':>11}"
+            + (f" {'decode ms/tok':>13} {'last token s':>12}" if answer else ""))
     lines = [head]
     for p in predictions:
         speedups = []
@@ -297,7 +306,9 @@ def prediction_table(predictions: list[Prediction]) -> str:
         kv = max(r.kv_bytes for r in p.ranks) / 1024**3
         lines.append(f"{p.mode:<13} {p.ttft_s:>9.3f} "
                      + " ".join(f"{p.seconds[s]:>11.3f}" for s in TTFT_STAGES)
-                     + f" {p.device_ttft_s:>10.3f} {speedups[0]:>7} {speedups[1]:>8} {kv:>11.3f}")
+                     + f" {p.device_ttft_s:>10.3f} {speedups[0]:>7} {speedups[1]:>8} {kv:>11.3f}"
+                     + (f" {1e3 * p.decode_token_s:>13.2f} {p.last_token_s:>12.3f}"
+                        if answer else ""))
     spava = by_mode.get("spava")
     others = [m for m in ("full", "zigzag_ring", "apb") if m in by_mode]
     if spava and others:

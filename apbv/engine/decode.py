@@ -63,21 +63,39 @@ STOP = -1
 ends the decode at the same step."""
 
 
+@torch.inference_mode()
 def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
-               stop: bool = False) -> int:
+               stop: bool = False) -> torch.Tensor:
     """Greedy choice on the query rank (or :data:`STOP` when ``stop`` there), broadcast to
-    every rank."""
-    return comm.broadcast_int(STOP if stop else int(torch.argmax(logits)), src=QUERY_RANK,
-                              group=group)
+    every rank: a (1,) int64 tensor on the logits' device, never read back here (see
+    :func:`host_token`)."""
+    token = torch.argmax(logits).view(1)
+    if stop:
+        token.fill_(STOP)
+    return comm.broadcast(token, src=QUERY_RANK, group=group)
+
+
+def host_token(token: torch.Tensor) -> int:
+    """The value of a (1,) int64 token tensor on the host: the one read back per decoded token
+    (for ``on_token``, EOS and stop texts). On CUDA it is a non-blocking copy to pinned memory
+    waited on by an event, so only this token's work is waited for; on the CPU a plain read."""
+    if token.device.type != "cuda":
+        return int(token[0])
+    pinned = torch.empty(1, dtype=token.dtype, pin_memory=True)
+    pinned.copy_(token, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    copied.synchronize()
+    return int(pinned[0])
 
 
 @torch.inference_mode()
 def decode_step(
-    qwen: QwenVL, token: int, position: int, ctx: DecodeContext
+    qwen: QwenVL, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
 ) -> torch.Tensor:
-    """Feed one token at M-RoPE position ``position`` (all three axes); returns its logits."""
-    ids = torch.tensor([[token]])
-    positions = torch.full((3, 1, 1), position, dtype=torch.long)
+    """Feed one token: ``ids`` (1, 1) int64 and ``positions`` (3, 1, 1) (its M-RoPE position,
+    the same on all three axes), both on the model's device (nothing is built from host data
+    here); returns its logits (vocab,) fp32 on the device."""
     with active(ctx):
         hidden = qwen.decoder(qwen.embed(ids), positions)
     return qwen.logits(hidden[0, -1]).float()
@@ -85,7 +103,8 @@ def decode_step(
 
 def greedy_continue(
     qwen: QwenVL,
-    first_token: int,
+    first_token: torch.Tensor,
+    first_id: int,
     next_position: int,
     cache: RankKVCache,
     info: DistInfo,
@@ -101,11 +120,18 @@ def greedy_continue(
     rank ends at the same step), ``length`` (``max_new_tokens`` in total) or ``cancelled``
     (``stop()`` was true on the query rank before a step's token was picked; the other ranks'
     ``stop`` is not asked). ``on_token`` is called with each new token as soon as it is
-    picked."""
-    tokens = [first_token]
+    picked.
+
+    ``first_token`` is :func:`pick_token`'s (1,) tensor, ``first_id`` its value. The fed token
+    stays on the device from step to step (the positions too: one tensor, advanced in place);
+    each step reads back only its new token (:func:`host_token`).
+    """
+    tokens = [first_id]
     eos = qwen.eos_token_ids
     tokenizer = qwen.processor.tokenizer
     ctx = DecodeContext(info, cache, kernel)
+    token = first_token
+    positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
 
     def ended() -> str | None:
         if tokens[-1] in eos or (stop_texts and cut_at_stop(
@@ -114,14 +140,15 @@ def greedy_continue(
         return "length" if len(tokens) >= max_new_tokens else None
 
     while (reason := ended()) is None:
-        logits = decode_step(qwen, tokens[-1], next_position + len(tokens) - 1, ctx)
+        logits = decode_step(qwen, token.view(1, 1), positions, ctx)
+        positions.add_(1)
         token = pick_token(logits, info.group,
                            stop is not None and info.rank == QUERY_RANK and stop())
-        if token == STOP:
-            return tokens, "cancelled"
-        tokens.append(token)
+        tokens.append(host_token(token))
+        if tokens[-1] == STOP:
+            return tokens[:-1], "cancelled"
         if on_token is not None:
-            on_token(token)
+            on_token(tokens[-1])
     return tokens, reason
 
 
@@ -150,7 +177,13 @@ def score_choices(
     need no step. The values come from the query rank, so every rank returns the same ones.
     """
     first = torch.log_softmax(first_logits.float(), dim=-1)
-    logprobs = [float(first[ids[0]]) for ids in choice_ids]
+    device = first.device
+    # Built once: every id and position a step feeds, and the sums, stay on the device.
+    logprobs = first[torch.tensor([ids[0] for ids in choice_ids], device=device)].double()
+    fed_ids = [torch.tensor(ids, device=device).view(-1, 1, 1) for ids in choice_ids]
+    longest = max(map(len, choice_ids))
+    positions = torch.arange(next_position, next_position + longest, device=device)
+    positions = positions.view(-1, 1, 1, 1).expand(-1, 3, 1, 1)
     scored = [1] * len(choice_ids)  # tokens counted per choice, checked at the end
     ctx = DecodeContext(info, cache, kernel)
     marks = [cache.lengths()]  # marks[j]: the cache with j choice tokens fed after the prompt
@@ -163,19 +196,19 @@ def score_choices(
         if keep < len(fed):
             cache.truncate(marks[keep])
             del fed[keep:], marks[keep + 1:]
-        for token in ids[len(fed):-1]:
-            logits = decode_step(qwen, token, next_position + len(fed), ctx)
-            fed.append(token)
+        for j in range(len(fed), len(ids) - 1):
+            logits = decode_step(qwen, fed_ids[i][j], positions[j], ctx)
+            fed.append(ids[j])
             marks.append(cache.lengths())
             row = torch.log_softmax(logits, dim=-1)
             n = len(fed)
             for m, other in enumerate(choice_ids):  # every choice continuing this prefix
                 if len(other) > n and other[:n] == fed:
-                    logprobs[m] += float(row[other[n]])
+                    logprobs[m] += row[fed_ids[m][n, 0, 0]]
                     scored[m] += 1
     cache.truncate(marks[0])
     assert scored == [len(ids) for ids in choice_ids], (scored, choice_ids)
-    return comm.broadcast_object(logprobs, src=QUERY_RANK, group=info.group)
+    return comm.broadcast_object(logprobs.tolist(), src=QUERY_RANK, group=info.group)
 
 
 def choice_table(texts: Sequence[str], choice_ids: list[list[int]],

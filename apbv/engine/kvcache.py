@@ -11,16 +11,21 @@ from collections.abc import Callable
 
 import torch
 
-from apbv.plan import QUERY_RANK, Plan
+from apbv.plan import QUERY_RANK, Plan, Range
+
+
+def owned_local_ranges(plan: Plan, rank: int) -> list[Range]:
+    """Local [start, end) runs of the prompt tokens whose KV ``rank`` keeps, in global order:
+    its anchor share, its blocks and, on the query rank, the query."""
+    ranges = [plan.anchor_share(rank), plan.local_blocks_range(rank)]
+    if rank == QUERY_RANK:
+        ranges.append(plan.local_ranges(rank)[-1])
+    return ranges
 
 
 def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
     """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
-    a0, a1 = plan.anchor_share(rank)
-    parts = [torch.arange(a0, a1), torch.arange(*plan.local_blocks_range(rank))]
-    if rank == QUERY_RANK:
-        parts.append(torch.arange(*plan.local_ranges(rank)[-1]))
-    return torch.cat(parts)
+    return torch.cat([torch.arange(a, b) for a, b in owned_local_ranges(plan, rank)])
 
 
 class RankKVCache:
@@ -37,11 +42,23 @@ class RankKVCache:
         self._len = [0] * num_layers
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep all of k/v (1, T, Hkv, D) as ``layer``'s cache (plus the reservation)."""
+        self.store_runs(layer, k, v, [(0, k.shape[1])])
+
+    def store_runs(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+                   runs: list[Range]) -> None:
+        """:meth:`store` of the rows in ``runs`` ([start, end) along dim 1 of k/v, in order),
+        copied from slices: no index tensor, no host-to-device transfer."""
         assert self._k[layer] is None, f"layer {layer} stored twice"
-        b, t, h, d = k.shape
-        self._k[layer] = k.new_empty(b, t + self.reserve, h, d)
-        self._v[layer] = v.new_empty(b, t + self.reserve, h, d)
-        self._k[layer][:, :t], self._v[layer][:, :t] = k, v
+        b, _, h, d = k.shape
+        t = sum(end - start for start, end in runs)
+        buf_k = self._k[layer] = k.new_empty(b, t + self.reserve, h, d)
+        buf_v = self._v[layer] = v.new_empty(b, t + self.reserve, h, d)
+        at = 0
+        for start, end in runs:
+            buf_k[:, at : at + end - start] = k[:, start:end]
+            buf_v[:, at : at + end - start] = v[:, start:end]
+            at += end - start
         self._len[layer] = t
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

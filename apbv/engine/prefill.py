@@ -15,9 +15,9 @@ import torch
 from apbv.attention import apbv_attention
 from apbv.context import active
 from apbv.distributed import DistInfo
-from apbv.engine.kvcache import RankKVCache, owned_local_index
+from apbv.engine.kvcache import RankKVCache, owned_local_ranges
 from apbv.model.qwen2_5_vl import QwenVL
-from apbv.plan import QUERY_RANK, Plan
+from apbv.plan import QUERY_RANK, Plan, Range
 
 
 @dataclass
@@ -27,16 +27,15 @@ class PrefillContext:
     overlap: bool
     kernel: str | None
     cache: RankKVCache
-    owned: torch.Tensor = field(init=False)
+    owned: list[Range] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.owned = owned_local_index(self.plan, self.info.rank)
+        self.owned = owned_local_ranges(self.plan, self.info.rank)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        owned = self.owned.to(k.device)
-        self.cache.store(layer, k[:, owned], v[:, owned])
+        self.cache.store_runs(layer, k, v, self.owned)  # slices: nothing built from host data
         return apbv_attention(q, k, v, self.plan, overlap=self.overlap, group=self.info.group,
                               softmax_scale=scale, backend=self.kernel)
 

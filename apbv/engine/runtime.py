@@ -19,6 +19,7 @@ from apbv.engine.decode import (
     choice_table,
     decode_reserve,
     greedy_continue,
+    host_token,
     pick_token,
     score_choices,
 )
@@ -181,7 +182,8 @@ def finish_answer(
     answer is ready with the first token. After scoring, the cache is back to the prompt.
     """
     with timer.stage("first_token"):
-        first = pick_token(logits, info.group)
+        first_token = pick_token(logits, info.group)  # stays on the device for decode
+        first = host_token(first_token)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
         single = all(len(c) == 1 for c in choice_ids)
@@ -195,7 +197,7 @@ def finish_answer(
     if on_token is not None:
         on_token(first)
     with timer.stage("decode"):
-        tokens, finish = greedy_continue(qwen, first, next_position, cache, info,
+        tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
                                          on_token=on_token, stop=stop, stop_texts=stop_texts)
     return tokens, None, finish

@@ -521,9 +521,14 @@ class QwenVL:
             raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    def on_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the model's device: itself when it is there already (a decode step's
+        inputs), without asking for a copy."""
+        return t if t.device == self.device else t.to(self.device)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids (1, T) -> embeddings (1, T, hidden)."""
-        return self.model.model.language_model.embed_tokens(ids.to(self.device))
+        return self.model.model.language_model.embed_tokens(self.on_device(ids))
 
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T).
@@ -532,7 +537,7 @@ class QwenVL:
         """
         out = self.model.model.language_model(
             inputs_embeds=inputs_embeds,
-            position_ids=position_ids.to(self.device),
+            position_ids=self.on_device(position_ids),
             use_cache=False,
         )
         return out.last_hidden_state

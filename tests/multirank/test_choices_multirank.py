@@ -26,7 +26,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runtime
-from apbv.engine.decode import greedy_continue, pick_token
+from apbv.engine.decode import greedy_continue, host_token, pick_token
 from apbv.engine.engine import Engine
 from apbv.engine.request import RequestCancelled
 from apbv.sequence import text_ids
@@ -51,7 +51,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         out = score(qwen, first_logits, ids, next_position, cache, info, **kw)
         after["lengths_equal"] = cache.lengths() == before
         first = pick_token(first_logits, info.group)  # greedy on the very same cache
-        after["tokens"], _ = greedy_continue(qwen, first, next_position, cache, info,
+        after["tokens"], _ = greedy_continue(qwen, first, host_token(first), next_position,
+                                             cache, info,
                                              max_new_tokens=NEW_TOKENS, **kw)
         return out
 
