@@ -26,6 +26,10 @@ from typing import Any
 from apbv.eval.data import BENCHMARKS
 from apbv.modes import MODE_NAMES
 
+DEFAULT_FRAME_SIDE = 448
+"""``plan --frames`` without ``--height``/``--width``: square frames of this side (stated in
+the output; a source's real size is better)."""
+
 
 def _add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: int) -> None:
     p.add_argument("--context-len", type=int, default=context_len,
@@ -189,9 +193,14 @@ def _plan(args: argparse.Namespace) -> int:
         if args.tokens_per_patch is not None:
             grid = cost.squarest_grid(args.tokens_per_patch)
             patches = args.frames // 2
-        elif args.height is None or args.width is None:
-            raise ValueError("--frames needs --height and --width (or --tokens-per-patch)")
+        elif (args.height is None) != (args.width is None):
+            raise ValueError("--frames needs both --height and --width (or neither: "
+                             f"{DEFAULT_FRAME_SIDE}x{DEFAULT_FRAME_SIDE} frames)")
         else:
+            if args.height is None:
+                args.height = args.width = DEFAULT_FRAME_SIDE
+                print(f"frames of {DEFAULT_FRAME_SIDE}x{DEFAULT_FRAME_SIDE} pixels assumed "
+                      "(--height/--width set the source's size)")
             patches, *grid = cost.video_grid(args.frames, args.height, args.width,
                                              patch_size=dims.patch_size)
         frames = 2 * patches
@@ -273,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
                                          "h200-ib, cpu or a calibration JSON file")
     plan.add_argument("--frames", type=int, help="sampled video frames: the context is then "
                                                  "this video's prompt (replaces --context-len)")
-    plan.add_argument("--height", type=int, help="frame height in pixels (with --frames)")
-    plan.add_argument("--width", type=int, help="frame width in pixels (with --frames)")
+    plan.add_argument("--height", type=int, help="frame height in pixels (with --frames; "
+                                                 f"default {DEFAULT_FRAME_SIDE})")
+    plan.add_argument("--width", type=int, help="frame width in pixels (with --frames; "
+                                                f"default {DEFAULT_FRAME_SIDE})")
     plan.add_argument("--tokens-per-patch", type=int,
                       help="LLM tokens per 2 frames instead of the runtime's sampling rules, "
                            "e.g. 4641 for the reference's uncapped 1440p frames")

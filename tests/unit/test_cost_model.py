@@ -324,8 +324,10 @@ def test_plan_command_prints_predictions(capsys: pytest.CaptureFixture[str],
     out = capsys.readouterr().out
     assert "memory per rank (28 layers" in out and "predicted on cpu" in out
     assert "no video" in out and out.count("\nspava ") == 1
-    assert main(["plan", "--frames", "64", "--preset", "qwen2.5-vl-3b"]) == 2
-    assert "--frames needs --height and --width" in capsys.readouterr().err
+    assert main(["plan", "--frames", "64", "--preset", "qwen2.5-vl-3b", "--height", "448"]) == 2
+    assert "--frames needs both --height and --width" in capsys.readouterr().err
+    assert main(["plan", "--frames", "64", "--preset", "qwen2.5-vl-3b"]) == 0
+    assert "frames of 448x448 pixels assumed" in capsys.readouterr().out
     assert main(["plan", "--hardware", "h200"]) == 2
     assert "pass --model DIR or --preset" in capsys.readouterr().err
 
