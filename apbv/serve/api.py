@@ -4,7 +4,8 @@
 ``video_url`` part and text parts, at most one system message, whose text goes into the chat
 template's system turn, ``max_tokens``, ``temperature`` 0 or absent, ``stream``, and apbv's own
 fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choices``, ``deadline_ms``)
-into a resolved :class:`apbv.engine.request.Request`; :func:`check_request` applies the limits
+into a resolved :class:`apbv.engine.request.Request` (a remote video is named, then downloaded
+by the caller and put in with :func:`with_download`); :func:`check_request` applies the limits
 that need the file (duration, frames, pixels, prompt tokens) without decoding a frame.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from apbv.engine.request import Request
 from apbv.serve.bodies import check_url
-from apbv.serve.download import Held, discard, fetch_media
+from apbv.serve.download import Held
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 
 KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
@@ -37,6 +38,9 @@ class ChatCall:
     deadline_ms: float | None = None
     downloaded: Held | None = None
     """The stored copy of a remote video, held until the request is over (:func:`discard`)."""
+    remote: str | None = None
+    """The http(s) URL of a remote video still to download (the request's video path until
+    :func:`with_download` puts the download's in); None for a local one."""
 
 
 def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None) -> Any:
@@ -108,9 +112,9 @@ def _system_text(message: dict) -> str:
 
 def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
                model_name: str) -> ChatCall:
-    """The engine request of one chat body, or ClientError naming what is wrong. A remote
-    video is downloaded here (blocking: call it off the event loop); the caller deletes
-    ``downloaded`` once the request is over."""
+    """The engine request of one chat body, or ClientError naming what is wrong; nothing is
+    downloaded here (a remote video's URL is the call's ``remote``) and no file is read but a
+    local video's path checks (call it off the event loop)."""
     if not isinstance(body, dict):
         raise ClientError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - KNOWN_FIELDS)
@@ -153,15 +157,14 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     if mode is not None and not isinstance(mode, str):
         raise ClientError(400, f"mode must be a string, got {mode!r}")
     remote = remote_url(url, policy)
-    downloaded = None if remote is None else fetch_media(remote, policy)
-    path = resolve_media(url, policy) if downloaded is None else downloaded.path
+    path = resolve_media(url, policy) if remote is None else remote
     try:
         request = Request.from_config(cfg, path, question, mode=mode, max_new_tokens=max_tokens,
                                       stop_texts=() if body.get("stop") is None
                                       else body["stop"], system=system)
         # A local path was checked with its links resolved: open exactly that file, no link
         # on the way (the download directory is the server's own).
-        video = dataclasses.replace(request.video, follow_symlinks=downloaded is not None)
+        video = dataclasses.replace(request.video, follow_symlinks=remote is not None)
         if fps is not None or nframes is not None:
             video = dataclasses.replace(video, fps=fps, nframes=nframes)
         if max_pixels is not None:
@@ -171,12 +174,16 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
         if choices is not None:
             request = _with_choices(request, choices)
     except ValueError as exc:
-        discard(downloaded)
         raise ClientError(400, str(exc)) from None
-    except BaseException:
-        discard(downloaded)
-        raise
-    return ChatCall(request, streamed, model_name, deadline, downloaded)
+    return ChatCall(request, streamed, model_name, deadline, remote=remote)
+
+
+def with_download(call: ChatCall, downloaded: Held) -> ChatCall:
+    """``call`` (with a ``remote`` video) on the stored file ``downloaded``, which it holds."""
+    assert call.remote is not None and call.downloaded is None, call
+    video = dataclasses.replace(call.request.video, path=downloaded.path)
+    return dataclasses.replace(call, request=dataclasses.replace(call.request, video=video),
+                               downloaded=downloaded, remote=None)
 
 
 def _check_messages(messages: object) -> None:

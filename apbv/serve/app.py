@@ -2,7 +2,8 @@
 
 One :class:`Server` owns the replicas (:mod:`apbv.serve.replicas`: R rank groups, each with a
 bounded queue and one worker): requests are validated here (media policy, limits; remote media
-downloaded) before anything reaches a rank, routed to a replica (the one whose vision cache
+downloaded on the event loop, the files probed on the server's own request threads, which no
+download occupies) before anything reaches a rank, routed to a replica (the one whose vision cache
 holds the video, else the least loaded), wait in its queue (FIFO; earliest deadline first for
 those with ``deadline_ms``), and its worker hands them to its group one at a time. A lost rank
 fails that replica's in-flight request (503 naming the rank), its group is rebuilt, and its
@@ -12,9 +13,12 @@ queue is then served; nothing is answered twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +38,7 @@ from apbv.engine.request import cut_at_stop
 from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
-from apbv.serve.download import discard
+from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
@@ -106,8 +110,15 @@ class Server:
         self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
         self.workers: list[asyncio.Task] = []
         self.streams = Streams(self, options.streams) if options.streams is not None else None
+        self.downloads: set[asyncio.Task] = set()
+        """The remote videos downloading now (:meth:`_fetch`)."""
+        self.closing = False
+        self.checks = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4),
+                                         thread_name_prefix="apbv-checks")
+        """Threads for a request's parsing and probing: the file checks of chat requests,
+        never a download (those run on the event loop) nor a rank call."""
         self.app = HttpGuard(self._routes(), options.hosts, options.read_timeout_s,
-                             refused=self._count_refused)
+                             refused=self._count_refused, on_shut=self.stop_downloads)
 
     @property
     def status(self) -> str:
@@ -126,6 +137,35 @@ class Server:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
             await asyncio.gather(*(asyncio.to_thread(r.group.stop) for r in self.replicas))
+
+    def stop_downloads(self) -> None:
+        """Shutting down: every download ends now (its client gets a 503), none begins."""
+        self.closing = True
+        for task in self.downloads:
+            task.cancel()
+
+    async def _fetch(self, url: str) -> Held:
+        """The stored download of ``url`` (:func:`fetch_media`), as a task that
+        :meth:`stop_downloads` ends."""
+        if self.closing:
+            raise ClientError(503, "the server is shutting down")
+        task = asyncio.ensure_future(fetch_media(url, self.opt.policy))
+        self.downloads.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and current is not None and not current.cancelling():
+                raise ClientError(503, "the server is shutting down: the remote video's "
+                                       "download was stopped") from None
+            raise
+        finally:
+            self.downloads.discard(task)
+
+    async def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the request-check threads (:attr:`checks`)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.checks, functools.partial(fn, *args))
 
     def _observe(self, result: Any) -> None:
         self.metrics.ttft.observe(result.ttft_s)
@@ -176,11 +216,13 @@ class Server:
     async def chat(self, request: Request) -> Response:
         self._authorize(request)
         body = await self._read_json(request)
-        call = await asyncio.to_thread(api.parse_chat, body, self.cfg, self.opt.limits,
-                                       self.opt.policy, self.opt.model_name)
+        call = await self._checked(api.parse_chat, body, self.cfg, self.opt.limits,
+                                   self.opt.policy, self.opt.model_name)
+        if call.remote is not None:
+            call = api.with_download(call, await self._fetch(call.remote))
         try:
-            measured = await asyncio.to_thread(api.check_request, call.request,
-                                               self.opt.limits, self.processor)
+            measured = await self._checked(api.check_request, call.request, self.opt.limits,
+                                           self.processor)
             replica = pick(self.replicas, call.request, self.affinity)
             job = replica.admission.admit(call, measured, stream=call.stream,
                                           max_tokens=call.request.max_new_tokens)

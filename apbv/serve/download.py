@@ -3,29 +3,40 @@
 :func:`fetch_media` downloads one URL whose host :func:`apbv.serve.policy.remote_url` allowed
 into the server's private download directory (mode 0700), streaming, under a byte limit (413
 naming ``--max-download-mb`` once the declared length or the bytes received pass it) and a
-whole-download time limit. Redirects are followed only to the same host (and http or https);
-any other redirect is refused. The file is then an ordinary local file for the limits that
-probe it.
+wall-clock deadline for the whole download, connect, headers and body (504 naming
+``--download-timeout-s``). Downloads run on the event loop (an async client, no thread), at
+most ``--max-downloads`` at once (one more is a 429), so a request about a local file never
+waits behind one, and a download cancelled at shutdown ends at once. Redirects are followed
+only to the same host (and http or https); any other redirect is refused. The file is then an
+ordinary local file for the limits that probe it.
 
 Downloads are kept by content in a :class:`MediaStore`: a repeat question on the same remote
 video names the same file, so the ranks' vision cache and the replicas' routing find it as
 they find a local one. Each request holds its file until :func:`discard` releases it. A URL
 whose download is still stored is asked for again conditionally (its ``ETag`` and
-``Last-Modified``): a 304 reuses the stored file without fetching the bytes again.
+``Last-Modified``): a 304 reuses the stored file without fetching the bytes again. No file
+name holds client text: a download is written to ``part-<random>`` (removed on every
+failure, cancellation included) and stored as ``sha256-<hex>`` plus the URL's suffix only
+when it is a known video suffix (:data:`apbv.serve.policy.VIDEO_SUFFIXES`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import os
+import ssl
 import tempfile
 import threading
-import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from apbv.serve.policy import ClientError, MediaPolicy
+from apbv.serve.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy
 
 MAX_REDIRECTS = 3
 CHUNK = 1 << 16
@@ -37,35 +48,66 @@ def _limit_error(size: float, policy: MediaPolicy, what: str) -> ClientError:
                             f"{mb:g} MB (--max-download-mb)")
 
 
-class MediaStore:
-    """Downloaded videos in ``directory``, named by content (``sha256-<hex><suffix>``) and kept
-    under ``budget_bytes``.
+def stored_suffix(url: str) -> str:
+    """The suffix a download of ``url`` is stored with: its path's extension, lower case, when
+    it is one of :data:`~apbv.serve.policy.VIDEO_SUFFIXES`, else none (the decoders read a
+    file's content, not its name)."""
+    suffix = os.path.splitext(urlsplit(url).path)[1].lower()
+    return suffix if suffix in VIDEO_SUFFIXES else ""
 
-    :meth:`admit` moves a finished download in (or drops it for the same bytes already there)
-    and holds the stored file for one request. A file no request holds is deleted, least
-    recently used first, while the store is over its budget (0: as soon as its last request
-    is over); a held file never is. Thread-safe.
+
+class MediaStore:
+    """Downloaded videos in ``directory``, one file per content (``sha256-<hex>`` and a known
+    video suffix or none) and kept under ``budget_bytes``.
+
+    :meth:`admit` moves a finished download in (or drops it for the same bytes already there,
+    whatever their suffix) and holds the stored file for one request. A file no request holds
+    is deleted, least recently used first, while the store is over its budget (0: as soon as
+    its last request is over); a held file never is. :meth:`slot` counts the downloads in
+    flight into the directory. Thread-safe.
     """
 
     def __init__(self, directory: str, budget_bytes: int) -> None:
         self.directory, self.budget_bytes = directory, budget_bytes
         self._lock = threading.Lock()
         self._files: OrderedDict[str, list[int]] = OrderedDict()  # path -> [bytes, holders]
+        self._digests: dict[str, str] = {}  # SHA-256 hex -> its stored path
         self._urls: dict[str, tuple[str, dict[str, str]]] = {}  # url -> (path, validators)
+        self._downloading = 0
+
+    @contextmanager
+    def slot(self, limit: int) -> Iterator[None]:
+        """Count one download in flight for the block; ClientError 429 when ``limit``
+        (``--max-downloads``) are in flight already."""
+        with self._lock:
+            if self._downloading >= limit:
+                raise ClientError(429, f"{self._downloading} remote videos are downloading, "
+                                       f"the most at once (--max-downloads {limit}); try "
+                                       "again later")
+            self._downloading += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._downloading -= 1
 
     def admit(self, download: str, digest: str, suffix: str, url: str | None = None,
               validators: dict[str, str] | None = None) -> Held:
-        """Store the finished file ``download`` (its SHA-256 hex ``digest``) and hold it;
-        ``url`` and its response's conditional-request headers are remembered for
-        :meth:`conditions`."""
-        path = os.path.join(self.directory, f"sha256-{digest}{suffix}")
+        """Store the finished file ``download`` (its SHA-256 hex ``digest``; ``suffix`` from
+        :func:`stored_suffix`) and hold it; ``url`` and its response's conditional-request
+        headers are remembered for :meth:`conditions`."""
+        assert suffix in VIDEO_SUFFIXES + ("",), suffix
+        assert len(digest) == 64 and all(c in "0123456789abcdef" for c in digest), digest
         with self._lock:
-            if path in self._files:
+            path = self._digests.get(digest)
+            if path is not None:
                 os.unlink(download)
             else:
+                path = os.path.join(self.directory, f"sha256-{digest}{suffix}")
                 size = os.path.getsize(download)
                 os.replace(download, path)
                 self._files[path] = [size, 0]
+                self._digests[digest] = path
             if url is not None and validators:
                 self._urls[url] = (path, validators)
             return self._hold(path)
@@ -109,6 +151,7 @@ class MediaStore:
                 os.unlink(path)
                 del self._files[path]
                 total -= size
+        self._digests = {d: p for d, p in self._digests.items() if p in self._files}
         self._urls = {u: v for u, v in self._urls.items() if v[0] in self._files}
 
 
@@ -121,77 +164,97 @@ class Held:
     released: bool = False
 
 
-def fetch_media(url: str, policy: MediaPolicy) -> Held:
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The client's TLS settings, made once (loading the CA bundle takes a while)."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+async def fetch_media(url: str, policy: MediaPolicy) -> Held:
     """Download ``url`` (already allowed by the policy) into the policy's store and hold the
-    stored file for the request."""
+    stored file for the request: at most ``policy.max_downloads`` at once (429), the whole
+    download within ``policy.download_timeout_s`` (504). Run on the server's event loop; its
+    temporary file is removed whatever ends it (an error, the deadline, a cancellation)."""
     import httpx
 
     store = policy.store
     if store is None:
         raise ClientError(400, "remote media is off: the server has no download directory")
     host = (urlsplit(url).hostname or "").lower()
-    suffix = os.path.splitext(urlsplit(url).path)[1][:16]
-    fd, path = tempfile.mkstemp(prefix="remote-", suffix=suffix, dir=store.directory)
-    digest = hashlib.sha256()
-    started = time.monotonic()
     timeout = policy.download_timeout_s
+    with store.slot(policy.max_downloads):
+        fd, path = tempfile.mkstemp(prefix="part-", dir=store.directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                async with asyncio.timeout(timeout):
+                    return await _download(url, host, policy, path, out)
+        except ClientError:
+            raise
+        except (TimeoutError, httpx.TimeoutException):
+            raise ClientError(504, f"downloading the remote video took over {timeout:g} s "
+                                   "(--download-timeout-s)") from None
+        except httpx.InvalidURL as exc:
+            raise ClientError(400, f"bad remote video URL {url[:200]!r}: {exc}") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise ClientError(502, f"the remote video at host {host!r} could not be fetched: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        finally:
+            _unlink(path)  # stored (moved away) or not: nothing of it stays under this name
+
+
+async def _download(url: str, host: str, policy: MediaPolicy, path: str,
+                    out: BinaryIO) -> Held:
+    """:func:`fetch_media`'s transfer: the redirects, the size limit, the conditional request;
+    the bytes go to ``out`` (the file at ``path``)."""
+    import httpx
+
+    store = policy.store
+    digest = hashlib.sha256()
     asked, conditions = url, store.conditions(url)
-    try:
-        with os.fdopen(fd, "wb") as out, httpx.Client(
-                follow_redirects=False, timeout=httpx.Timeout(timeout)) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                with client.stream("GET", url, headers=conditions) as response:
-                    if response.status_code == 304 and conditions:
-                        held = store.reuse(asked)
-                        if held is not None:
-                            _unlink(path)
-                            return held
-                        conditions = {}  # deleted meanwhile: ask for the bytes
-                        continue
-                    if response.is_redirect:
-                        target = urljoin(url, response.headers.get("location", ""))
-                        parts = urlsplit(target)
-                        if parts.scheme.lower() not in ("http", "https") or \
-                                (parts.hostname or "").lower() != host:
-                            raise ClientError(400, f"the remote video at host {host!r} "
-                                                   f"redirects to {target[:200]!r}: redirects "
-                                                   "to another host are refused")
-                        url = target
-                        continue
-                    if response.status_code != 200:
-                        raise ClientError(502, f"the remote video at {url[:200]!r} could not "
-                                               f"be fetched: HTTP {response.status_code}")
-                    declared = response.headers.get("content-length", "")
-                    if declared.isdigit() and int(declared) > policy.max_download_bytes:
-                        raise _limit_error(int(declared), policy, "declares")
-                    received = 0
-                    for piece in response.iter_bytes(CHUNK):
-                        received += len(piece)
-                        if received > policy.max_download_bytes:
-                            raise _limit_error(received, policy, "sent more than")
-                        if time.monotonic() - started > timeout:
-                            raise httpx.ReadTimeout("download time limit")
-                        out.write(piece)
-                        digest.update(piece)
-                    validators = {"If-None-Match": response.headers.get("etag", ""),
-                                  "If-Modified-Since": response.headers.get("last-modified", "")}
-                    break
-            else:
-                raise ClientError(400, f"the remote video at host {host!r} redirects more "
-                                       f"than {MAX_REDIRECTS} times")
-        return store.admit(path, digest.hexdigest(), suffix, asked,
-                           {k: v for k, v in validators.items() if v})
-    except ClientError:
-        _unlink(path)
-        raise
-    except httpx.TimeoutException:
-        _unlink(path)
-        raise ClientError(504, f"downloading the remote video took over {timeout:g} s "
-                               "(--download-timeout-s)") from None
-    except (httpx.HTTPError, OSError) as exc:
-        _unlink(path)
-        raise ClientError(502, f"the remote video at host {host!r} could not be fetched: "
-                               f"{type(exc).__name__}: {exc}") from None
+    async with httpx.AsyncClient(follow_redirects=False, verify=_tls(),
+                                 timeout=httpx.Timeout(policy.download_timeout_s)) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            async with client.stream("GET", url, headers=conditions) as response:
+                if response.status_code == 304 and conditions:
+                    held = store.reuse(asked)
+                    if held is not None:
+                        return held
+                    conditions = {}  # deleted meanwhile: ask for the bytes
+                    continue
+                if response.is_redirect:
+                    target = urljoin(url, response.headers.get("location", ""))
+                    parts = urlsplit(target)
+                    if parts.scheme.lower() not in ("http", "https") or \
+                            (parts.hostname or "").lower() != host:
+                        raise ClientError(400, f"the remote video at host {host!r} redirects "
+                                               f"to {target[:200]!r}: redirects to another "
+                                               "host are refused")
+                    url = target
+                    continue
+                if response.status_code != 200:
+                    raise ClientError(502, f"the remote video at {url[:200]!r} could not be "
+                                           f"fetched: HTTP {response.status_code}")
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > policy.max_download_bytes:
+                    raise _limit_error(int(declared), policy, "declares")
+                received = 0
+                async for piece in response.aiter_bytes(CHUNK):
+                    received += len(piece)
+                    if received > policy.max_download_bytes:
+                        raise _limit_error(received, policy, "sent more than")
+                    out.write(piece)
+                    digest.update(piece)
+                validators = {"If-None-Match": response.headers.get("etag", ""),
+                              "If-Modified-Since": response.headers.get("last-modified", "")}
+                break
+        else:
+            raise ClientError(400, f"the remote video at host {host!r} redirects more than "
+                                   f"{MAX_REDIRECTS} times")
+    out.flush()
+    return store.admit(path, digest.hexdigest(), stored_suffix(asked), asked,
+                       {k: v for k, v in validators.items() if v})
 
 
 def _unlink(path: str) -> None:

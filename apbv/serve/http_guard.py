@@ -120,14 +120,17 @@ class HttpGuard:
     no body deadline. :meth:`shut` (called when the server begins to stop) ends every request
     in flight: its handler is cancelled and the client gets a 503 JSON error, or, when the
     response already started (server-sent events), a last ``data: {"error": ...}`` event and
-    ``[DONE]``. ``refused(status)`` is called for each request the guard itself refuses.
+    ``[DONE]``. ``refused(status)`` is called for each request the guard itself refuses;
+    ``on_shut()`` when :meth:`shut` begins (the server ends its downloads there).
     """
 
     def __init__(self, app: Any, hosts: HostRule | None = None,
                  read_timeout_s: float | None = None,
-                 refused: Callable[[int], None] | None = None):
+                 refused: Callable[[int], None] | None = None,
+                 on_shut: Callable[[], None] | None = None):
         self.app, self.hosts, self.read_timeout_s = app, hosts, read_timeout_s
         self.refused = refused or (lambda status: None)
+        self.on_shut = on_shut or (lambda: None)
         self.closing = False
         self._waiters: set[asyncio.Future] = set()
         """One per request in flight, resolved by :meth:`shut` (a future of the request's own
@@ -135,6 +138,7 @@ class HttpGuard:
 
     def shut(self) -> None:
         self.closing = True
+        self.on_shut()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -3,9 +3,10 @@
 The front end runs in the driver (uvicorn + FastAPI): one process owns the queue and the
 admission decisions, and the H ranks are one group of Ray actors that must all take every
 request. uvicorn handles SIGINT/SIGTERM: it stops accepting, the requests in flight are
-answered 503 (:mod:`apbv.serve.http_guard`), the app's shutdown kills the rank actors and
-releases their placement group, and Ray is shut down (or, with ``--address``, disconnected
-from); nothing is left running.
+answered 503 at once (:mod:`apbv.serve.http_guard`; a download in flight is ended, its
+temporary file removed), the app's shutdown kills the rank actors and releases their placement
+group, and Ray is shut down (or, with ``--address``, disconnected from); nothing is left
+running.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-download-mb", type=float, default=512,
                    help="largest remote video in MiB (default: %(default)s)")
     p.add_argument("--download-timeout-s", type=float, default=120,
-                   help="time limit of one download (default: %(default)s)")
+                   help="wall-clock limit of one whole download, connect, headers and body "
+                        "(default: %(default)s)")
+    p.add_argument("--max-downloads", type=int, default=4,
+                   help="remote videos downloading at once; one more is a 429 (default: "
+                        "%(default)s)")
     p.add_argument("--download-cache-mb", type=float, default=2048,
                    help="downloaded videos kept (by content) for repeat questions, in MiB; 0: "
                         "each is deleted when its request is over (default: %(default)s)")
@@ -182,6 +187,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     if args.max_download_mb <= 0 or args.download_timeout_s <= 0:
         raise ValueError("--max-download-mb and --download-timeout-s must be > 0, got "
                          f"{args.max_download_mb} and {args.download_timeout_s}")
+    if args.max_downloads < 1:
+        raise ValueError(f"--max-downloads must be >= 1, got {args.max_downloads}")
     if args.download_cache_mb < 0:
         raise ValueError(f"--download-cache-mb must be >= 0, got {args.download_cache_mb}")
     if args.max_queue < 1:
@@ -242,7 +249,8 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
             policy=MediaPolicy(tuple(args.media_root), domains,
                                None if download_dir is None else MediaStore(
                                    download_dir, int(args.download_cache_mb * 2**20)),
-                               int(args.max_download_mb * 2**20), args.download_timeout_s),
+                               int(args.max_download_mb * 2**20), args.download_timeout_s,
+                               args.max_downloads),
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
             read_timeout_s=args.read_timeout_s)
         server = Server(cfg, groups, processor, options,

@@ -22,9 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from apbv.serve.policy import ClientError, MediaPolicy, resolve_media
+from apbv.serve.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy, resolve_media
 
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
 MAX_LISTED = 1000
 """Entries of one listing at most (``truncated`` says when more exist)."""
 MAX_DEPTH = 8

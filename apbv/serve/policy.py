@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
+"""File name suffixes taken for videos: the media listing's, and the only ones a download is
+stored with."""
+
 
 class ClientError(Exception):
     """A request the server refuses: ``status`` (4xx, or 503 for admission) and the message."""
@@ -60,13 +64,16 @@ class MediaPolicy:
     """Which videos a request may name: local files under ``roots`` (real paths), and http(s)
     URLs of the hosts in ``allow_domains``, downloaded into ``store``
     (:class:`apbv.serve.download.MediaStore`) under ``max_download_bytes`` and
-    ``download_timeout_s``."""
+    ``download_timeout_s``, at most ``max_downloads`` at once."""
 
     roots: tuple[str, ...] = ()
     allow_domains: tuple[str, ...] = field(default=())
     store: Any = field(default=None, compare=False)
     max_download_bytes: int = 512 << 20
     download_timeout_s: float = 120.0
+    """Wall-clock seconds of one whole download: connect, headers and body."""
+    max_downloads: int = 4
+    """Downloads in flight at once (--max-downloads); one more is a 429."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roots", tuple(os.path.realpath(r) for r in self.roots))
@@ -81,10 +88,17 @@ def remote_url(url: object, policy: MediaPolicy) -> str | None:
     an http(s) URL; ClientError for an http(s) URL of any other host (or with no host)."""
     if not isinstance(url, str) or not url:
         raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed [IPv6] host
+        raise ClientError(400, f"bad URL {url[:200]!r}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         return None
+    control = next((c for c in url if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if control is not None:  # urlsplit drops some silently; the download would refuse them
+        raise ClientError(400, f"bad {scheme} URL {url[:200]!r}: it holds the control "
+                               f"character {control!r} (percent-encode it)")
     try:
         host = (parts.hostname or "").lower()
         _ = parts.port  # a bad port raises ValueError
