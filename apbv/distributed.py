@@ -51,12 +51,15 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
-def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
+                     store: dist.Store | None = None) -> DistInfo:
     """Join the job's process group (once per process) and pick this rank's device.
 
     Args:
         backend: "nccl" or "gloo"; default nccl when CUDA is available, gloo otherwise.
         timeout_s: bound on every collective wait, in seconds.
+        store: the rendezvous store (default: env://, rank 0 hosting a TCPStore at MASTER_ADDR
+            and MASTER_PORT, which listens on every interface).
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"unknown backend {backend!r}; allowed: nccl, gloo")
@@ -85,6 +88,7 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0) ->
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
+            store=store,
         )
     return DistInfo(rank, world_size, local_rank, device, backend)
 

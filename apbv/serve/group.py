@@ -53,16 +53,29 @@ class RankActor:
         self.streams: dict[str, Any] = {}
         self.cancelled: int | None = None
         """The ticket of the last request :meth:`cancel` was called for."""
+        self.listener: socket.socket | None = None
+        """Rank 0's listening socket for the rendezvous store (see :meth:`address`)."""
         torch.set_num_threads(threads)
 
     def address(self) -> tuple[str, int, int]:
-        """(this node's IP, a free port on it, this process id)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, os.getpid()
+        """(this node's IP, the port of rank 0's rendezvous store, this process id): rank 0
+        listens on the node's IP only (127.0.0.1 for a local cluster), not on every interface
+        as torch's own TCPStore would, and keeps the socket for :meth:`setup`; other ranks
+        (and a single rank) answer port 0."""
+        ip = ray.util.get_node_ip_address()
+        port = 0
+        if self.rank == 0 and self.world_size > 1:
+            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            self.listener = socket.create_server((ip, 0), family=family,
+                                                 backlog=socket.SOMAXCONN)
+            port = self.listener.getsockname()[1]
+        return ip, port, os.getpid()
 
     def setup(self, master_addr: str, master_port: int, local_rank: int) -> int:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
         from apbv.distributed import init_distributed
         from apbv.engine.engine import Engine
 
@@ -70,7 +83,14 @@ class RankActor:
                           RANK=str(self.rank), WORLD_SIZE=str(self.world_size),
                           LOCAL_RANK=str(local_rank))
         backend = None if self.cfg.parallel.backend == "auto" else self.cfg.parallel.backend
-        info = init_distributed(backend=backend, timeout_s=self.cfg.parallel.timeout_s)
+        timeout_s = self.cfg.parallel.timeout_s
+        store = None
+        if self.world_size > 1:  # rank 0's store takes over the socket (detach: not closed here)
+            fd = None if self.listener is None else self.listener.detach()
+            self.listener = None
+            store = dist.TCPStore(master_addr, master_port, self.world_size, self.rank == 0,
+                                  timedelta(seconds=timeout_s), master_listen_fd=fd)
+        info = init_distributed(backend=backend, timeout_s=timeout_s, store=store)
         self.engine = Engine(self.cfg, info)
         return os.getpid()
 
@@ -152,9 +172,9 @@ class RankGroup:
     """H rank actors in one placement group; one request at a time."""
 
     def __init__(self, cfg: Any, world_size: int, *, use_gpu: bool, threads: int = 1,
-                 env: dict[str, str] | None = None, local: bool = True):
+                 env: dict[str, str] | None = None):
         self.cfg, self.world_size, self.use_gpu = cfg, world_size, use_gpu
-        self.threads, self.env, self.local = threads, env or {}, local
+        self.threads, self.env = threads, env or {}
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self.pg: Any = None
@@ -182,8 +202,7 @@ class RankGroup:
             for r in range(self.world_size)
         ]
         addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
-        ip, port, _ = addresses[0]
-        master = "127.0.0.1" if self.local else ip
+        master, port, _ = addresses[0]  # rank 0 listens on its node's IP
         local_ranks, seen = [], {}
         for node_ip, _, _ in addresses:  # GPU index on its node: bundles in rank order
             local_ranks.append(seen.get(node_ip, 0))

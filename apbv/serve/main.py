@@ -99,6 +99,9 @@ def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool
 
 
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
+    from apbv.serve.ray_cluster import init_ray, prepare_ray_env
+
+    prepare_ray_env(args.address)  # before ray is imported
     import ray
     import uvicorn
     from transformers import AutoProcessor
@@ -138,14 +141,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(
             cfg, cache=dataclasses.replace(cache, vision_gb=args.vision_cache_gb))
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "RAY_AUTH_MODE") if k in os.environ}
-    local = args.address is None
-    if local:
-        ray.init(num_cpus=args.world_size * args.replicas, include_dashboard=False,
-                 log_to_driver=True, object_store_memory=128 << 20, _node_ip_address="127.0.0.1")
-    else:
-        ray.init(address=args.address, log_to_driver=True)
+    # the actors inherit the Ray token from their raylet, never through their runtime_env
+    env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+    init_ray(args.address, args.world_size * args.replicas)
     domains = tuple(h.lower() for h in args.allow_media_domain)
     download_dir = None
     try:
@@ -153,7 +151,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
             download_dir = tempfile.mkdtemp(prefix="apbv-media-", dir=args.download_dir)
         use_gpu = cfg.parallel.backend != "gloo" and ray.cluster_resources().get("GPU", 0) >= 1
         groups = [RankGroup(cfg, args.world_size, use_gpu=use_gpu,
-                            threads=args.threads_per_rank, env=env, local=local)
+                            threads=args.threads_per_rank, env=env)
                   for _ in range(args.replicas)]
         predictor = cost_predictor(path, args.world_size,
                                    args.hardware or ("h200" if use_gpu else "cpu"))
