@@ -49,9 +49,9 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _cluster_token(sid: int) -> str:
+def _cluster_token(sid: int) -> str | None:
     """The RAY_AUTH_TOKEN that Ray's processes of the server were started with (their
-    environment, readable by their own user only)."""
+    environment, readable by their own user only); None if they have none."""
     tokens = set()
     for pid in _session_pids(sid):
         try:
@@ -60,9 +60,8 @@ def _cluster_token(sid: int) -> str:
             continue
         tokens.update(e.split(b"=", 1)[1].decode() for e in env
                       if e.startswith(b"RAY_AUTH_TOKEN="))
-    assert len(tokens) == 1 and len(next(iter(tokens))) == 64, \
-        f"not one 256-bit RAY_AUTH_TOKEN in the server's Ray processes: {len(tokens)} found"
-    return tokens.pop()
+    assert len(tokens) <= 1, "the server's Ray processes hold different tokens"
+    return tokens.pop() if tokens else None
 
 
 def _probe(gcs: str, marker: Path, **env: str) -> subprocess.CompletedProcess:
@@ -127,20 +126,22 @@ def test_a_driver_without_the_token_cannot_submit_work(server, tmp_path: Path):
     token = _cluster_token(srv.proc.pid)
     probes = {"no token (auth disabled)": {"RAY_AUTH_MODE": "disabled"},
               "no token (auth unset)": {},
-              "a wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
-              "the token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}}
+              "a wrong token": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}}
+    if token is not None:  # the probe itself works: with the token it reaches the cluster
+        probes["the token"] = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     with ThreadPoolExecutor(len(probes)) as pool:
         runs = {name: pool.submit(_probe, gcs, tmp_path / f"{i}.ran", **env)
                 for i, (name, env) in enumerate(probes.items())}
-        results = {name: run.result() for name, run in runs.items()}
-    for i, (name, done) in enumerate(results.items()):
-        out = done.stdout + done.stderr
-        ran = (tmp_path / f"{i}.ran").exists()
-        if name == "the token":  # the probe itself works: it reaches the cluster and runs
-            assert done.returncode == 0 and ran, out[-3000:]
-        else:
-            assert done.returncode != 0 and not ran, f"{name}: the task ran\n{out[-3000:]}"
-            assert REFUSED in out, f"{name}: not refused by the GCS\n{out[-3000:]}"
+        results = {name: (run.result(), tmp_path / f"{i}.ran")
+                   for i, (name, run) in enumerate(runs.items())}
+    for name, (done, marker) in results.items():
+        out = (done.stdout + done.stderr)[-3000:]
+        if name != "the token":
+            assert done.returncode != 0 and not marker.exists(), f"{name}: the task ran\n{out}"
+            assert REFUSED in out, f"{name}: not refused by the GCS\n{out}"
+    assert token is not None and len(token) == 64, "no 256-bit RAY_AUTH_TOKEN in Ray's processes"
+    done, marker = results["the token"]
+    assert done.returncode == 0 and marker.exists(), (done.stdout + done.stderr)[-3000:]
     for pid in _session_pids(srv.proc.pid):
         try:
             assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
@@ -152,10 +153,9 @@ def test_a_driver_without_the_token_cannot_submit_work(server, tmp_path: Path):
 def test_no_port_listens_beyond_loopback(server):
     srv, gcs = server
     found = _listening_sockets(srv.proc.pid)
-    for row in found:
-        print(row)
-    assert any(address.endswith(" " + gcs) or address.endswith(gcs.split(":")[1])
-               for _, _, address in found), f"the GCS port {gcs} not seen: {found}"
+    gcs_port = gcs.rsplit(":", 1)[1]
+    assert any(address.rsplit(":", 1)[1] == gcs_port for _, _, address in found), \
+        f"the GCS port {gcs} is not among the server's sockets: {found}"
     open_ = [(pid, command, address) for pid, command, address in found
              if not _is_loopback(address.split()[1])]
     assert not open_, "listening beyond loopback:\n" + "\n".join(map(str, open_))
