@@ -5,7 +5,8 @@ runtime-env and dashboard agents) run code for whoever can call them, so ``serve
 Ray's token authentication off (``RAY_AUTH_MODE=token``: every Ray RPC and HTTP endpoint wants
 the cluster's token):
 
-- **Local cluster** (no ``--address``): a fresh 256-bit token made at each start
+- **Local cluster** (no ``--address``; always a new one, whatever ``RAY_ADDRESS`` says or a
+  cluster started on this host with ``ray start``): a fresh 256-bit token made at each start
   (``secrets.token_hex(32)``) is put in this process's environment (``RAY_AUTH_TOKEN``), which
   Ray's processes and the rank actors inherit; it is never written to a file, a command line or
   the log. Every Ray port is bound to the loopback address: whatever ``--host`` the HTTP front
@@ -77,8 +78,9 @@ def init_ray(address: str | None, num_cpus: int) -> str:
         gcs = ctx.address_info["gcs_address"]
         log.info("Ray: joined the cluster at %s (token authentication)", gcs)
         return gcs
-    ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
-                   object_store_memory=128 << 20, _node_ip_address=LOOPBACK)
+    # "local": a new cluster, never one named by RAY_ADDRESS or left running on this host
+    ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                   log_to_driver=True, object_store_memory=128 << 20, _node_ip_address=LOOPBACK)
     info = ctx.address_info
     if info["node_ip_address"] != LOOPBACK:  # ray was imported before prepare_ray_env
         ray.shutdown()

@@ -3,7 +3,7 @@ on ``--host 127.0.0.1``): a Ray driver without the cluster's token, or with a wr
 refused by the GCS and runs nothing, while the same probe with the token runs its task (so the
 probe does reach the cluster); no TCP port of the server's processes (the driver, Ray's GCS,
 raylet and agents, the rank actors) listens on anything but loopback; the token is in no
-command line and not in the server's log."""
+command line, not in the server's log and not in Ray's logs of the cluster."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 
-from tests.serve.server import ROOT, serving  # noqa: E402
+from tests.serve.server import ROOT, ServerProcess  # noqa: E402
 
 PROBE = """
 import os, sys, ray
@@ -113,12 +113,18 @@ def _listening_sockets(sid: int) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path):
-    """(the server process, its Ray GCS address from its start log)."""
-    with serving(tiny_model_dir, "--world-size", "2", "--host", "127.0.0.1") as srv:
+    """(the server process, its Ray GCS address from its start log); it is started with
+    RAY_ADDRESS naming another cluster, which a server without --address must not join."""
+    with pytest.MonkeyPatch.context() as env:  # the process takes os.environ as it starts
+        env.setenv("RAY_ADDRESS", "127.0.0.1:1")
+        srv = ServerProcess(tiny_model_dir, "--world-size", "2", "--host", "127.0.0.1")
+    try:
         srv.wait_ready(timeout_s=240)
         found = re.search(r"Ray: local cluster at (\S+) ", "".join(srv.log))
         assert found, "no Ray address in the server's log:\n" + srv.tail()
         yield srv, found.group(1)
+    finally:
+        srv.stop()
 
 
 def test_a_driver_without_the_token_cannot_submit_work(server, tmp_path: Path):
@@ -142,12 +148,18 @@ def test_a_driver_without_the_token_cannot_submit_work(server, tmp_path: Path):
     assert token is not None and len(token) == 64, "no 256-bit RAY_AUTH_TOKEN in Ray's processes"
     done, marker = results["the token"]
     assert done.returncode == 0 and marker.exists(), (done.stdout + done.stderr)[-3000:]
+    session_dirs = set()
     for pid in _session_pids(srv.proc.pid):
         try:
-            assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
+        assert token.encode() not in command, f"the token on the command line of {pid}"
+        session_dirs.update(re.findall(rb"--session-dir=([^\0 ]+)", command))
     assert token not in "".join(srv.log)
+    assert len(session_dirs) == 1, session_dirs  # Ray's own logs of this cluster
+    logs = [f for f in Path(session_dirs.pop().decode(), "logs").rglob("*") if f.is_file()]
+    assert logs and not [f for f in logs if token.encode() in f.read_bytes()]
 
 
 def test_no_port_listens_beyond_loopback(server):
