@@ -5,6 +5,12 @@ admission decisions, and the H ranks are one group of Ray actors that must all t
 request. uvicorn handles SIGINT/SIGTERM: it stops accepting, the app's shutdown kills the rank
 actors and releases their placement group, and Ray is shut down (or, with ``--address``,
 disconnected from); nothing is left running.
+
+Ray's own ports run code for whoever can call them, so Ray's token authentication is never
+turned off (:mod:`apbv.serve.ray_cluster`): the local cluster, always a new one, gets a token
+made at each start (in the environment Ray's processes and the rank actors inherit) and binds
+every port to 127.0.0.1 whatever ``--host`` is, since it is one host; ``--address`` joins with
+the operator's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's log on stderr: a line per finished request and per "
                         "replica event at info (default: %(default)s)")
-    p.add_argument("--address", help="join this Ray cluster (default: start a local one)")
+    p.add_argument("--address", help="join this Ray cluster, with token authentication and "
+                                     "the token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                                     "~/.ray/auth_token (default: start a private local one)")
     p.add_argument("--media-root", action="append", default=[], metavar="DIR",
                    help="directory whose files requests may name (file:// URLs; repeatable; "
                         "none: every local video is refused)")

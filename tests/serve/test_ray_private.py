@@ -171,3 +171,54 @@ def test_no_port_listens_beyond_loopback(server):
     open_ = [(pid, command, address) for pid, command, address in found
              if not _is_loopback(address.split()[1])]
     assert not open_, "listening beyond loopback:\n" + "\n".join(map(str, open_))
+
+
+@pytest.fixture
+def ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """A clean Ray environment (no RAY_* variables, HOME without a token file); what
+    prepare_ray_env sets is undone afterwards."""
+    touched = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME")
+    for name in {*touched, *(n for n in os.environ if n.startswith("RAY_"))}:
+        monkeypatch.setenv(name, "")  # recorded, so the undo restores (or removes) it
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return monkeypatch
+
+
+def test_a_local_cluster_gets_a_new_token_and_loopback_every_start(ray_env):
+    from apbv.serve.ray_cluster import prepare_ray_env
+
+    ray_env.setenv("RAY_AUTH_MODE", "disabled")
+    ray_env.setenv("RAY_AUTH_TOKEN_PATH", "/nonexistent")
+    prepare_ray_env(None)
+    first = os.environ["RAY_AUTH_TOKEN"]
+    assert os.environ["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN_PATH" not in os.environ
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert re.fullmatch("[0-9a-f]{64}", first)
+    prepare_ray_env(None)
+    assert os.environ["RAY_AUTH_TOKEN"] != first
+
+
+def test_joining_a_cluster_needs_token_auth_and_a_token(ray_env, tmp_path: Path):
+    from apbv.serve.ray_cluster import prepare_ray_env
+
+    ray_env.setenv("RAY_AUTH_TOKEN", "a" * 64)
+    ray_env.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ValueError, match="RAY_AUTH_MODE=disabled: --address joins"):
+        prepare_ray_env("10.0.0.1:6379")
+    ray_env.delenv("RAY_AUTH_MODE")
+    prepare_ray_env("10.0.0.1:6379")  # the operator's token; token mode is set for Ray
+    assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_AUTH_TOKEN"] == "a" * 64
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+    ray_env.delenv("RAY_AUTH_TOKEN")
+    with pytest.raises(ValueError, match="no Ray authentication token .*RAY_AUTH_TOKEN_PATH"):
+        prepare_ray_env("10.0.0.1:6379")
+    ray_env.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "empty"))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        prepare_ray_env("10.0.0.1:6379")
+    ray_env.delenv("RAY_AUTH_TOKEN_PATH")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("b" * 64)
+    prepare_ray_env("10.0.0.1:6379")  # Ray's default token file
