@@ -52,7 +52,8 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
-                     device: torch.device | str | None = None) -> DistInfo:
+                     device: torch.device | str | None = None,
+                     store: dist.Store | None = None) -> DistInfo:
     """Join the job's process group (once per process) and pick this rank's device.
 
     Args:
@@ -63,6 +64,8 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
         device: this rank's device, from a caller that knows it (a Ray actor: the GPU Ray gave
             it; a check putting gloo ranks on one GPU: ``cuda:0``). Default: ``cuda:LOCAL_RANK``
             on NCCL (torchrun's one process per GPU), the CPU on gloo.
+        store: the rendezvous store (default: env://, rank 0 hosting a TCPStore at MASTER_ADDR
+            and MASTER_PORT, which listens on every interface).
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"unknown backend {backend!r}; allowed: nccl, gloo")
@@ -100,6 +103,7 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
+            store=store,
         )
     return DistInfo(rank, world_size, local_rank, device, backend)
 

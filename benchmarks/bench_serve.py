@@ -55,7 +55,7 @@ def _free_port() -> int:
 
 def _env() -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, RAY_AUTH_MODE="disabled")
+    return dict(os.environ, PYTHONPATH=path)
 
 
 def start_server(model: Path, media: Path, port: int, args: argparse.Namespace):

@@ -63,14 +63,23 @@ class RankActor:
         self.streams: dict[str, Any] = {}
         self.cancelled: int | None = None
         """The ticket of the last request :meth:`cancel` was called for."""
+        self.listener: socket.socket | None = None
+        """Rank 0's listening socket for the rendezvous store (see :meth:`address`)."""
         torch.set_num_threads(threads)
 
     def address(self) -> tuple[str, int, int]:
-        """(this node's IP, a free port on it, this process id)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, os.getpid()
+        """(this node's IP, the port of rank 0's rendezvous store, this process id): rank 0
+        listens on the node's IP only (127.0.0.1 for a local cluster), not on every interface
+        as torch's own TCPStore would, and keeps the socket for :meth:`setup`; other ranks
+        (and a single rank) answer port 0."""
+        ip = ray.util.get_node_ip_address()
+        port = 0
+        if self.rank == 0 and self.world_size > 1:
+            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            self.listener = socket.create_server((ip, 0), family=family,
+                                                 backlog=socket.SOMAXCONN)
+            port = self.listener.getsockname()[1]
+        return ip, port, os.getpid()
 
     def device_given(self) -> str:
         """The device Ray gave this actor: ``cuda:0`` of its visible set, or ``cpu``."""
@@ -80,7 +89,10 @@ class RankActor:
               backend: str | None = None) -> int:
         """Join the process group (``backend``: None picks nccl on a GPU, gloo otherwise) on
         the device Ray gave this actor, and load the engine."""
+        from datetime import timedelta
+
         import torch
+        import torch.distributed as dist
 
         from apbv.distributed import init_distributed
         from apbv.engine.engine import Engine
@@ -92,8 +104,15 @@ class RankActor:
         if backend is None:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._use_device()
-        info = init_distributed(backend=backend, timeout_s=self.cfg.parallel.timeout_s,
-                                device=self.device)
+        timeout_s = self.cfg.parallel.timeout_s
+        store = None
+        if self.world_size > 1:  # rank 0's store takes over the socket (detach: not closed here)
+            fd = None if self.listener is None else self.listener.detach()
+            self.listener = None
+            store = dist.TCPStore(master_addr, master_port, self.world_size, self.rank == 0,
+                                  timedelta(seconds=timeout_s), master_listen_fd=fd)
+        info = init_distributed(backend=backend, timeout_s=timeout_s, device=self.device,
+                                store=store)
         self.engine = Engine(self.cfg, info)
         return os.getpid()
 
@@ -186,12 +205,12 @@ class RankGroup:
 
     def __init__(self, cfg: Any, world_size: int, *, gpus_per_rank: float = 0,
                  backend: str | None = None, threads: int = 1,
-                 env: dict[str, str] | None = None, local: bool = True):
+                 env: dict[str, str] | None = None):
         """``gpus_per_rank``: 0 for CPU ranks, 1, or a fraction (several ranks per GPU, with
         ``backend`` gloo); ``backend``: the process group's (None: nccl on GPUs, else gloo)."""
         self.cfg, self.world_size, self.gpus_per_rank = cfg, world_size, gpus_per_rank
         self.backend = backend
-        self.threads, self.env, self.local = threads, env or {}, local
+        self.threads, self.env = threads, env or {}
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self.pg: Any = None
@@ -201,8 +220,7 @@ class RankGroup:
         """Reserve the bundles, start the actors, join the process group, load the model."""
         self.start_actors()
         addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
-        ip, port, _ = addresses[0]
-        master = "127.0.0.1" if self.local else ip
+        master, port, _ = addresses[0]  # rank 0 listens on its node's IP
         local_ranks, seen = [], {}
         for node_ip, _, _ in addresses:  # index on its node: bundles hold ranks in rank order
             local_ranks.append(seen.get(node_ip, 0))

@@ -7,6 +7,12 @@ answered 503 at once (:mod:`apbv.serve.http_guard`; a download in flight is ende
 temporary file removed), the app's shutdown kills the rank actors and releases their placement
 group, and Ray is shut down (or, with ``--address``, disconnected from); nothing is left
 running.
+
+Ray's own ports run code for whoever can call them, so Ray's token authentication is never
+turned off (:mod:`apbv.serve.ray_cluster`): the local cluster, always a new one, gets a token
+made at each start (in the environment Ray's processes and the rank actors inherit) and binds
+every port to 127.0.0.1 whatever ``--host`` is, since it is one host; ``--address`` joins with
+the operator's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's log on stderr: a line per finished request and per "
                         "replica event at info (default: %(default)s)")
-    p.add_argument("--address", help="join this Ray cluster (default: start a local one)")
+    p.add_argument("--address", help="join this Ray cluster, with token authentication and "
+                                     "the token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                                     "~/.ray/auth_token (default: start a private local one)")
     p.add_argument("--media-root", action="append", default=[], metavar="DIR",
                    help="directory whose files requests may name (file:// URLs; repeatable; "
                         "none: every local video is refused)")
@@ -170,6 +178,9 @@ def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> f
 
 
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
+    from apbv.serve.ray_cluster import init_ray, prepare_ray_env
+
+    prepare_ray_env(args.address)  # before ray is imported
     import ray
     from transformers import AutoProcessor
 
@@ -220,14 +231,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(
             cfg, cache=dataclasses.replace(cache, vision_gb=args.vision_cache_gb))
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "RAY_AUTH_MODE") if k in os.environ}
-    local = args.address is None
-    if local:
-        ray.init(num_cpus=args.world_size * args.replicas, include_dashboard=False,
-                 log_to_driver=True, object_store_memory=128 << 20, _node_ip_address="127.0.0.1")
-    else:
-        ray.init(address=args.address, log_to_driver=True)
+    # the actors inherit the Ray token from their raylet, never through their runtime_env
+    env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+    init_ray(args.address, args.world_size * args.replicas)
     domains = tuple(h.lower() for h in args.allow_media_domain)
     download_dir = None
     try:
@@ -237,7 +243,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         use_gpu = gpus_per_rank > 0
         backend = group_backend(cfg.parallel.backend, gpus_per_rank)
         groups = [RankGroup(cfg, args.world_size, gpus_per_rank=gpus_per_rank, backend=backend,
-                            threads=args.threads_per_rank, env=env, local=local)
+                            threads=args.threads_per_rank, env=env)
                   for _ in range(args.replicas)]
         hardware = args.hardware or ("h200" if use_gpu else "cpu")
         predictor = cost_predictor(path, args.world_size, hardware)

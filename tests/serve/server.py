@@ -36,7 +36,7 @@ class ServerProcess:
 
     def __init__(self, model: Path, *flags: str):
         port = free_port()
-        env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=os.pathsep.join(
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(ROOT), os.environ.get("PYTHONPATH", "")]))
         cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
                str(model), "--port", str(port), *flags]
