@@ -178,18 +178,9 @@ def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> f
 
 
 def run_server(cfg: Any, args: argparse.Namespace) -> int:
-    from apbv.serve.ray_cluster import init_ray, prepare_ray_env
-
-    prepare_ray_env(args.address)  # before ray is imported
-    import ray
-    from transformers import AutoProcessor
-
-    from apbv.serve.admission import Admission, cost_decode_prior, cost_predictor
-    from apbv.serve.app import Server, ServerOptions
-    from apbv.serve.download import MediaStore
-    from apbv.serve.group import RankGroup
     from apbv.serve.http_guard import HostRule, serve
     from apbv.serve.placement import check_gpus_per_rank, group_backend
+    from apbv.serve.ray_cluster import init_ray, prepare_ray_env
 
     if args.world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
@@ -219,6 +210,16 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
     if not args.read_timeout_s > 0:
         raise ValueError(f"--read-timeout-s must be > 0, got {args.read_timeout_s}")
     hosts = HostRule(args.host, args.port, tuple(args.allow_host))
+    # The flags are checked: now Ray's environment, before anything imports ray.
+    prepare_ray_env(args.address)
+    import ray
+    from transformers import AutoProcessor
+
+    from apbv.serve.admission import Admission, cost_decode_prior, cost_predictor
+    from apbv.serve.app import Server, ServerOptions
+    from apbv.serve.download import MediaStore
+    from apbv.serve.group import RankGroup
+
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = os.path.abspath(cfg.model.path)

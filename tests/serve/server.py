@@ -36,8 +36,10 @@ class ServerProcess:
 
     def __init__(self, model: Path, *flags: str):
         port = free_port()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        # Ray's authentication settings of the test process (or of a test that ran serve's
+        # checks in it) are not the server's: it makes its own.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
                str(model), "--port", str(port), *flags]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
