@@ -3,8 +3,13 @@
 Every rank runs the whole model on the new token (hidden states are replicated). In each layer
 the owning rank appends the token's KV, every rank attends the token to the KV it holds, and the
 H partials are gathered and merged by log-sum-exp: exact attention over the whole prompt and the
-tokens generated so far. The query rank picks the token; it is broadcast so every rank feeds the
-same one.
+tokens generated so far. A step's collectives are those L all-gathers and nothing else: every
+rank merges the very same gathered partials in the same order, so every rank computes the same
+logits and picks the same token itself. The first layer's all-gather carries two more values
+per rank (:class:`DecodeContext`'s ``signal``): the query rank's stop flag, so every rank ends
+at the same step, and the token the rank fed, so ranks that ever disagreed (a kernel that is
+not deterministic, ranks on different hardware) fail loudly instead of merging partials of
+different sequences.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class DecodeContext:
     cache: RankKVCache
     kernel: str | None
     owner: int = QUERY_RANK
+    signal: torch.Tensor | None = None
+    """When set, (S,) fp32 values the next :meth:`attend`'s all-gather carries from this rank
+    (then cleared): control data without a collective of its own."""
+    received: torch.Tensor | None = None
+    """(H, S) fp32: every rank's ``signal`` as the last all-gather that carried one got them."""
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -54,25 +64,49 @@ class DecodeContext:
         keys, values = self.cache.layer(layer)
         out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
                                      backend=self.kernel)
-        gathered = comm.all_gather(pack_partial(out, lse), self.info.group)  # (H, T, Hq, D+1)
+        packed = pack_partial(out, lse)  # (T, Hq, D+1)
+        if self.signal is None:
+            gathered = comm.all_gather(packed, self.info.group)  # (H, T, Hq, D+1)
+        else:  # the signal rides at the end of the partial: still one collective
+            both = comm.all_gather(torch.cat([packed.flatten(), self.signal]), self.info.group)
+            self.received = both[:, packed.numel():]
+            gathered = both[:, :packed.numel()].view(-1, *packed.shape)
+            self.signal = None
         return merge_packed(gathered)[0].to(q.dtype)
 
 
 STOP = -1
-"""What the query rank broadcasts instead of a token id when its ``stop`` says so: every rank
-ends the decode at the same step."""
+"""What a decode step yields instead of a token id when the query rank's ``stop`` said so: every
+rank ends the decode at the same step."""
+
+DIVERGED = -2
+"""What a decode step yields when the ranks fed it different tokens (see the module's doc)."""
 
 
 @torch.inference_mode()
-def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
-               stop: bool = False) -> torch.Tensor:
-    """Greedy choice on the query rank (or :data:`STOP` when ``stop`` there), broadcast to
-    every rank: a (1,) int64 tensor on the logits' device, never read back here (see
-    :func:`host_token`)."""
+def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Greedy choice on the query rank, broadcast to every rank: a (1,) int64 tensor on the
+    logits' device, never read back here (see :func:`host_token`). For the prompt's first
+    token, whose logits only the query rank computes whole; decode steps need no broadcast
+    (:func:`step_token`)."""
+    return comm.broadcast(torch.argmax(logits).view(1), src=QUERY_RANK, group=group)
+
+
+def step_signal(device: torch.device) -> torch.Tensor:
+    """The (2,) fp32 signal a decode step's first all-gather carries from each rank: [stop
+    flag, the token fed] (token ids below 2**24 are exact in fp32)."""
+    return torch.zeros(2, dtype=torch.float32, device=device)
+
+
+@torch.inference_mode()
+def step_token(logits: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+    """A decode step's token, picked on every rank alike from its (vocab,) ``logits`` and the
+    (H, 2) signals of :func:`step_signal` that its all-gather brought: the greedy choice,
+    :data:`STOP` when the query rank's stop flag is set, :data:`DIVERGED` when the ranks fed
+    different tokens. A (1,) int64 tensor on the logits' device, computed there."""
     token = torch.argmax(logits).view(1)
-    if stop:
-        token.fill_(STOP)
-    return comm.broadcast(token, src=QUERY_RANK, group=group)
+    token.masked_fill_(received[QUERY_RANK, 0] > 0, STOP)
+    return token.masked_fill_((received[:, 1] != received[0, 1]).any(), DIVERGED)
 
 
 def host_token(token: torch.Tensor) -> int:
@@ -124,7 +158,9 @@ def greedy_continue(
 
     ``first_token`` is :func:`pick_token`'s (1,) tensor, ``first_id`` its value. The fed token
     stays on the device from step to step (the positions too: one tensor, advanced in place);
-    each step reads back only its new token (:func:`host_token`).
+    each step reads back only its new token (:func:`host_token`). A step's only collectives
+    are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
+    fed different tokens raise RuntimeError, on every rank at the same step.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
@@ -132,6 +168,7 @@ def greedy_continue(
     ctx = DecodeContext(info, cache, kernel)
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
+    signal = step_signal(token.device)
 
     def ended() -> str | None:
         if tokens[-1] in eos or (stop_texts and cut_at_stop(
@@ -140,13 +177,22 @@ def greedy_continue(
         return "length" if len(tokens) >= max_new_tokens else None
 
     while (reason := ended()) is None:
+        if stop is not None and info.rank == QUERY_RANK and stop():
+            signal[0].fill_(1.0)  # this step's token is not used: every rank ends with it
+        signal[1:].copy_(token)
+        ctx.signal = signal
         logits = decode_step(qwen, token.view(1, 1), positions, ctx)
+        assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
         positions.add_(1)
-        token = pick_token(logits, info.group,
-                           stop is not None and info.rank == QUERY_RANK and stop())
+        token = step_token(logits, ctx.received)
         tokens.append(host_token(token))
         if tokens[-1] == STOP:
             return tokens[:-1], "cancelled"
+        if tokens[-1] == DIVERGED:
+            raise RuntimeError(
+                f"the ranks fed different tokens to decode step {len(tokens) - 1} (their "
+                "logits differed: a kernel that is not deterministic, or ranks on different "
+                "hardware or dtypes); greedy decode needs every rank to pick the same token")
         if on_token is not None:
             on_token(tokens[-1])
     return tokens, reason
