@@ -492,6 +492,8 @@ class Stream:
         start = self.max_position + 1
         try:
             with torch.inference_mode():
+                if info.rank == QUERY_RANK:  # the owner of the question's and answer's rows
+                    self.cache.make_room(len(rows) + reserve)
                 with timer.stage("prefill"):
                     positions = torch.arange(start, start + len(rows)).expand(3, 1, -1)
                     hidden = self._feed(qwen.embed(rows.unsqueeze(0)), positions,
