@@ -52,6 +52,11 @@ class DecodeContext:
     (then cleared): control data without a collective of its own."""
     received: torch.Tensor | None = None
     """(H, S) fp32: every rank's ``signal`` as the last all-gather that carried one got them."""
+    length: torch.Tensor | None = None
+    """When set, (1,) int64 on the device: the owner's cached rows before this step, and the
+    step is capturable (:mod:`apbv.engine.decode_graph`): the owner writes the new rows' KV
+    at that row of its preallocated buffers and attends over the whole buffers masked to
+    the valid rows, so no shape or address depends on the count."""
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -59,11 +64,17 @@ class DecodeContext:
         mine = self.info.rank == self.owner
         if not self.cache.holds(layer):  # a stream's rank that holds nothing yet
             self.cache.store(layer, k[:, :0], v[:, :0])
-        if mine:
-            self.cache.append(layer, k, v)
-        keys, values = self.cache.layer(layer)
-        out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
-                                     backend=self.kernel)
+        if mine and self.length is not None:  # one row: it sees every valid key
+            keys, values = self.cache.buffers(layer)
+            keys.index_copy_(1, self.length, k)
+            values.index_copy_(1, self.length, v)
+            out, lse = kernels.attention_upto(q, keys, values, self.length + 1, scale)
+        else:
+            if mine:
+                self.cache.append(layer, k, v)
+            keys, values = self.cache.layer(layer)
+            out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
+                                         backend=self.kernel)
         packed = pack_partial(out, lse)  # (T, Hq, D+1)
         if self.signal is None:
             gathered = comm.all_gather(packed, self.info.group)  # (H, T, Hq, D+1)
@@ -148,6 +159,7 @@ def greedy_continue(
     on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     stop_texts: Sequence[str] = (),
+    graphs: bool = False,
 ) -> tuple[list[int], str]:
     """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
     the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
@@ -160,7 +172,9 @@ def greedy_continue(
     stays on the device from step to step (the positions too: one tensor, advanced in place);
     each step reads back only its new token (:func:`host_token`). A step's only collectives
     are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
-    fed different tokens raise RuntimeError, on every rank at the same step.
+    fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
+    steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
+    rank alike), the cache's reservation taking the new rows in place.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
@@ -169,6 +183,14 @@ def greedy_continue(
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
     signal = step_signal(token.device)
+    graph = None
+    if graphs:  # imported here: decode_graph builds on this module
+        from apbv.engine.decode_graph import GraphStep
+
+        assert info.rank != QUERY_RANK or cache.room() >= max_new_tokens - 1, (
+            f"{cache.room()} reserved KV rows for {max_new_tokens - 1} decode steps")
+        graph = GraphStep(qwen, ctx, token.device)
+    first = True
 
     def ended() -> str | None:
         if tokens[-1] in eos or (stop_texts and cut_at_stop(
@@ -180,11 +202,20 @@ def greedy_continue(
         if stop is not None and info.rank == QUERY_RANK and stop():
             signal[0].fill_(1.0)  # this step's token is not used: every rank ends with it
         signal[1:].copy_(token)
-        ctx.signal = signal
-        logits = decode_step(qwen, token.view(1, 1), positions, ctx)
-        assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
+        if graph is not None and not first:
+            token = graph.run(token, positions, signal, cache.num_tokens())[0]
+            if info.rank == QUERY_RANK:
+                cache.extend(1)
+        else:
+            fed, mark = token, cache.lengths()
+            token, logits = _eager_step(qwen, fed, positions, signal, ctx)
+            if graph is not None:  # the first step: the captured one must agree with it
+                graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
+                if graph is None:  # its row's KV is the graph's: redo the step eagerly
+                    cache.truncate(mark)
+                    token, _ = _eager_step(qwen, fed, positions, signal, ctx)
+        first = False
         positions.add_(1)
-        token = step_token(logits, ctx.received)
         tokens.append(host_token(token))
         if tokens[-1] == STOP:
             return tokens[:-1], "cancelled"
@@ -196,6 +227,43 @@ def greedy_continue(
         if on_token is not None:
             on_token(tokens[-1])
     return tokens, reason
+
+
+def _eager_step(qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+                signal: torch.Tensor,
+                ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor and
+    logits."""
+    ctx.signal = signal
+    logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
+    assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
+    return step_token(logits, ctx.received), logits
+
+
+def _try_graph(graph: Any, qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+               signal: torch.Tensor, eager_logits: torch.Tensor, mark: tuple[int, ...],
+               info: DistInfo) -> Any:
+    """The first step again as the captured step, over the rows the eager one had: the
+    :class:`~apbv.engine.decode_graph.GraphStep` when every rank captured it and its logits
+    agree with the eager ones on every rank (the row it wrote is then counted), else None
+    (with a warning). Two small collectives, once per decode."""
+    from apbv.engine.decode_graph import agrees, fall_back
+
+    cache = graph.ctx.cache
+    cache.truncate(mark)
+    graph.load(fed, positions, signal, cache.num_tokens())
+    failed = graph.capture()
+    if comm.any_rank(failed is not None, info.group):  # before a replay's collectives
+        fall_back(failed or "another rank's capture failed")
+        return None
+    _, logits = graph.replay()
+    ok, why = agrees(logits, eager_logits, qwen.dtype, info.group)
+    if not ok:
+        fall_back(why)
+        return None
+    if info.rank == QUERY_RANK:
+        cache.extend(1)
+    return graph
 
 
 def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:

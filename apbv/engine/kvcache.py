@@ -56,6 +56,7 @@ class RankKVCache:
         t = sum(end - start for start, end in runs)
         buf_k = self._k[layer] = k.new_empty(b, t + self.reserve, h, d)
         buf_v = self._v[layer] = v.new_empty(b, t + self.reserve, h, d)
+        buf_k[:, t:], buf_v[:, t:] = 0, 0  # finite: a captured step reads them masked
         at = 0
         for start, end in runs:
             buf_k[:, at : at + end - start] = k[:, start:end]
@@ -86,17 +87,39 @@ class RankKVCache:
         return k.shape[1]
 
     def _grow(self, layer: int, rows: int) -> None:
-        """Reallocate ``layer``'s buffers with ``rows`` more rows, the cached ones copied."""
+        """Reallocate ``layer``'s buffers with ``rows`` more rows (zeros), the cached ones
+        copied."""
         buf_k, buf_v = self._k[layer], self._v[layer]
         assert buf_k is not None and buf_v is not None
-        self._k[layer] = torch.cat([buf_k, buf_k.new_empty(1, rows, *buf_k.shape[2:])], dim=1)
-        self._v[layer] = torch.cat([buf_v, buf_v.new_empty(1, rows, *buf_v.shape[2:])], dim=1)
+        self._k[layer] = torch.cat([buf_k, buf_k.new_zeros(1, rows, *buf_k.shape[2:])], dim=1)
+        self._v[layer] = torch.cat([buf_v, buf_v.new_zeros(1, rows, *buf_v.shape[2:])], dim=1)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached (1, T, Hkv, D) keys and values of ``layer`` (views, no copy)."""
         k, v, n = self._k[layer], self._v[layer], self._len[layer]
         assert k is not None and v is not None, f"layer {layer} has no cached KV"
         return k[:, :n], v[:, :n]
+
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole (1, capacity, Hkv, D) key and value buffers of ``layer``: its cached rows,
+        then the room for appends (a captured decode step writes there in place; then
+        :meth:`extend`)."""
+        k, v = self._k[layer], self._v[layer]
+        assert k is not None and v is not None, f"layer {layer} has no cached KV"
+        return k, v
+
+    def room(self) -> int:
+        """Rows every stored layer can still take without growing."""
+        return min((self._capacity(layer) - n for layer, n in enumerate(self._len)
+                    if self.holds(layer)), default=0)
+
+    def extend(self, rows: int) -> None:
+        """Count ``rows`` more rows of every stored layer as cached: rows written in place
+        into the :meth:`buffers` (by a captured decode step)."""
+        assert 0 <= rows <= self.room(), (rows, self.room())
+        for layer in range(len(self._len)):
+            if self.holds(layer):
+                self._len[layer] += rows
 
     def holds(self, layer: int) -> bool:
         """Whether ``layer`` has been stored (possibly with zero rows)."""
