@@ -3,10 +3,10 @@
 Presets live in apbv/configs/ (shipped in the wheel); the source tree's configs/ points there.
 
 Precedence: command-line overrides > the TOML preset > the defaults below. A TOML file has one
-table per section ([model], [video], [parallel], [attention], [generate], [cache]) whose keys
-are the field names; an override is ``section.key=value`` with the value parsed as TOML
-(``attention.passing_len=256``, ``video.fps=1.0``, ``model.path="/ckpt/Qwen2.5-VL-7B"``, or a
-bare word for a string: ``attention.mode=exact``).
+table per section ([model], [video], [parallel], [attention], [generate], [decode], [cache])
+whose keys are the field names; an override is ``section.key=value`` with the value parsed as
+TOML (``attention.passing_len=256``, ``video.fps=1.0``, ``model.path="/ckpt/Qwen2.5-VL-7B"``,
+or a bare word for a string: ``attention.mode=exact``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
 RESIZE_DEVICES = ("cpu", "cuda")
+DECODE_GRAPHS = ("auto", "on", "off")
+"""Values of decode.graphs (see apbv/engine/decode_graph.py)."""
 _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
@@ -222,6 +224,18 @@ class GenerateConfig:
 
 
 @dataclass
+class DecodeConfig:
+    graphs: str = "auto"
+    """Greedy decode steps captured in a CUDA graph and replayed per token (the first step
+    checked against the eager one, eager again if they differ): auto = on for CUDA ranks
+    with the nccl backend or one rank, off otherwise (the CPU always decodes eagerly); on
+    (refused where it cannot work); off."""
+
+    def __post_init__(self) -> None:
+        _one_of("decode.graphs", self.graphs, DECODE_GRAPHS)
+
+
+@dataclass
 class CacheConfig:
     vision_gb: float = 0.0
     """Vision embeddings kept per rank for reuse, in GiB (0: off): a later request about the
@@ -292,6 +306,7 @@ class RuntimeConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
 

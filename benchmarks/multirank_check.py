@@ -15,6 +15,10 @@ GPU, so H ranks can share ``cuda:0``. Parts (``--parts``, default all):
   gloo) answering the official ``openai`` client (on the CPU: ``--gpus-per-rank 0``).
 - ``nccl``: a 1-rank NCCL group: the object collectives from a fresh thread, as Ray calls them
   (which device the thread is on), and a layer loop's ``wait()`` against ``wait(timeout)``.
+- ``graphs``: ``decode.graphs`` on one rank (the trained tiny checkpoint, fp32 and bf16): the
+  decode stage's seconds per token with the captured step against eager, the captured step
+  accepted at its first-step check, and in fp32 the same tokens (CUDA only: skipped on the
+  CPU, which always decodes eagerly).
 
     python benchmarks/multirank_check.py --device cuda:0 --world-sizes 2,4
     python benchmarks/multirank_check.py --device cpu --world-sizes 2 --parts op,engine   # CI
@@ -43,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from apbv.distributed import DistInfo, spawn_local  # noqa: E402
 
-PARTS = ("op", "engine", "serve", "nccl")
+PARTS = ("op", "engine", "serve", "nccl", "graphs")
 OP_MODES = ("spava", "exact", "zigzag_ring", "star", "apb", "no_overlap")
 NEW_TOKENS = 8
 
@@ -297,6 +301,56 @@ def check_nccl(device: str, layers: int = 28) -> list[str]:
     return [] if ok else ["nccl"]
 
 
+# --- graphs -----------------------------------------------------------------------------------
+
+def _graphs_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
+    """The needle request decoded eagerly, then with the captured step, on this one rank."""
+    from apbv.assets import needle_tiny
+    from apbv.config import load_config
+    from apbv.demo import NEEDLE, needle_sample
+    from apbv.engine.engine import Engine
+    from apbv.engine.request import Request
+
+    cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}", f"model.dtype={dtype!r}",
+                                   "decode.graphs=auto"])
+    sample = needle_sample(dict(NEEDLE, tokens=tokens))
+    engine = Engine(cfg, info)
+    out: dict[str, Any] = {"resolved": engine.decode_graphs, "why": engine.decode_graphs_why}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for graphs in (False, True):
+            engine.decode_graphs = graphs
+            runs = [engine.generate(Request(video=sample.video(), question=sample.question,
+                                            mode="spava", max_new_tokens=NEW_TOKENS))
+                    for _ in range(2)]  # the first warms up
+            steps = max(1, len(runs[1].token_ids) - 1)
+            name = "graph" if graphs else "eager"
+            out[name] = {"tokens": runs[1].token_ids,
+                         "s_per_token": runs[1].seconds.get("decode", 0.0) / steps}
+    out["warnings"] = [str(w.message) for w in caught if "decode.graphs" in str(w.message)]
+    return out
+
+
+def check_graphs(device: str, tokens: int) -> list[str]:
+    if not device.startswith("cuda"):
+        _say("graphs", "skipped: CUDA graphs need a CUDA device (decode on the CPU is always "
+                       "eager)")
+        return []
+    failures = []
+    for dtype in ("float32", "bfloat16"):
+        r = spawn_local(_graphs_job, 1, (dtype, tokens), device=device, timeout_s=600)[0]
+        same = r["graph"]["tokens"] == r["eager"]["tokens"]
+        ok = r["resolved"] and not r["warnings"] and (same or dtype != "float32")
+        _say("graphs", f"1 rank {device} {dtype}: {'OK' if ok else 'FAILED'}; auto resolved "
+                       f"{r['resolved']} ({r['why']}); decode s/token graph "
+                       f"{r['graph']['s_per_token']:.5f} (one capture included) against eager "
+                       f"{r['eager']['s_per_token']:.5f}; same tokens {same}; fell back: "
+                       f"{r['warnings'] or 'no'}")
+        if not ok:
+            failures.append(f"graphs {dtype}")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu",
@@ -326,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
                 failures += check_engine(args.device, h, args.tokens)
         elif part == "serve":
             failures += check_serve(args.device)
-        else:
+        elif part == "nccl":
             failures += check_nccl(args.device)
+        else:
+            failures += check_graphs(args.device, args.tokens)
         _say(part, f"{time.perf_counter() - t0:.1f} s")
     named = ": " + ", ".join(failures) if failures else ""
     print(f"multirank_check: {len(failures)} failed{named}")

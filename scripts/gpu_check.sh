@@ -7,8 +7,9 @@
 #   3. benchmarks/multirank_check.py: every multi-rank path on the one GPU: the op on H=2 and 4
 #      gloo ranks all on cuda:0 against the oracle, the engine end to end on those ranks, apbv
 #      serve --world-size 2 --gpus-per-rank 0.5 answering the openai client, and a 1-rank NCCL
-#      group (object collectives from a worker thread, wait() against wait(timeout)).
-#      MULTIRANK_PARTS (op,engine,serve,nccl) and MULTIRANK_SIZES (2,4) choose what runs.
+#      group (object collectives from a worker thread, wait() against wait(timeout)), and the
+#      CUDA-graph decode step against eager (seconds per token; decode.graphs).
+#      MULTIRANK_PARTS (op,engine,serve,nccl,graphs) and MULTIRANK_SIZES (2,4) choose what runs.
 #
 # It runs with the Python of a bare CUDA PyTorch image (torch and transformers; no flash-attn,
 # decord or qwen-vl-utils needed): PYTHON=... picks the interpreter (default: python3). Wheels
@@ -89,12 +90,14 @@ if ! step 3; then
     :
 elif [ "$cuda" = 1 ]; then
     timeout 420 "$PY" benchmarks/multirank_check.py --device cuda:0 \
-        --world-sizes "${MULTIRANK_SIZES:-2,4}" --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl}" \
+        --world-sizes "${MULTIRANK_SIZES:-2,4}" \
+        --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl,graphs}" \
         || status=1
 else
     echo "gpu_check: $nocuda: the same check on the CPU, H=${MULTIRANK_SIZES:-2}"
     OMP_NUM_THREADS=1 timeout 420 "$PY" benchmarks/multirank_check.py --device cpu \
-        --world-sizes "${MULTIRANK_SIZES:-2}" --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl}" \
+        --world-sizes "${MULTIRANK_SIZES:-2}" \
+        --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl,graphs}" \
         --tokens 2048 || status=1
 fi
 exit $status

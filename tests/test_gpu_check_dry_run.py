@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_dry_run_on_the_cpu():
     env = dict(os.environ, APBV_DRY_RUN="1", PYTHON=sys.executable, GPU_CHECK_STEPS="1 3",
-               MULTIRANK_PARTS="op,engine,nccl", WHEELS="no-wheels-here")
+               MULTIRANK_PARTS="op,engine,nccl,graphs", WHEELS="no-wheels-here")
     out = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     log = out.stdout + out.stderr
@@ -26,4 +26,5 @@ def test_gpu_check_dry_run_on_the_cpu():
     engine = [line for line in log.splitlines() if line.startswith("[engine] H=2 cpu float32")]
     assert len(engine) == 1 and ": OK; ranks agree True" in engine[0], log
     assert "[nccl] skipped: NCCL needs a CUDA device" in log, log
+    assert "[graphs] skipped: CUDA graphs need a CUDA device" in log, log
     assert "multirank_check: 0 failed" in log, log

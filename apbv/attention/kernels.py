@@ -136,6 +136,26 @@ def attention(
     return _sdpa(q, k, v, causal, scale)
 
 
+def attention_upto(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention` without a mask of the rows q (B, Tq, Hq, D) over the first ``valid``
+    keys of k/v (B, C, Hkv, D), ``valid`` a (1,) int64 tensor on their device: the shapes do
+    not depend on the count, so the call can be captured in a CUDA graph over preallocated
+    buffers (a decode step). fp32 scores, grouped query heads as a view (no K/V repeat); at
+    least one key must be valid. Returns out (B, Tq, Hq, D) in q's dtype, lse (B, Hq, Tq)."""
+    b, tq, hq, d = q.shape
+    c, hkv = k.shape[1], k.shape[2]
+    qg = q.float().view(b, tq, hkv, hq // hkv, d)
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k.float()) * scale  # (B, Hkv, G, Tq, C)
+    hidden = torch.arange(c, device=k.device) >= valid
+    scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float()).reshape(b, tq, hq, d)
+    return out.to(q.dtype), lse.reshape(b, hq, tq)
+
+
 def _no_keys(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, tq, hq, _ = q.shape
     lse = torch.full((b, hq, tq), float("-inf"), dtype=torch.float32, device=q.device)

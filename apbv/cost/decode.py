@@ -2,8 +2,10 @@
 
 Every rank runs the whole model on each new token (hidden states are replicated); in each
 layer it reads the layer's weights and the KV it holds, the H (out, lse) partials are
-all-gathered (the one collective of a layer) and merged, and after the last layer the lm_head
-gives the logits whose argmax the query rank broadcasts. Per token, with L layers, W_l the
+all-gathered (the one collective of a layer, and of a step: every rank picks the same token
+from the same merged partials, and the query rank's stop flag rides along the first layer's
+gather) and merged, and after the last layer the lm_head gives the logits and their argmax.
+Per token, with L layers, W_l the
 bytes of a layer's linear weights, S_r the tokens whose KV rank r holds (its anchor share and
 blocks; the query rank also the query and the answer so far), kv the bytes of one token's K
 and V in one layer (2 * Hkv * D * dtype), B the memory bandwidth:
@@ -12,7 +14,7 @@ and V in one layer (2 * Hkv * D * dtype), B the memory bandwidth:
                  + max_r max(S_r * kv / B, attention FLOPs of S_r keys)
                  + merge of H fp32 partials (H * Hq * (D + 1) * 4 bytes, read and written)
     layer        = host(device_layer + collective((H - 1) * Hq * (D + 1) * 4 bytes), overhead)
-    token        = L * layer + roofline(lm_head, 1 row) + argmax + collective(8 bytes)
+    token        = L * layer + roofline(lm_head, 1 row) + argmax
 
 ``host(device, overhead)`` is :meth:`Machine.host`: max of the two where the host runs ahead of
 the device (GPUs), their sum on CPUs; the overhead is the calibrated per-layer host time
@@ -40,7 +42,7 @@ def decode_step_s(dims: ModelDims, m: Machine, held: list[int], world_size: int)
     gather = m.collective((world_size - 1) * partial, world_size)
     layer = m.host(weights + kv + merge + gather, m.hw.layer_overhead_s)
     head = m.matmuls(1, [(dims.hidden, dims.vocab)]) + m.mem(4 * dims.vocab)
-    return dims.layers * layer + head + m.collective(8, world_size)
+    return dims.layers * layer + head
 
 
 def decode_s(dims: ModelDims, m: Machine, cached: list[int], answer_tokens: int,

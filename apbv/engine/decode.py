@@ -3,8 +3,13 @@
 Every rank runs the whole model on the new token (hidden states are replicated). In each layer
 the owning rank appends the token's KV, every rank attends the token to the KV it holds, and the
 H partials are gathered and merged by log-sum-exp: exact attention over the whole prompt and the
-tokens generated so far. The query rank picks the token; it is broadcast so every rank feeds the
-same one.
+tokens generated so far. A step's collectives are those L all-gathers and nothing else: every
+rank merges the very same gathered partials in the same order, so every rank computes the same
+logits and picks the same token itself. The first layer's all-gather carries two more values
+per rank (:class:`DecodeContext`'s ``signal``): the query rank's stop flag, so every rank ends
+at the same step, and the token the rank fed, so ranks that ever disagreed (a kernel that is
+not deterministic, ranks on different hardware) fail loudly instead of merging partials of
+different sequences.
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ class DecodeContext:
     cache: RankKVCache
     kernel: str | None
     owner: int = QUERY_RANK
+    signal: torch.Tensor | None = None
+    """When set, (S,) fp32 values the next :meth:`attend`'s all-gather carries from this rank
+    (then cleared): control data without a collective of its own."""
+    received: torch.Tensor | None = None
+    """(H, S) fp32: every rank's ``signal`` as the last all-gather that carried one got them."""
+    length: torch.Tensor | None = None
+    """When set, (1,) int64 on the device: the owner's cached rows before this step, and the
+    step is capturable (:mod:`apbv.engine.decode_graph`): the owner writes the new rows' KV
+    at that row of its preallocated buffers and attends over the whole buffers masked to
+    the valid rows, so no shape or address depends on the count."""
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -49,30 +64,60 @@ class DecodeContext:
         mine = self.info.rank == self.owner
         if not self.cache.holds(layer):  # a stream's rank that holds nothing yet
             self.cache.store(layer, k[:, :0], v[:, :0])
-        if mine:
-            self.cache.append(layer, k, v)
-        keys, values = self.cache.layer(layer)
-        out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
-                                     backend=self.kernel)
-        gathered = comm.all_gather(pack_partial(out, lse), self.info.group)  # (H, T, Hq, D+1)
+        if mine and self.length is not None:  # one row: it sees every valid key
+            keys, values = self.cache.buffers(layer)
+            keys.index_copy_(1, self.length, k)
+            values.index_copy_(1, self.length, v)
+            out, lse = kernels.attention_upto(q, keys, values, self.length + 1, scale)
+        else:
+            if mine:
+                self.cache.append(layer, k, v)
+            keys, values = self.cache.layer(layer)
+            out, lse = kernels.attention(q, keys, values, causal=mine, scale=scale,
+                                         backend=self.kernel)
+        packed = pack_partial(out, lse)  # (T, Hq, D+1)
+        if self.signal is None:
+            gathered = comm.all_gather(packed, self.info.group)  # (H, T, Hq, D+1)
+        else:  # the signal rides at the end of the partial: still one collective
+            both = comm.all_gather(torch.cat([packed.flatten(), self.signal]), self.info.group)
+            self.received = both[:, packed.numel():]
+            gathered = both[:, :packed.numel()].view(-1, *packed.shape)
+            self.signal = None
         return merge_packed(gathered)[0].to(q.dtype)
 
 
 STOP = -1
-"""What the query rank broadcasts instead of a token id when its ``stop`` says so: every rank
-ends the decode at the same step."""
+"""What a decode step yields instead of a token id when the query rank's ``stop`` said so: every
+rank ends the decode at the same step."""
+
+DIVERGED = -2
+"""What a decode step yields when the ranks fed it different tokens (see the module's doc)."""
 
 
 @torch.inference_mode()
-def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
-               stop: bool = False) -> torch.Tensor:
-    """Greedy choice on the query rank (or :data:`STOP` when ``stop`` there), broadcast to
-    every rank: a (1,) int64 tensor on the logits' device, never read back here (see
-    :func:`host_token`)."""
+def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Greedy choice on the query rank, broadcast to every rank: a (1,) int64 tensor on the
+    logits' device, never read back here (see :func:`host_token`). For the prompt's first
+    token, whose logits only the query rank computes whole; decode steps need no broadcast
+    (:func:`step_token`)."""
+    return comm.broadcast(torch.argmax(logits).view(1), src=QUERY_RANK, group=group)
+
+
+def step_signal(device: torch.device) -> torch.Tensor:
+    """The (2,) fp32 signal a decode step's first all-gather carries from each rank: [stop
+    flag, the token fed] (token ids below 2**24 are exact in fp32)."""
+    return torch.zeros(2, dtype=torch.float32, device=device)
+
+
+@torch.inference_mode()
+def step_token(logits: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+    """A decode step's token, picked on every rank alike from its (vocab,) ``logits`` and the
+    (H, 2) signals of :func:`step_signal` that its all-gather brought: the greedy choice,
+    :data:`STOP` when the query rank's stop flag is set, :data:`DIVERGED` when the ranks fed
+    different tokens. A (1,) int64 tensor on the logits' device, computed there."""
     token = torch.argmax(logits).view(1)
-    if stop:
-        token.fill_(STOP)
-    return comm.broadcast(token, src=QUERY_RANK, group=group)
+    token.masked_fill_(received[QUERY_RANK, 0] > 0, STOP)
+    return token.masked_fill_((received[:, 1] != received[0, 1]).any(), DIVERGED)
 
 
 def host_token(token: torch.Tensor) -> int:
@@ -114,6 +159,7 @@ def greedy_continue(
     on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     stop_texts: Sequence[str] = (),
+    graphs: bool = False,
 ) -> tuple[list[int], str]:
     """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
     the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
@@ -124,7 +170,11 @@ def greedy_continue(
 
     ``first_token`` is :func:`pick_token`'s (1,) tensor, ``first_id`` its value. The fed token
     stays on the device from step to step (the positions too: one tensor, advanced in place);
-    each step reads back only its new token (:func:`host_token`).
+    each step reads back only its new token (:func:`host_token`). A step's only collectives
+    are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
+    fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
+    steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
+    rank alike), the cache's reservation taking the new rows in place.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
@@ -132,6 +182,15 @@ def greedy_continue(
     ctx = DecodeContext(info, cache, kernel)
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
+    signal = step_signal(token.device)
+    graph = None
+    if graphs:  # imported here: decode_graph builds on this module
+        from apbv.engine.decode_graph import GraphStep
+
+        assert info.rank != QUERY_RANK or cache.room() >= max_new_tokens - 1, (
+            f"{cache.room()} reserved KV rows for {max_new_tokens - 1} decode steps")
+        graph = GraphStep(qwen, ctx, token.device)
+    first = True
 
     def ended() -> str | None:
         if tokens[-1] in eos or (stop_texts and cut_at_stop(
@@ -140,16 +199,71 @@ def greedy_continue(
         return "length" if len(tokens) >= max_new_tokens else None
 
     while (reason := ended()) is None:
-        logits = decode_step(qwen, token.view(1, 1), positions, ctx)
+        if stop is not None and info.rank == QUERY_RANK and stop():
+            signal[0].fill_(1.0)  # this step's token is not used: every rank ends with it
+        signal[1:].copy_(token)
+        if graph is not None and not first:
+            token = graph.run(token, positions, signal, cache.num_tokens())[0]
+            if info.rank == QUERY_RANK:
+                cache.extend(1)
+        else:
+            fed, mark = token, cache.lengths()
+            token, logits = _eager_step(qwen, fed, positions, signal, ctx)
+            if graph is not None:  # the first step: the captured one must agree with it
+                graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
+                if graph is None:  # its row's KV is the graph's: redo the step eagerly
+                    cache.truncate(mark)
+                    token, _ = _eager_step(qwen, fed, positions, signal, ctx)
+        first = False
         positions.add_(1)
-        token = pick_token(logits, info.group,
-                           stop is not None and info.rank == QUERY_RANK and stop())
         tokens.append(host_token(token))
         if tokens[-1] == STOP:
             return tokens[:-1], "cancelled"
+        if tokens[-1] == DIVERGED:
+            raise RuntimeError(
+                f"the ranks fed different tokens to decode step {len(tokens) - 1} (their "
+                "logits differed: a kernel that is not deterministic, or ranks on different "
+                "hardware or dtypes); greedy decode needs every rank to pick the same token")
         if on_token is not None:
             on_token(tokens[-1])
     return tokens, reason
+
+
+def _eager_step(qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+                signal: torch.Tensor,
+                ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor and
+    logits."""
+    ctx.signal = signal
+    logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
+    assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
+    return step_token(logits, ctx.received), logits
+
+
+def _try_graph(graph: Any, qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+               signal: torch.Tensor, eager_logits: torch.Tensor, mark: tuple[int, ...],
+               info: DistInfo) -> Any:
+    """The first step again as the captured step, over the rows the eager one had: the
+    :class:`~apbv.engine.decode_graph.GraphStep` when every rank captured it and its logits
+    agree with the eager ones on every rank (the row it wrote is then counted), else None
+    (with a warning). Two small collectives, once per decode."""
+    from apbv.engine.decode_graph import agrees, fall_back
+
+    cache = graph.ctx.cache
+    cache.truncate(mark)
+    graph.load(fed, positions, signal, cache.num_tokens())
+    failed = graph.capture()
+    if comm.any_rank(failed is not None, info.group):  # before a replay's collectives
+        fall_back(failed or "another rank's capture failed")
+        return None
+    _, logits = graph.replay()
+    ok, why = agrees(logits, eager_logits, qwen.dtype, info.group)
+    if not ok:
+        fall_back(why)
+        return None
+    if info.rank == QUERY_RANK:
+        cache.extend(1)
+    return graph
 
 
 def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:

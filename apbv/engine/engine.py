@@ -38,6 +38,7 @@ from apbv.cost import (
 )
 from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
+from apbv.engine.decode_graph import resolve_graphs
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import cancelled_here, raise_if_any_failed, run_prompt
 from apbv.engine.stream import Stream, StreamSpec
@@ -75,6 +76,9 @@ class Engine:
         if cfg.video.resize_device == "cuda" and info.device.type != "cuda":
             raise ValueError(f"video.resize_device=cuda needs ranks on CUDA devices; this rank "
                              f"runs on {info.device.type} (use video.resize_device=cpu)")
+        self.decode_graphs, self.decode_graphs_why = resolve_graphs(
+            cfg.decode.graphs, info.device, info.backend, info.world_size)
+        """Whether greedy decode replays a captured step (``decode.graphs``), and why."""
         self.cfg = cfg
         self.info = info
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
@@ -283,4 +287,5 @@ class Engine:
                 error = exc
             error = error or cancelled_here(stop, self.info, "the vision tower")
             raise_if_any_failed(error, group)
-        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop)
+        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop,
+                          graphs=self.decode_graphs)

@@ -32,7 +32,9 @@ class RankKVCache:
     """Per-layer (1, T_owned, Hkv, D) keys and values of the tokens this rank owns.
 
     ``reserve`` extra rows per layer are allocated up front for the tokens decode will append,
-    so appending copies one token, not the whole cache.
+    so appending copies one token, not the whole cache: the decode's KV goes into buffers
+    allocated before it starts (:meth:`make_room` for a stream's question), and attention
+    reads views of their valid rows (:meth:`layer`).
     """
 
     def __init__(self, num_layers: int, reserve: int = 0):
@@ -54,6 +56,7 @@ class RankKVCache:
         t = sum(end - start for start, end in runs)
         buf_k = self._k[layer] = k.new_empty(b, t + self.reserve, h, d)
         buf_v = self._v[layer] = v.new_empty(b, t + self.reserve, h, d)
+        buf_k[:, t:], buf_v[:, t:] = 0, 0  # finite: a captured step reads them masked
         at = 0
         for start, end in runs:
             buf_k[:, at : at + end - start] = k[:, start:end]
@@ -63,21 +66,60 @@ class RankKVCache:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n, new = self._len[layer], k.shape[1]
+        if n + new > self._capacity(layer):  # past the reservation: grow geometrically
+            self._grow(layer, max(new, self.reserve, 16, n // 2))
         buf_k, buf_v = self._k[layer], self._v[layer]
-        assert buf_k is not None and buf_v is not None, f"layer {layer} has no cached KV"
-        if n + new > buf_k.shape[1]:  # past the reservation: grow geometrically (a stream)
-            grow = max(new, self.reserve, 16, n // 2)
-            buf_k = torch.cat([buf_k, buf_k.new_empty(1, grow, *buf_k.shape[2:])], dim=1)
-            buf_v = torch.cat([buf_v, buf_v.new_empty(1, grow, *buf_v.shape[2:])], dim=1)
-            self._k[layer], self._v[layer] = buf_k, buf_v
+        assert buf_k is not None and buf_v is not None
         buf_k[:, n : n + new], buf_v[:, n : n + new] = k, v
         self._len[layer] = n + new
+
+    def make_room(self, rows: int) -> None:
+        """Allocate now, at most once per layer, the room for ``rows`` more rows in every
+        stored layer, so that the next ``rows`` appends (a stream's question and its decode)
+        only copy their rows: no buffer is reallocated while a decode runs."""
+        for layer, n in enumerate(self._len):
+            if self.holds(layer) and n + rows > self._capacity(layer):
+                self._grow(layer, n + rows - self._capacity(layer))
+
+    def _capacity(self, layer: int) -> int:
+        k = self._k[layer]
+        assert k is not None, f"layer {layer} has no cached KV"
+        return k.shape[1]
+
+    def _grow(self, layer: int, rows: int) -> None:
+        """Reallocate ``layer``'s buffers with ``rows`` more rows (zeros), the cached ones
+        copied."""
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        assert buf_k is not None and buf_v is not None
+        self._k[layer] = torch.cat([buf_k, buf_k.new_zeros(1, rows, *buf_k.shape[2:])], dim=1)
+        self._v[layer] = torch.cat([buf_v, buf_v.new_zeros(1, rows, *buf_v.shape[2:])], dim=1)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached (1, T, Hkv, D) keys and values of ``layer`` (views, no copy)."""
         k, v, n = self._k[layer], self._v[layer], self._len[layer]
         assert k is not None and v is not None, f"layer {layer} has no cached KV"
         return k[:, :n], v[:, :n]
+
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole (1, capacity, Hkv, D) key and value buffers of ``layer``: its cached rows,
+        then the room for appends (a captured decode step writes there in place; then
+        :meth:`extend`)."""
+        k, v = self._k[layer], self._v[layer]
+        assert k is not None and v is not None, f"layer {layer} has no cached KV"
+        return k, v
+
+    def room(self) -> int:
+        """Rows every stored layer can still take without growing."""
+        return min((self._capacity(layer) - n for layer, n in enumerate(self._len)
+                    if self.holds(layer)), default=0)
+
+    def extend(self, rows: int) -> None:
+        """Count ``rows`` more rows of every stored layer as cached: rows written in place
+        into the :meth:`buffers` (by a captured decode step)."""
+        assert 0 <= rows <= self.room(), (rows, self.room())
+        for layer in range(len(self._len)):
+            if self.holds(layer):
+                self._len[layer] += rows
 
     def holds(self, layer: int) -> bool:
         """Whether ``layer`` has been stored (possibly with zero rows)."""

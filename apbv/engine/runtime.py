@@ -72,13 +72,15 @@ def cancelled_here(stop: Callable[[], bool] | None, info: DistInfo,
 def run_prompt(
     qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
+    *, graphs: bool = False,
 ) -> Result:
     """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
 
     ``request.mode`` picks the plan, the attention overlap and whether the vision work is
     split; the result is the same on every rank. ``on_token`` (every rank) gets each token id
     as soon as it is known, the first one included; ``stop`` (asked on the query rank between
-    decode steps) ends the decode early (:attr:`Result.finish_reason` ``cancelled``).
+    decode steps) ends the decode early (:attr:`Result.finish_reason` ``cancelled``);
+    ``graphs``: decode replays a captured step (:func:`finish_answer`).
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
@@ -138,7 +140,7 @@ def run_prompt(
     tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
@@ -169,14 +171,15 @@ def finish_answer(
     info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (),
+    stop_texts: Sequence[str] = (), graphs: bool = False,
 ) -> tuple[list[int], list[dict] | None, str]:
     """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
     the per-choice table of :class:`Result`, and why the answer ended (its
     ``finish_reason``): the first token (stage ``first_token``), then greedy decode (until
     EOS, a stop text, the length or ``stop``: :func:`greedy_continue`) or the choices' exact
     scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
-    position after the prompt.
+    position after the prompt. ``graphs``: greedy decode replays a captured step
+    (``decode.graphs``, resolved by the engine: :mod:`apbv.engine.decode_graph`).
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
@@ -199,7 +202,8 @@ def finish_answer(
     with timer.stage("decode"):
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
-                                         on_token=on_token, stop=stop, stop_texts=stop_texts)
+                                         on_token=on_token, stop=stop, stop_texts=stop_texts,
+                                         graphs=graphs)
     return tokens, None, finish
 
 

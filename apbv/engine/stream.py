@@ -492,6 +492,8 @@ class Stream:
         start = self.max_position + 1
         try:
             with torch.inference_mode():
+                if info.rank == QUERY_RANK:  # the owner of the question's and answer's rows
+                    self.cache.make_room(len(rows) + reserve)
                 with timer.stage("prefill"):
                     positions = torch.arange(start, start + len(rows)).expand(3, 1, -1)
                     hidden = self._feed(qwen.embed(rows.unsqueeze(0)), positions,
@@ -500,7 +502,8 @@ class Stream:
             tokens, table, finish = finish_answer(
                 qwen, logits, start + len(rows), self.cache, info, timer, choices=choices,
                 choice_ids=choice_ids, max_new_tokens=max_new_tokens, kernel=self.kernel,
-                on_token=on_token, stop=stop, stop_texts=stop_texts)
+                on_token=on_token, stop=stop, stop_texts=stop_texts,
+                graphs=self.engine.decode_graphs)
         finally:
             self.cache.truncate(mark)
         seconds = timer.max_over_ranks(info.group)
@@ -565,7 +568,8 @@ class Stream:
             pixel_values=None, num_frames=TEMPORAL_PATCH_SIZE * t, choice_ids=choice_ids,
             vision_embeds=video[p0 * self.tokens_per_patch:p1 * self.tokens_per_patch]
             .to(qwen.device))
-        return run_prompt(qwen, inputs, request, info, timer, on_token, stop)
+        return run_prompt(qwen, inputs, request, info, timer, on_token, stop,
+                          graphs=self.engine.decode_graphs)
 
     def close(self) -> None:
         """Free this rank's KV and kept embeddings (no collective)."""

@@ -164,6 +164,20 @@ def check_port_free(host: str, port: int) -> None:
                                  f"{host}): {exc.strerror or exc}") from None
 
 
+def _check_decode_graphs(cfg: Any, gpus_per_rank: float, backend: str | None,
+                         world_size: int) -> None:
+    """ValueError, before any rank starts, for ``decode.graphs=on`` where the ranks could not
+    capture a decode step (CPU ranks, gloo between ranks; ``backend`` as
+    :func:`apbv.serve.placement.group_backend` gives it)."""
+    import torch
+
+    from apbv.engine.decode_graph import resolve_graphs
+
+    on_gpu = gpus_per_rank > 0
+    resolve_graphs(cfg.decode.graphs, torch.device("cuda" if on_gpu else "cpu"),
+                   backend or ("nccl" if on_gpu else "gloo"), world_size)
+
+
 def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> float:
     """``--gpus-per-rank`` (checked by :func:`run_server`), or its default for a Ray cluster
     with ``cluster_gpus`` GPUs."""
@@ -197,7 +211,9 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.gpus_per_rank is not None:  # before Ray starts
         check_gpus_per_rank(args.gpus_per_rank)
-        group_backend(cfg.parallel.backend, args.gpus_per_rank)
+        _check_decode_graphs(cfg, args.gpus_per_rank,
+                             group_backend(cfg.parallel.backend, args.gpus_per_rank),
+                             args.world_size)
     if args.max_streams < 0 or args.stream_idle_s <= 0 or \
             (args.stream_memory_gb is not None and args.stream_memory_gb <= 0):
         raise ValueError("--max-streams must be >= 0, --stream-idle-s and --stream-memory-gb "
@@ -243,6 +259,7 @@ def run_server(cfg: Any, args: argparse.Namespace) -> int:
         gpus_per_rank = _gpus_per_rank(cfg, args, ray.cluster_resources().get("GPU", 0))
         use_gpu = gpus_per_rank > 0
         backend = group_backend(cfg.parallel.backend, gpus_per_rank)
+        _check_decode_graphs(cfg, gpus_per_rank, backend, args.world_size)
         groups = [RankGroup(cfg, args.world_size, gpus_per_rank=gpus_per_rank, backend=backend,
                             threads=args.threads_per_rank, env=env)
                   for _ in range(args.replicas)]

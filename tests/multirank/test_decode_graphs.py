@@ -1,0 +1,158 @@
+"""``decode.graphs``: the switch's resolution, and the static decode step a CUDA graph captures.
+
+The capture itself needs a GPU; here the same static step (the owner's KV written in place at
+a device row index, attention over the whole preallocated buffers masked to the valid rows)
+runs uncaptured on 1 and 2 gloo ranks of the tiny model through the graph driver: the first
+step eager, then the static step checked against it, then replayed per token. Its tokens equal
+the eager decode's (one-shot spava and exact, a stream's ask), the cache holds the right rows
+afterwards, and a first step that disagrees, or a capture that fails on one rank, falls
+back to eager on every rank with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from apbv.attention import kernels
+from apbv.config import RuntimeConfig, load_config
+from apbv.distributed import DistInfo, spawn_local
+from apbv.engine import decode_graph
+from apbv.engine.decode_graph import GraphStep, resolve_graphs
+from apbv.engine.engine import Engine
+from apbv.engine.stream import StreamSpec
+
+QUESTION = "Which colour comes after the blue one?"
+NEW_TOKENS = 8
+SIZE, FPS = 56, 2.0
+CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+@pytest.mark.parametrize("setting, device, backend, world, used", [
+    ("auto", CPU, "gloo", 2, False), ("auto", CPU, None, 1, False),
+    ("auto", CUDA, "nccl", 8, True), ("auto", CUDA, "gloo", 2, False),
+    ("auto", CUDA, "gloo", 1, True), ("auto", CUDA, None, 1, True),
+    ("on", CUDA, "nccl", 2, True), ("off", CUDA, "nccl", 8, False), ("off", CPU, None, 1, False)])
+def test_resolution(setting: str, device: torch.device, backend: str | None, world: int,
+                    used: bool) -> None:
+    on, why = resolve_graphs(setting, device, backend, world)
+    assert on is used and why, (on, why)
+    if device.type == "cpu" and setting == "auto":
+        assert "cpu" in why
+    if backend == "gloo" and world > 1 and device.type == "cuda":
+        assert "gloo collectives cannot be captured" in why
+
+
+@pytest.mark.parametrize("device, backend, world, reason", [
+    (CPU, None, 1, "run on cpu"), (CUDA, "gloo", 2, "gloo collectives cannot be captured")])
+def test_on_is_refused_where_capture_cannot_work(device: torch.device, backend: str | None,
+                                                 world: int, reason: str) -> None:
+    with pytest.raises(ValueError, match=f"decode.graphs=on needs CUDA ranks.*{reason}"):
+        resolve_graphs("on", device, backend, world)
+
+
+def test_bad_values_are_refused(tiny_config: RuntimeConfig) -> None:
+    for bad in ("yes", "true", "", "ON"):
+        with pytest.raises(ValueError, match="decode.graphs must be one of auto, on, off"):
+            resolve_graphs(bad, CPU, None, 1)
+        with pytest.raises(ValueError, match="decode.graphs must be one of auto, on, off"):
+            load_config("tiny_cpu", [f"decode.graphs={bad!r}"])
+    assert load_config("qwen2_5_vl_7b_8gpu").decode.graphs == "auto"
+    cfg = load_config("tiny_cpu", [f"model.path={str(tiny_config.model.path)!r}",
+                                   "decode.graphs=on"])
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
+    with pytest.raises(ValueError, match="decode.graphs=on needs CUDA ranks"):
+        Engine(cfg, info)  # refused before the model is loaded
+
+
+def test_attention_upto_equals_attention_over_the_valid_rows() -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 6, 8, generator=g)
+    k, v = torch.randn(1, 12, 2, 8, generator=g), torch.randn(1, 12, 2, 8, generator=g)
+    for valid in (1, 7, 12):
+        want = kernels.attention(q, k[:, :valid], v[:, :valid], causal=True, scale=0.3,
+                                 backend="reference")
+        got = kernels.attention_upto(q, k, v, torch.tensor([valid]), 0.3)
+        for w, x in zip(want, got, strict=True):
+            torch.testing.assert_close(x, w, rtol=1e-6, atol=1e-6)
+
+
+def _graphs_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    engine = Engine(cfg, info)
+    assert not engine.decode_graphs and "cpu" in engine.decode_graphs_why
+    frames = torch.randint(0, 256, (4, 3, SIZE, SIZE), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    stream = engine.open_stream(StreamSpec(height=SIZE, width=SIZE, fps=FPS))
+    stream.append(frames, [i / FPS for i in range(4)])
+    runs = {"n": 0}
+    replay = GraphStep.replay
+
+    def counted(self, *args, **kwargs):
+        runs["n"] += 1
+        return replay(self, *args, **kwargs)
+
+    def answers() -> dict:
+        out = {}
+        for mode in ("spava", "exact"):
+            out[mode] = engine.generate(engine.request(video, QUESTION, mode=mode,
+                                                       max_new_tokens=NEW_TOKENS)).token_ids
+        mark = stream.cache.lengths()
+        out["stream"] = stream.ask(QUESTION, max_new_tokens=NEW_TOKENS).token_ids
+        assert stream.cache.lengths() == mark
+        return out
+
+    eager = answers()
+    GraphStep.replay = counted
+    try:
+        engine.decode_graphs = True  # the static step, uncaptured on the CPU
+        graphed = answers()
+        graph_runs = runs["n"]
+        tolerance = dict(decode_graph.TOLERANCE)
+        decode_graph.TOLERANCE[torch.float32] = -1.0  # no graph can agree
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            refused = answers()
+        decode_graph.TOLERANCE.update(tolerance)
+        capture = GraphStep.capture
+        if info.rank == info.world_size - 1:  # the last rank cannot capture
+            GraphStep.capture = lambda self: "the capture failed: boom"
+        before = runs["n"]
+        with warnings.catch_warnings(record=True) as uncaptured:
+            warnings.simplefilter("always")
+            failed = answers()
+        GraphStep.capture = capture
+    finally:
+        GraphStep.replay = replay
+    return {"eager": eager, "graphed": graphed, "refused": refused, "graph_runs": graph_runs,
+            "refused_runs": before - graph_runs, "failed": failed,
+            "failed_runs": runs["n"] - before,
+            "warnings": [str(w.message) for w in caught],
+            "uncaptured": [str(w.message) for w in uncaptured]}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_static_step_tokens_equal_eager(world_size: int, tiny_config: RuntimeConfig,
+                                        short_video: Path) -> None:
+    per_rank = spawn_local(_graphs_job, world_size, (tiny_config, str(short_video)),
+                           timeout_s=600, collective_timeout_s=120)
+    for rank, r in enumerate(per_rank):
+        assert r["eager"] == per_rank[0]["eager"], rank
+        assert r["graphed"] == r["eager"], (rank, r)
+        assert r["refused"] == r["eager"], (rank, r)
+        steps = sum(len(t) - 1 for t in r["eager"].values())
+        assert steps >= 6, r  # each answer has decode steps to replay
+        # Every step after the first of each answer replays; the first tries once.
+        assert r["graph_runs"] == steps, (r["graph_runs"], steps)
+        answers = sum(len(t) > 1 for t in r["eager"].values())
+        assert r["refused_runs"] == answers, r  # one try each, then eager
+        assert len(r["warnings"]) == answers and all(
+            "decode.graphs: the captured decode step is not used" in w and "max |graph - eager|"
+            in w for w in r["warnings"]), r["warnings"]
+        # A rank whose capture fails: every rank decodes eagerly, nothing replayed.
+        assert r["failed"] == r["eager"] and r["failed_runs"] == 0, (rank, r)
+        why = "boom" if rank == world_size - 1 else "another rank's capture failed"
+        assert len(r["uncaptured"]) == answers and all(why in w for w in r["uncaptured"]), (
+            rank, r["uncaptured"])
