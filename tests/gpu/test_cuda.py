@@ -172,3 +172,22 @@ def test_engine_on_one_cuda_rank_answers_as_on_the_cpu() -> None:
             assert run["answer"].strip() == right, (dtype, mode, run["answer"])
         if dtype == "float32":
             assert runs["exact"]["token_ids"] == cpu["token_ids"], (runs["exact"], cpu)
+
+
+@pytest.mark.skipif(not kernels.flash_available(), reason="flash-attn is not installed")
+def test_flash_attn_interface_returns_the_lse_the_adapter_reads():
+    """The installed flash-attn (FA3's ``flash_attn_interface`` or FA2's ``flash_attn``) still
+    has the call the adapter makes: ``flash_attn_func(q, k, v, softmax_scale=, causal=,
+    return_attn_probs=True)`` returning the output (B, T, H, D) first and the log-sum-exp
+    (B, H, T) second, as the adapter reads them."""
+    module = kernels._flash_module()
+    version = getattr(module, "__version__", "unknown")
+    q = torch.randn(2, 96, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 80, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    result = module.flash_attn_func(q, k, v, softmax_scale=64**-0.5, causal=True,
+                                    return_attn_probs=True)
+    assert isinstance(result, tuple) and len(result) >= 2, (module.__name__, version, result)
+    out, lse = result[0], result[1]
+    assert out.shape == q.shape, (module.__name__, version, out.shape)
+    assert lse.shape == (2, 8, 96), (module.__name__, version, lse.shape)
