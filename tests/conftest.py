@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from apbv.config import RuntimeConfig, load_config
+from apbv.serve.ray_cluster import ENVIRONMENT as RAY_ENVIRONMENT
+
+
+@pytest.fixture(autouse=True)
+def _ray_environment_restored():
+    """A test that runs ``serve``'s start in this process (its refusals, with ``ray.init``
+    replaced) leaves Ray's environment as it found it: a token or auth mode set there would
+    reach the Ray cluster a later test starts in this process, whose ``ray`` read its settings
+    at import."""
+    saved = {name: os.environ.get(name) for name in RAY_ENVIRONMENT}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,9 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 LOOPBACK_IFNAME = "lo"
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+ENVIRONMENT = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME")
+"""The variables :func:`prepare_ray_env` may set or remove in this process."""
 
 log = logging.getLogger("apbv.serve")
 
