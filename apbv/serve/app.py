@@ -137,6 +137,7 @@ class Server:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
             await asyncio.gather(*(asyncio.to_thread(r.group.stop) for r in self.replicas))
+            self.checks.shutdown(wait=False, cancel_futures=True)  # their clients are gone
 
     def stop_downloads(self) -> None:
         """Shutting down: every download ends now (its client gets a 503), none begins."""
