@@ -1,4 +1,4 @@
-"""Command line of apbv.
+"""Command line of apbv: the apbv command, or python -m apbv (the same).
 
     python -m apbv demo                                  # the whole pipeline on 2 CPU ranks
     torchrun --nproc_per_node 8 -m apbv generate --config qwen2_5_vl_7b_8gpu \\
@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from apbv import package_version
 from apbv.eval.data import BENCHMARKS
 from apbv.modes import MODE_NAMES
 
@@ -243,10 +244,22 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prog() -> str:
+    """The command's name as run: ``apbv`` (the console script) or ``python -m apbv``."""
+    return "apbv" if os.path.basename(sys.argv[0] or "") == "apbv" else "python -m apbv"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apbv", description=__doc__.split("\n\n")[0],
+    """The ``apbv`` console script and ``python -m apbv``: parse ``argv`` (default
+    ``sys.argv[1:]``) and run the subcommand; returns the exit status (2: bad input).
+
+    Building the parser imports nothing heavy (torch, transformers, ray, fastapi): each
+    subcommand imports what it needs when it runs, so ``--help`` and ``--version`` are quick.
+    """
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--version", action="version", version=f"apbv {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="answer a question about a video (run under torchrun)")
