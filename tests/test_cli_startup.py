@@ -78,3 +78,11 @@ def test_public_names_still_import() -> None:
     assert callable(apbv_attention) and callable(make_plan) and get_mode("spava") in MODES.values()
     assert isinstance(make_plan(1000, 9, 3), Plan)
     assert set(apbv.__all__) <= set(dir(apbv))
+
+
+def test_version_without_installed_metadata(monkeypatch) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert apbv.package_version() == apbv.__version__
