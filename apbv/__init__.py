@@ -1,9 +1,55 @@
-"""apbv: distributed long-video prefill with APB-V ("Spava") approximate attention."""
+"""apbv: distributed long-video prefill with APB-V ("Spava") approximate attention.
 
-from apbv.attention import apbv_attention
-from apbv.modes import MODES, Mode, get_mode
-from apbv.plan import Plan, make_plan
+The public names are imported on first use (PEP 562), so ``import apbv`` and the command's
+``--help`` and ``--version`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+"""The package's version; pyproject.toml's ``version`` (a test checks they agree)."""
 
-__all__ = ["MODES", "Mode", "Plan", "__version__", "apbv_attention", "get_mode", "make_plan"]
+_LAZY = {
+    "apbv_attention": "apbv.attention",
+    "MODES": "apbv.modes",
+    "Mode": "apbv.modes",
+    "get_mode": "apbv.modes",
+    "Plan": "apbv.plan",
+    "make_plan": "apbv.plan",
+}
+
+if TYPE_CHECKING:
+    from apbv.attention import apbv_attention
+    from apbv.modes import MODES, Mode, get_mode
+    from apbv.plan import Plan, make_plan
+
+__all__ = ["MODES", "Mode", "Plan", "__version__", "apbv_attention", "get_mode", "make_plan",
+           "package_version"]
+
+
+def package_version() -> str:
+    """The installed distribution's version (its metadata), else :data:`__version__` (a checkout
+    run without installing)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("apbv")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (``apbv.apbv_attention`` imports torch)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'apbv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

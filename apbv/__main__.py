@@ -1,4 +1,4 @@
-"""Command line of apbv.
+"""Command line of apbv: the apbv command, or python -m apbv (the same).
 
     python -m apbv demo                                  # the whole pipeline on 2 CPU ranks
     torchrun --nproc_per_node 8 -m apbv generate --config qwen2_5_vl_7b_8gpu \\
@@ -23,7 +23,9 @@ import os
 import sys
 from typing import Any
 
+from apbv import package_version
 from apbv.eval.data import BENCHMARKS
+from apbv.extras import MissingExtra
 from apbv.modes import MODE_NAMES
 
 DEFAULT_FRAME_SIDE = 448
@@ -243,10 +245,23 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prog() -> str:
+    """The command's name as run: ``apbv`` (the console script) or ``python -m apbv``."""
+    return "apbv" if os.path.basename(sys.argv[0] or "") == "apbv" else "python -m apbv"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apbv", description=__doc__.split("\n\n")[0],
+    """The ``apbv`` console script and ``python -m apbv``: parse ``argv`` (default
+    ``sys.argv[1:]``) and run the subcommand; returns the exit status (2: bad input or a
+    missing extra, as one ``error:`` line).
+
+    Building the parser imports nothing heavy (torch, transformers, ray, fastapi): each
+    subcommand imports what it needs when it runs, so ``--help`` and ``--version`` are quick.
+    """
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--version", action="version", version=f"apbv {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="answer a question about a video (run under torchrun)")
@@ -461,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         cfg.plan()  # validate before starting any rank
         return 0 if run_demo(cfg, as_json=args.json) else 1
-    except ValueError as exc:
+    except (ValueError, MissingExtra) as exc:  # a missing extra: one line naming it
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # local ranks (demo): bad input is a ValueError on every rank

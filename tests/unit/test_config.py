@@ -166,7 +166,7 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     when installed elsewhere."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "apbv", src / "apbv",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -187,6 +187,10 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
         for path in checkpoint.iterdir():
             name = f"apbv/assets/needle-tiny/{path.name}"
             assert zf.read(name) == path.read_bytes(), name
+        info = {Path(n).relative_to(Path(n).parts[0]).as_posix(): n for n in zf.namelist()
+                if n.startswith("apbv-") and ".dist-info/" in n}
+        assert zf.read(info["licenses/LICENSE"]) == (ROOT / "LICENSE").read_bytes()
+        assert "apbv = apbv.__main__:main" in zf.read(info["entry_points.txt"]).decode()
         zf.extractall(tmp_path / "site")
     code = ("import apbv.config as c; cfg = c.load_config('tiny_cpu'); "
             "print(c.resolve_preset('tiny_cpu').parent.parent.parent, cfg.video.max_pixels)")
