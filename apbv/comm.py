@@ -121,15 +121,6 @@ def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None = None)
     return x
 
 
-def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = None) -> int:
-    """``value`` from rank ``src`` on every rank (e.g. the sampled token id)."""
-    if not is_distributed():
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=_scalar_device(group))
-    dist.broadcast(t, src=src, group=group)
-    return int(t.item())
-
-
 def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
     """A picklable object from rank ``src`` on every rank (small control data only)."""
     if not is_distributed():

@@ -207,7 +207,8 @@ def greedy_continue(
             if info.rank == QUERY_RANK:
                 cache.extend(1)
         else:
-            fed, mark = token, cache.lengths()
+            fed = token
+            mark = cache.lengths() if graph is not None else ()  # where a fallback goes back to
             token, logits = _eager_step(qwen, fed, positions, signal, ctx)
             if graph is not None:  # the first step: the captured one must agree with it
                 graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)

@@ -280,10 +280,6 @@ class RankGroup:
                 lost[r] = f"did not answer within {timeout_s:g} s"
         return lost
 
-    def lost_ranks(self, timeout_s: float = PING_TIMEOUT_S) -> list[int]:
-        """Ranks whose actor does not answer a ping (dead, or hung past ``timeout_s``)."""
-        return sorted(self.unanswered(timeout_s))
-
     async def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
                        cancel: asyncio.Event | None = None) -> Any:
         """Rank 0's Result for ``request`` handed to every rank; ``on_token`` (in the event

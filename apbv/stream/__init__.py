@@ -3,12 +3,12 @@ samples, resizes and buffers them for the model loop (see :mod:`apbv.stream.sour
 :mod:`apbv.stream.capture`)."""
 
 from apbv.stream.capture import DROP_POLICIES, Capture
+from apbv.stream.push import PushSource
 from apbv.stream.sources import (
     SEGMENT_EXTENSIONS,
     SEGMENT_ORDERS,
     FollowFile,
     Frame,
-    PushSource,
     SegmentDir,
     Source,
     UrlSource,

@@ -30,7 +30,7 @@ from apbv.engine.engine import Engine
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 6
 COLLECTIVES = ("start_all_gather", "all_gather", "all_to_all_rows", "broadcast",
-               "broadcast_int", "broadcast_object", "any_rank", "barrier", "all_reduce_max",
+               "broadcast_object", "any_rank", "barrier", "all_reduce_max",
                "all_gather_ints", "all_gather_object", "first_failure")
 
 
