@@ -230,7 +230,7 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
     prints to ``out``). Returns 0 when the stream ended normally, 1 when it ended with an
     error (printed). A source that cannot be opened is a ValueError before any work."""
     from apbv.engine.runtime import raise_if_any_failed
-    from apbv.engine.stream import StreamSpec
+    from apbv.engine.stream_spec import StreamSpec
 
     group, lead = info.group, info.rank == 0
     out = out or sys.stdout

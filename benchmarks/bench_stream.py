@@ -67,7 +67,7 @@ def _log(info: DistInfo, text: str) -> None:
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[str, Any]:
     from apbv.engine.engine import Engine
-    from apbv.engine.stream import StreamSpec
+    from apbv.engine.stream_spec import StreamSpec
 
     engine = Engine(cfg, info)
     fps, size, chunk, tokens = opts["fps"], opts["size"], opts["chunk_frames"], opts["tokens"]

@@ -121,7 +121,7 @@ def _engine_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     from apbv.demo import NEEDLE, needle_sample
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
-    from apbv.engine.stream import StreamSpec
+    from apbv.engine.stream_spec import StreamSpec
     from apbv.needles import FRAME_SIZE, answer_choices
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}", f"model.dtype={dtype!r}"])

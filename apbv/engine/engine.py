@@ -41,7 +41,8 @@ from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import resolve_graphs
 from apbv.engine.request import PromptInputs, Request, Result, field_hashes
 from apbv.engine.runtime import cancelled_here, raise_if_any_failed, run_prompt
-from apbv.engine.stream import Stream, StreamSpec
+from apbv.engine.stream import Stream
+from apbv.engine.stream_spec import StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.plan import Range, patch_ranges

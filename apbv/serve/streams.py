@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from apbv.engine.request import check_choices, check_stop_texts
-from apbv.engine.stream import StreamSpec
+from apbv.engine.stream_spec import StreamSpec
 from apbv.serve import api, stream_budget
 from apbv.serve.admission import Job
 from apbv.serve.bodies import check_url

@@ -18,7 +18,7 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runtime
 from apbv.engine.engine import Engine
 from apbv.engine.kvcache import RankKVCache
-from apbv.engine.stream import StreamSpec
+from apbv.engine.stream_spec import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 24  # more than a stream's geometric growth leaves free after a short question

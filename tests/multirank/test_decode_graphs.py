@@ -23,7 +23,7 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode_graph
 from apbv.engine.decode_graph import GraphStep, resolve_graphs
 from apbv.engine.engine import Engine
-from apbv.engine.stream import StreamSpec
+from apbv.engine.stream_spec import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 8

@@ -19,7 +19,7 @@ from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.request import Request
-from apbv.engine.stream import StreamSpec
+from apbv.engine.stream_spec import StreamSpec
 from apbv.video import DecodedVideo
 
 QUESTION = "What colour is the square at the end?"

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
-from apbv.engine.stream import StreamSpec  # noqa: E402
+from apbv.engine.stream_spec import StreamSpec  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.app import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
-from apbv.engine.stream import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
+from apbv.engine.stream_spec import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.frames import parse_push  # noqa: E402
 from apbv.serve.policy import ClientError, Limits  # noqa: E402

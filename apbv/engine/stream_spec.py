@@ -1,0 +1,127 @@
+"""What a live stream is, before any rank holds it: its spec (frame size, sampling rate,
+window), the bookkeeping of its chunks and stats, and the timestamp rule pushed frames follow
+(checked by the server and by the engine on every rank alike)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from apbv.plan import check_int
+from apbv.video import TEMPORAL_PATCH_SIZE
+
+MAX_TIMESTAMP_S = 1e10
+"""A frame's timestamp is within +-this many seconds (Unix times fit, and float seconds there
+still tell microseconds apart)."""
+
+MAX_TIMESTAMP_GAP_S = 3600.0
+"""The most a frame's timestamp may pass the previous frame's, in seconds (a pause: its
+positions are taken from the model's context; after a longer one, open a new stream)."""
+
+
+def check_timestamps(stamps: Sequence[object], last: float | None) -> list[float]:
+    """``stamps`` (seconds, one per frame) as floats, or ValueError naming the bound broken:
+    each a finite number within +-``MAX_TIMESTAMP_S``, greater than the one before it (the
+    first: than ``last``, the stream's newest; None before its first frame) by at most
+    ``MAX_TIMESTAMP_GAP_S``."""
+    out: list[float] = []
+    previous = last
+    for item in stamps:
+        try:
+            t = float(item) if not isinstance(item, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError):
+            t = math.nan
+        if not math.isfinite(t):
+            raise ValueError(f"timestamps must be finite numbers of seconds, got {item!r}")
+        if abs(t) > MAX_TIMESTAMP_S:
+            raise ValueError(f"timestamps must be within +-{MAX_TIMESTAMP_S:g} s, got {t:g}")
+        if previous is not None and t <= previous:
+            raise ValueError(f"timestamps must increase: {t!r} follows {previous!r}")
+        if previous is not None and t - previous > MAX_TIMESTAMP_GAP_S:
+            raise ValueError(f"timestamps may jump at most {MAX_TIMESTAMP_GAP_S:g} s from the "
+                             f"previous frame: {t!r} follows {previous!r}, {t - previous:g} s "
+                             "later (after a longer pause, open a new stream)")
+        out.append(t)
+        previous = t
+    return out
+
+
+def _check_positive(name: str, value: object, *, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """How a stream samples and keeps its video (fixed at open)."""
+
+    height: int
+    """Frame height after resizing (a multiple of 28; see apbv.stream.stream_frame_size)."""
+    width: int
+    """Frame width after resizing (a multiple of 28)."""
+    fps: float = 2.0
+    """Frames per second the stream is sampled at (the M-RoPE time step is 2 / fps)."""
+    window_s: float | None = None
+    """Keep the chunks of the last ``window_s`` seconds of video (None: no time window)."""
+    window_tokens: int | None = None
+    """Keep at most this many video tokens per rank on average (None: no token budget)."""
+    keep_vision: bool = False
+    """Keep each chunk's vision embeddings (on its owner) so ``ask(fresh=True)`` can run."""
+    rebase_at: int | None = None
+    """Re-base the positions before they pass this (None: half the model's context)."""
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width"):
+            value = check_int(name, getattr(self, name), 28)
+            if value % 28:
+                raise ValueError(f"{name} must be a multiple of 28, got {value}")
+        object.__setattr__(self, "fps", _check_positive("fps", self.fps, allow_none=False))
+        object.__setattr__(self, "window_s", _check_positive("window_s", self.window_s))
+        if self.window_tokens is not None:
+            check_int("window_tokens", self.window_tokens, 1)
+        if self.rebase_at is not None:
+            check_int("rebase_at", self.rebase_at, 1)
+
+    @property
+    def seconds_per_patch(self) -> float:
+        return TEMPORAL_PATCH_SIZE / self.fps
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_s is not None or self.window_tokens is not None
+
+
+@dataclass
+class Chunk:
+    """One append's whole temporal patches, as every rank records it."""
+
+    index: int
+    owner: int
+    first_patch: int
+    """Temporal patch index (since the stream's first frame) of its first patch."""
+    patches: int
+    tokens: int
+    start_s: float
+    """Timestamp of its first frame."""
+    end_s: float
+    """Timestamp of its last frame."""
+    first_position: int
+    """Temporal position of its first token (after any re-basing)."""
+
+
+@dataclass
+class StreamStats:
+    frames: int = 0
+    """Frames appended (the buffered odd frame included)."""
+    chunks: int = 0
+    evicted_chunks: int = 0
+    rebases: int = 0
+    shift: int = 0
+    """Positions taken off every cached position by re-basing so far."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage, summed over appends (slowest rank per append)."""
