@@ -5,8 +5,8 @@
     python benchmarks/bench_fidelity.py --write-vnbench DIR      # the same sets as VNBench files
 
 The model is the trained tiny checkpoint shipped in ``apbv/assets/needle-tiny`` (or
-``--model``). For each task kind (retrieval, ordering, counting; :mod:`apbv.needles`) and each
-prompt length, ``--samples`` held-out videos are drawn (seed disjoint from training) with the
+``--model``). For each task kind (retrieval, ordering, counting; :mod:`apbv.synthetic.needles`) and
+each prompt length, ``--samples`` held-out videos are drawn (seed disjoint from training) with the
 first needle at the depths ``--depths`` in turn. One set of ``--world-size`` gloo ranks loads
 the engine once and answers every video in every variant: the modes (exact, spava, star, apb,
 zigzag_ring) and spava with smaller passing budgets (a quarter of the default, and none). A
@@ -34,8 +34,8 @@ from common import pyplot, save_figure
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
-from apbv.needles import KINDS, make_sample, patches_for_tokens
 from apbv.plan import default_passing_len
+from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
 SEED = 1_000_003 + 7
 """Held-out seed: the trainer uses seed + 0 (training) and seed + 1000003 (its own check)."""
@@ -215,7 +215,7 @@ def write_vnbench(out: str, tokens: list[int], samples: int, depths: list[float]
     import av
     import numpy as np
 
-    from apbv.needles import FPS, answer_choices
+    from apbv.synthetic.needles import FPS, answer_choices
 
     root = Path(out)
     (root / "VNBench").mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         _child(*args.child)
         return
     from apbv.model.tiny import write_tiny_checkpoint
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     settings = f" with {', '.join(args.set)}" if args.set else ""
     lines = [(f"Peak memory of one request on 1 CPU rank (fp32, 1 thread, spava, 1 new token, "

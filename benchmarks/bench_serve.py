@@ -322,7 +322,7 @@ def main() -> int:
         print(out.with_suffix(".md").read_text())
         return 0
     from apbv.model.tiny import write_tiny_checkpoint
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     rates = [float(r) for r in args.rates.split(",")]
     rng = random.Random(args.seed)

@@ -19,7 +19,7 @@ the same frames go through one-shot ``spava`` and one-shot ``exact``
 Then a windowed stream (``--window-minutes`` window over ``2x`` that much video) prints each
 rank's KV bytes every 10 s of video: flat once the window is full.
 
-Frames: :func:`apbv.synthetic.make_frame` generated in memory at 112x112 (16 LLM tokens per
+Frames: :func:`apbv.synthetic.videos.make_frame` generated in memory at 112x112 (16 LLM tokens per
 2 frames: 20 minutes is 19,200 video tokens, which a CPU one-shot exact prefill still does in
 seconds; the stream's cost per frame does not depend on the frame size beyond the vision
 tower). Output: ``--out`` STEM.json, STEM.md and STEM.png.
@@ -46,7 +46,7 @@ QUESTION = "What colour is the square in the last second?"
 
 
 def _frames(count: int, fps: float, size: int) -> torch.Tensor:
-    from apbv.synthetic import make_frame
+    from apbv.synthetic.videos import make_frame
 
     return torch.stack([torch.from_numpy(make_frame(i, fps=fps, width=size, height=size))
                         .permute(2, 0, 1).contiguous() for i in range(count)])

@@ -121,7 +121,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, visions: dict[str, VisionConfi
 
 
 def _videos(root: Path, frames: list[int], resolutions: list[tuple[int, int]]) -> list[dict]:
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     out = []
     for width, height in resolutions:

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="apbv-calibrate-") as tmp:
         from apbv.model.tiny import write_tiny_checkpoint
-        from apbv.synthetic import write_test_video
+        from apbv.synthetic.videos import write_test_video
 
         print("[calibrate] writing the tiny checkpoint and test videos", file=sys.stderr,
               flush=True)

@@ -117,12 +117,12 @@ def check_op(device: str, world_size: int) -> list[str]:
 def _engine_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     """The needle request in spava and exact, its choices, and a live stream, on this rank."""
     from apbv.assets import needle_tiny
+    from apbv.cli.demo_pipeline import NEEDLE, needle_sample
     from apbv.config import load_config
-    from apbv.demo import NEEDLE, needle_sample
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
     from apbv.engine.stream_spec import StreamSpec
-    from apbv.needles import FRAME_SIZE, answer_choices
+    from apbv.synthetic.needles import FRAME_SIZE, answer_choices
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}", f"model.dtype={dtype!r}"])
     sample = needle_sample(dict(NEEDLE, tokens=tokens))
@@ -195,7 +195,7 @@ def check_serve(device: str) -> list[str]:
         return []
     import openai
 
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
     from tests.serve.server import serving
 
     gpus = "0.5" if device.startswith("cuda") else "0"
@@ -306,8 +306,8 @@ def check_nccl(device: str, layers: int = 28) -> list[str]:
 def _graphs_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     """The needle request decoded eagerly, then with the captured step, on this one rank."""
     from apbv.assets import needle_tiny
+    from apbv.cli.demo_pipeline import NEEDLE, needle_sample
     from apbv.config import load_config
-    from apbv.demo import NEEDLE, needle_sample
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
 

@@ -36,7 +36,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 s at 4 fps, 224x224: about 5.8k prompt tokens under the tiny_cpu preset."""
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     return write_test_video(tmp_path_factory.mktemp("video") / "long.mp4", num_frames=160,
                             fps=4.0, width=224, height=224, seed=1)
@@ -45,7 +45,7 @@ def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def short_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """6 s at 4 fps, 112x112: 6 temporal patches at 2 fps."""
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     return write_test_video(tmp_path_factory.mktemp("video") / "short.mp4", num_frames=24,
                             fps=4.0, width=112, height=112, seed=2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from apbv.__main__ import main
-from apbv.synthetic import write_test_video
+from apbv.synthetic.videos import write_test_video
 
 
 def _generate(model: Path | str, video: Path, *flags: str) -> list[str]:

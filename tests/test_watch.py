@@ -25,7 +25,7 @@ def _watch(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 
 def _captured_frames(video: Path) -> list:
     """The frames the watch loop's capture gives for ``video`` (same source, same sampling)."""
-    from apbv.stream import Capture, FollowFile
+    from apbv.capture import Capture, FollowFile
 
     capture = Capture(FollowFile(video, end_after_s=0.5), fps=2.0, max_pixels=12544,
                       capacity=1000)
@@ -47,7 +47,7 @@ def test_watch_answers_equal_one_shot_exact(tmp_path, tiny_model_dir) -> None:
     from apbv.distributed import init_distributed
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
     from apbv.video import DecodedVideo
 
     video = write_test_video(tmp_path / "live.mp4", num_frames=40, fps=4.0, width=112,

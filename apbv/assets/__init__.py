@@ -1,7 +1,7 @@
 """Files shipped inside the package.
 
 ``needle-tiny/``: the tiny Qwen2.5-VL trained on synthetic needle videos
-(:mod:`apbv.model.train_tiny`; ``training.json`` beside the weights records the command, seed,
+(:mod:`apbv.synthetic.train_tiny`; ``training.json`` beside the weights records the command, seed,
 steps, wall time and held-out accuracy). It loads like a released checkpoint::
 
     Qwen2_5_VLForConditionalGeneration.from_pretrained(NEEDLE_TINY, local_files_only=True)

@@ -61,7 +61,7 @@ class StreamSpec:
     """How a stream samples and keeps its video (fixed at open)."""
 
     height: int
-    """Frame height after resizing (a multiple of 28; see apbv.stream.stream_frame_size)."""
+    """Frame height after resizing (a multiple of 28; see apbv.video.sampling.stream_frame_size)."""
     width: int
     """Frame width after resizing (a multiple of 28)."""
     fps: float = 2.0

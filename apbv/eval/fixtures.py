@@ -28,7 +28,7 @@ from apbv.eval.data import (
     VNBENCH_TYPES,
     vnbench_category,
 )
-from apbv.synthetic import write_test_video
+from apbv.synthetic.videos import write_test_video
 
 COLOURS = {
     "red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220),

@@ -10,13 +10,13 @@ checked here first (fields, limits, images, timestamps, the memory budget of
 A stream pushed by the client opens on the ranks at once when ``width`` / ``height`` were
 given, else with its first push (which fixes the frame size). A stream with a ``source`` (a
 media file under a ``--media-root``, or a directory of segment files there) is fed by a task
-that takes frames from an :class:`apbv.stream.Capture` (a followed file, or the segments in
+that takes frames from an :class:`apbv.capture.Capture` (a followed file, or the segments in
 name order, symbolic links not followed) and appends them. A stream lost with its
 replica's ranks (a rank died and the group was rebuilt) answers 410 and frees its budget; a
 stream no client touched for ``--stream-idle-s`` is closed, its idle clock counting only
 while none of its operations is queued or running (a client waiting on a long ask, or on
 the ask queued before it, is using the stream). A source is probed before the stream opens
-(:meth:`apbv.stream.Source.probe`: a file that is no video is a 400), and why its capture
+(:meth:`apbv.capture.Source.probe`: a file that is no video is a 400), and why its capture
 stopped is the stream's top-level ``error``.
 """
 
@@ -34,6 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from apbv.capture import Capture, Source, local_source, stream_frame_size
 from apbv.engine.request import check_choices, check_stop_texts
 from apbv.engine.stream_spec import StreamSpec
 from apbv.serve import api, stream_budget
@@ -42,7 +43,6 @@ from apbv.serve.bodies import check_url
 from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
-from apbv.stream import Capture, Source, local_source, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}

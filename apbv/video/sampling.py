@@ -366,3 +366,27 @@ def _resize_target(
             "total_pixels, or use a video with a less extreme aspect ratio"
         )
     return new_height, new_width
+
+
+_NO_TOTAL_CAP = 1e300
+"""A total_pixels budget no frame size reaches: the per-frame bounds alone decide the size."""
+
+
+def stream_frame_size(height: int, width: int, *, min_pixels: int | None = None,
+                      max_pixels: int | None = None, image_patch_size: int = 14
+                      ) -> tuple[int, int]:
+    """(h, w), multiples of ``image_patch_size * 2``, that every frame of a stream of native
+    ``height`` x ``width`` frames is resized to.
+
+    The one-shot path's per-frame rule (qwen-vl-utils' smart_resize with its video pixel
+    bounds, and the same extension: a ``max_pixels`` below the default floor lowers the floor),
+    without the ``total_pixels`` cap, which shares a budget over a whole video of known length
+    and has no meaning for a stream: only the per-frame ``min_pixels`` / ``max_pixels`` bound it.
+    ValueError for bad values or an aspect ratio qwen-vl-utils refuses.
+    """
+    for name, value in (("height", height), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    spec = VideoSpec("<stream>", min_pixels=min_pixels, max_pixels=max_pixels,
+                     total_pixels=_NO_TOTAL_CAP, image_patch_size=image_patch_size)
+    return _resize_target(_qwen(), spec, height, width, 2, "stream")

@@ -140,12 +140,12 @@ def test_in_rank_pipeline_on_cuda_matches_rows_then_tower(tmp_path) -> None:
 
 
 def _needle_run(device: str, dtype: str) -> dict[str, dict]:
-    """The demo's rank job (:func:`apbv.demo._rank_job`) on one rank of ``device``: the trained
-    tiny checkpoint asked about the held-out needle video in spava and in exact mode (frames
+    """The demo's rank job (:func:`apbv.cli.demo_pipeline._rank_job`) on one rank of ``device``: the
+    trained tiny checkpoint asked about the held-out needle video in spava and in exact mode (frames
     made in memory, no decoder)."""
     from apbv.assets import needle_tiny
+    from apbv.cli.demo_pipeline import DEMO_MODES, _rank_job, needle_sample
     from apbv.config import load_config
-    from apbv.demo import DEMO_MODES, _rank_job, needle_sample
     from apbv.distributed import DistInfo
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}",
@@ -159,7 +159,7 @@ def test_engine_on_one_cuda_rank_answers_as_on_the_cpu() -> None:
     the grouped tower with one varlen call per block, the APB-V op, decoding): in fp32 exact
     mode gives the CPU's tokens, and the answer is the needle's colour in fp32 and in bf16
     (the GPU default), in spava as in exact."""
-    from apbv.demo import needle_sample
+    from apbv.cli.demo_pipeline import needle_sample
 
     right = needle_sample().answer
     cpu = _needle_run("cpu", "float32")["exact"]

@@ -17,7 +17,7 @@ from apbv.engine.engine import Engine
 
 @pytest.fixture(scope="module")
 def bad_videos(tmp_path_factory: pytest.TempPathFactory, long_video: Path) -> dict[str, Path]:
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     root = tmp_path_factory.mktemp("bad")
     garbage = root / "garbage.mp4"

@@ -16,7 +16,7 @@ import torch
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
-from apbv.needles import make_sample
+from apbv.synthetic.needles import make_sample
 
 LOGIT_TOL = 1e-4
 HELD_OUT_SEED = 4242  # never used by the trainer (seeds 0 and 1000003)
@@ -44,8 +44,8 @@ def hf_answers(trained_config: RuntimeConfig) -> list[dict]:
     """Stock transformers: the checkpoint, its processor, greedy tokens and first logits."""
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from apbv.model import byte_tokenizer as bt
-    from apbv.model.train_tiny import Encoder
+    from apbv.synthetic import byte_tokenizer as bt
+    from apbv.synthetic.train_tiny import Encoder
 
     path = trained_config.model.path
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(

@@ -17,12 +17,12 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
+from apbv.capture import Capture, Source  # noqa: E402
 from apbv.engine.stream_spec import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.frames import parse_push  # noqa: E402
 from apbv.serve.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.stream_budget import KVSizing  # noqa: E402
-from apbv.stream import Capture, Source  # noqa: E402
 from tests.serve.test_stream_bookkeeping import _add, _streams  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from apbv.eval.data import load_samples, parse_where
 from apbv.eval.fixtures import COLOURS, FPS, make_eval_fixtures
-from apbv.synthetic import make_frame, make_needle_frame
+from apbv.synthetic.videos import make_frame, make_needle_frame
 
 INSTRUCTION = "Answer with the option's letter from the given choices directly."
 

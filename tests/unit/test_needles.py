@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from apbv.model import byte_tokenizer as bt
-from apbv.needles import (
+from apbv.synthetic import byte_tokenizer as bt
+from apbv.synthetic.needles import (
     COLOURS,
     FRAME_SIZE,
     KINDS,
@@ -89,7 +89,7 @@ def test_byte_tokenizer_loads_through_stock_transformers(tmp_path) -> None:
 
 
 def test_curriculum_and_config_checks() -> None:
-    from apbv.model.train_tiny import TrainConfig
+    from apbv.synthetic.train_tiny import TrainConfig
 
     cfg = TrainConfig(steps=100)
     longest = [cfg.longest(s) for s in range(100)]
@@ -104,7 +104,7 @@ def test_a_short_training_run_is_deterministic_and_loads_like_a_release(tmp_path
     from safetensors.torch import load_file
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
-    from apbv.model.train_tiny import TrainConfig, train
+    from apbv.synthetic.train_tiny import TrainConfig, train
 
     cfg = TrainConfig(steps=3, min_patches=8, max_patches=16, curriculum=((0.0, 16),),
                       eval_tokens=(128,), eval_samples=1)

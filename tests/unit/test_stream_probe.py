@@ -1,4 +1,4 @@
-"""apbv.stream: a followed file's end is measured from the last byte read, and a source is
+"""apbv.capture: a followed file's end is measured from the last byte read, and a source is
 probed before a stream opens on it (a file that is no video, an empty one, a link: refused at
 once with the reason; the first packets of a streamable video: accepted)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from apbv.stream import FollowFile, SegmentDir, local_source
-from apbv.stream.sources import _TailReader
-from apbv.synthetic import write_test_video
+from apbv.capture import FollowFile, SegmentDir, local_source
+from apbv.capture.files import _TailReader
+from apbv.synthetic.videos import write_test_video
 
 
 def _timed_read(reader: _TailReader, size: int) -> tuple[bytes, float]:

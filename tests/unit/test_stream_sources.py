@@ -1,4 +1,4 @@
-"""apbv.stream capture side: sources that grow, end, stall, fail or are pushed, and the capture
+"""apbv.capture capture side: sources that grow, end, stall, fail or are pushed, and the capture
 thread's sampling, drop policies, stats and shutdown. Tiny videos (64x48, a few frames)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from apbv.stream import (
+from apbv.capture import (
     Capture,
     FollowFile,
     PushSource,
@@ -21,7 +21,7 @@ from apbv.stream import (
     UrlSource,
     stream_frame_size,
 )
-from apbv.synthetic import write_test_video
+from apbv.synthetic.videos import write_test_video
 
 SMALL = 56 * 56  # max_pixels: every test frame is resized to 56 x 56
 

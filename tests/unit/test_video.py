@@ -26,7 +26,7 @@ pytest.importorskip("qwen_vl_utils")
 import apbv.video
 import apbv.video.load
 from apbv.plan import patch_ranges
-from apbv.synthetic import make_frame, write_test_video
+from apbv.synthetic.videos import make_frame, write_test_video
 from apbv.video import (
     BACKENDS,
     TEMPORAL_PATCH_SIZE,
@@ -535,7 +535,7 @@ def test_import_without_video_extra() -> None:
     code = (
         "import sys\n"
         "for m in ('decord', 'av', 'qwen_vl_utils', 'torchvision'): sys.modules[m] = None\n"
-        "import apbv, apbv.plan, apbv.video, apbv.synthetic\n"
+        "import apbv, apbv.plan, apbv.video, apbv.synthetic.videos\n"
         "print(apbv.plan.patch_ranges(5, 2)[1])\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from apbv.synthetic import make_frame, write_test_video
+from apbv.synthetic.videos import make_frame, write_test_video
 from apbv.video import VideoMeta, VideoSpec, load_all_frames, load_rank_frames, probe
 from apbv.video.decoders import _open
 

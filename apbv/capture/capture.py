@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from apbv.stream.sources import Frame, Source, _check_seconds, _error_text, stream_frame_size
+from apbv.capture.sources import Frame, Source, _check_seconds, _error_text
 from apbv.video.load import resize_frames
+from apbv.video.sampling import stream_frame_size
 
 DROP_POLICIES = ("newest", "every_k")
 """How a full buffer makes room; see :class:`Capture`."""
@@ -92,7 +93,7 @@ class Capture:
                  max_pixels: int | None = None, capacity: int = 64, drop: str = "newest",
                  k: int = 2, stall_s: float = 2.0, give_up_s: float | None = None) -> None:
         if not isinstance(source, Source):
-            raise ValueError(f"source must be an apbv.stream Source, got "
+            raise ValueError(f"source must be an apbv.capture Source, got "
                              f"{type(source).__name__}")
         self.fps = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
         if size is not None:

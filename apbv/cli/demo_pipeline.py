@@ -1,11 +1,11 @@
 """The embedded default job: the whole pipeline on local CPU ranks, spava next to exact.
 
 By default it asks the tiny Qwen2.5-VL trained on synthetic needle videos (shipped in
-``apbv/assets/needle-tiny``; :mod:`apbv.model.train_tiny`) about a generated held-out needle
-video of about 8k prompt tokens (:mod:`apbv.needles`; frames made in memory and handed to the
-engine already decoded), starts ``world_size`` gloo ranks, loads the engine on each, and
-answers in spava and in exact mode. It prints the question, the right answer, each mode's
-answer (marked right or wrong) with its TTFT breakdown, and whether the two modes agree.
+``apbv/assets/needle-tiny``; :mod:`apbv.synthetic.train_tiny`) about a generated held-out needle
+video of about 8k prompt tokens (:mod:`apbv.synthetic.needles`; frames made in memory and handed to
+the engine already decoded), starts ``world_size`` gloo ranks, loads the engine on each, and answers
+in spava and in exact mode. It prints the question, the right answer, each mode's answer (marked
+right or wrong) with its TTFT breakdown, and whether the two modes agree.
 
 With ``--video FILE`` it answers a question about that file instead, with the configured model
 (by default the tiny random checkpoint, written once under .cache/, whose answers are noise:
@@ -31,7 +31,7 @@ NEEDLE = {"kind": "retrieval", "tokens": 8192, "seed": 2026, "index": 0, "depth"
 
 
 def needle_sample(job: dict[str, Any] = NEEDLE):
-    from apbv.needles import make_sample, patches_for_tokens
+    from apbv.synthetic.needles import make_sample, patches_for_tokens
 
     return make_sample(job["kind"], patches=patches_for_tokens(job["tokens"]), seed=job["seed"],
                        index=job["index"], depth=job["depth"])
@@ -47,7 +47,7 @@ def _ensure_inputs(cfg: RuntimeConfig, video: str | None) -> str:
     if video is not None:
         return video
     if not DEMO_VIDEO.exists():
-        from apbv.synthetic import write_test_video
+        from apbv.synthetic.videos import write_test_video
 
         print(f"[apbv] writing a 40 s test video to {DEMO_VIDEO} ...", file=sys.stderr)
         DEMO_VIDEO.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Watch a live video source and answer questions about it as it plays (``python -m apbv watch``).
 
-Rank 0 runs the capture (:class:`apbv.stream.Capture` over a followed file, a segment
+Rank 0 runs the capture (:class:`apbv.capture.Capture` over a followed file, a segment
 directory or a URL) and a thread reading questions from stdin, one per line. Each loop
 iteration rank 0 takes the frames captured so far and the questions read so far, turns them
 into a list of steps (append these frames, ask this question) and broadcasts it (one
@@ -93,9 +93,9 @@ class WatchOptions:
 
 
 def open_source(options: WatchOptions) -> Any:
-    """The :mod:`apbv.stream` source for ``options.source``: UrlSource for a URL, SegmentDir
+    """The :mod:`apbv.capture` source for ``options.source``: UrlSource for a URL, SegmentDir
     for a directory, FollowFile for a file (UrlSource for a finished one, ``follow=False``)."""
-    from apbv.stream import UrlSource, local_source
+    from apbv.capture import UrlSource, local_source
 
     where = options.source
     if "://" in where:
@@ -239,7 +239,7 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
     if lead:
         try:
             if make_capture is None:
-                from apbv.stream import Capture
+                from apbv.capture import Capture
 
                 capture = Capture(open_source(options), fps=options.fps,
                                   min_pixels=options.min_pixels,

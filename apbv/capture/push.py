@@ -1,5 +1,5 @@
 """A live source fed by its client: frames pushed from another thread (see
-:mod:`apbv.stream.sources` for what a source is)."""
+:mod:`apbv.capture.sources` for what a source is)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from apbv.stream.sources import RawFrame, Source, _check_seconds
+from apbv.capture.sources import RawFrame, Source, _check_seconds
 
 
 class PushSource(Source):

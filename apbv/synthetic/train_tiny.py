@@ -2,8 +2,8 @@
 
 ``python -m apbv train-tiny --out DIR`` builds a Qwen2.5-VL-shaped model (the tiny widths of
 :mod:`apbv.model.tiny`: 2 decoder layers of width 64, a 2-block vision tower; tied embeddings
-and the byte-level tokenizer of :mod:`apbv.model.byte_tokenizer`, so about 0.2 M parameters)
-and trains it with teacher forcing on the answer tokens of :mod:`apbv.needles` questions
+and the byte-level tokenizer of :mod:`apbv.synthetic.byte_tokenizer`, so about 0.2 M parameters)
+and trains it with teacher forcing on the answer tokens of :mod:`apbv.synthetic.needles` questions
 (retrieval, ordering, counting), with a curriculum over video lengths up to
 :attr:`TrainConfig.max_patches` temporal patches (about 8k prompt tokens). Prompts are built
 exactly as the engine builds them (the checkpoint's chat template, context and query tokenized
@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from apbv.model import byte_tokenizer as bt
 from apbv.model.tiny import (
     CHAT_TEMPLATE,
     PREPROCESSOR_CONFIG,
@@ -38,7 +37,8 @@ from apbv.model.tiny import (
     tokenizer_config,
     write_json,
 )
-from apbv.needles import KINDS, make_sample, patches_for_tokens
+from apbv.synthetic import byte_tokenizer as bt
+from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
 
@@ -315,7 +315,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
         accuracy = heldout_accuracy(model, encoder, cfg, progress)
         model.to(torch.bfloat16).save_pretrained(tmp)
         write_json(tmp / "training.json", {
-            "generator": "apbv.model.train_tiny", "format_version": FORMAT_VERSION,
+            "generator": "apbv.synthetic.train_tiny", "format_version": FORMAT_VERSION,
             "command": command, "config": asdict(cfg), "torch": torch.__version__,
             "train_seconds": round(train_s, 1), "threads": cfg.threads,
             "parameters": sum(p.numel() for p in model.parameters()),

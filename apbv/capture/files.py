@@ -1,41 +1,30 @@
-"""Live video sources: native decoded frames with timestamps, for :class:`~apbv.stream.Capture`.
+"""Local live sources: a file still being written (:class:`FollowFile`), a directory of
+segment files (:class:`SegmentDir`), and :func:`local_source`, which picks one for a path.
 
-A source is an object with ``frames(stop)``: an iterator of ``(image, timestamp)`` items, where
-``image`` is uint8 (H, W, 3) RGB at the source's native size and ``timestamp`` is seconds on the
-source's clock, strictly increasing; it may also yield ``None``, "nothing new yet", so the caller
-can look at its stop event and clocks while the source waits. The iterator returns when the
-source ends and raises when it fails; it returns soon after ``stop`` (a ``threading.Event``) is
-set, except while blocked inside the decoder (a network read: bounded by the read timeout).
-Every source also keeps ``segments_done``, ``segments_failed`` and ``errors`` (short strings) for
-the capture's stats.
-
-- :class:`FollowFile`: a file that is still being written (``tail -f``).
-- :class:`SegmentDir`: a directory of segment files as a recorder writes them.
-- :class:`UrlSource`: anything PyAV (FFmpeg) opens: rtsp://, http(s)://, a local file.
-- :class:`~apbv.stream.push.PushSource` (its own module): frames pushed by a client.
-
-File and URL timestamps are ``frame.time`` minus the first decoded frame's, so every source
-starts at 0.0 (segments continue where the previous one ended). PyAV is imported only when a
-file or URL is opened.
+Both follow the source protocol of :mod:`apbv.capture.sources` (``frames(stop)`` yields
+``(image, timestamp)`` or ``None``; timestamps start at 0.0, segments continue where the previous
+one ended). PyAV is imported only when a file is opened.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from apbv.capture.sources import (
+    RawFrame,
+    Source,
+    UrlSource,
+    _check_seconds,
+    _error_text,
+    _frame_step,
+    _from_start,
+)
 from apbv.video.nofollow import open_nofollow
-from apbv.video.sampling import VideoSpec, _import, _qwen, _resize_target
-
-RawFrame = tuple[torch.Tensor, float]
-"""What a source yields: (uint8 (H, W, 3) RGB at the native size, timestamp in seconds)."""
+from apbv.video.sampling import _import
 
 SEGMENT_EXTENSIONS = (".mp4", ".ts", ".mkv")
 """The file types :class:`SegmentDir` takes by default."""
@@ -46,117 +35,6 @@ SEGMENT_ORDERS = ("name", "mtime")
 
 PROBE_BYTES = 8 << 20
 """The most :meth:`FollowFile.probe` reads of a file (bytes)."""
-
-_NO_TOTAL_CAP = 1e300
-"""A total_pixels budget no frame size reaches: the per-frame bounds alone decide the size."""
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One captured frame, ready for the model."""
-
-    image: torch.Tensor
-    """uint8 (3, H, W) RGB, already resized to the stream's frame size."""
-    timestamp: float
-    """Seconds on the source's clock (0.0 at the first frame of a file, segment dir or URL)."""
-
-
-def stream_frame_size(height: int, width: int, *, min_pixels: int | None = None,
-                      max_pixels: int | None = None, image_patch_size: int = 14
-                      ) -> tuple[int, int]:
-    """(h, w), multiples of ``image_patch_size * 2``, that every frame of a stream of native
-    ``height`` x ``width`` frames is resized to.
-
-    The one-shot path's per-frame rule (qwen-vl-utils' smart_resize with its video pixel
-    bounds, and the same extension: a ``max_pixels`` below the default floor lowers the floor),
-    without the ``total_pixels`` cap, which shares a budget over a whole video of known length
-    and has no meaning for a stream: only the per-frame ``min_pixels`` / ``max_pixels`` bound it.
-    ValueError for bad values or an aspect ratio qwen-vl-utils refuses.
-    """
-    for name, value in (("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    spec = VideoSpec("<stream>", min_pixels=min_pixels, max_pixels=max_pixels,
-                     total_pixels=_NO_TOTAL_CAP, image_patch_size=image_patch_size)
-    return _resize_target(_qwen(), spec, height, width, 2, "stream")
-
-
-def _check_seconds(name: str, value: object, *, allow_none: bool = False,
-                   allow_zero: bool = False, unit: str = "seconds") -> float | None:
-    """``value`` as a float: a finite number > 0 (>= 0 with allow_zero; None with allow_none),
-    else ValueError naming ``name``, the allowed range and ``unit``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        extra = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be a finite number of {unit} {bound}{extra}, "
-                         f"got {value!r}")
-    return float(value)
-
-
-def _error_text(err: BaseException) -> str:
-    """A short message: ValueErrors as they are, others with their type; an FFmpeg/OS error
-    without the file name it repeats."""
-    reason = getattr(err, "strerror", None)  # FFmpeg and OS errors
-    if reason:
-        return f"{type(err).__name__}: {reason}"
-    return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-
-
-class Source:
-    """Base of the sources: counters for the stats, and the ``frames(stop)`` protocol."""
-
-    def __init__(self) -> None:
-        self.segments_done = 0
-        self.segments_failed = 0
-        self.errors: list[str] = []
-
-    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
-        raise NotImplementedError
-
-    def probe(self) -> None:
-        """ValueError when the source cannot give video (a quick look, before any frame is
-        taken; the server calls it when a stream opens). This base: nothing to look at."""
-
-
-def _decode(container: Any, stop: threading.Event, where: str) -> Iterator[tuple[Any, float]]:
-    """(numpy uint8 (H, W, 3), frame.time in seconds) of the first video stream of an open
-    PyAV container, in presentation order; returns early once ``stop`` is set."""
-    if not container.streams.video:
-        raise ValueError(f"{where} has no video stream")
-    stream = container.streams.video[0]
-    # Slice threads only: frame threads would hold back one frame per thread (latency).
-    stream.thread_type = "SLICE"
-    step = _frame_step(container)
-    last: float | None = None
-    for packet in container.demux(stream):
-        if stop.is_set():
-            return
-        for frame in packet.decode():
-            if frame.time is not None:
-                t = float(frame.time)
-            else:  # no timestamp: one frame period after the previous one
-                t = 0.0 if last is None else last + step
-            last = t
-            yield frame.to_ndarray(format="rgb24"), t
-
-
-def _from_start(container: Any, stop: threading.Event, where: str) -> Iterator[RawFrame]:
-    """:func:`_decode`'s frames as tensors, their times counted from the first frame's."""
-    origin: float | None = None
-    for image, t in _decode(container, stop, where):
-        origin = t if origin is None else origin
-        yield torch.from_numpy(image), t - origin
-
-
-def _frame_step(container: Any) -> float:
-    """One frame period of the container's first video stream in seconds (0.0: unknown)."""
-    stream = container.streams.video[0]
-    rate = stream.average_rate or stream.guessed_rate
-    return 1.0 / float(rate) if rate else 0.0
-
 
 class _TailReader:
     """A read-only, unseekable file object over a growing file: at the current end of the file
@@ -304,39 +182,6 @@ class FollowFile(Source):
                                      f"{_error_text(err)}") from err
         finally:
             reader.close()
-
-
-class UrlSource(Source):
-    """Whatever PyAV (FFmpeg) opens: ``rtsp://``, ``http(s)://`` (an HLS playlist, a TS or
-    fMP4 stream), a local file. Ends when the stream ends.
-
-    ``open_timeout_s`` bounds connecting and ``read_timeout_s`` each read (FFmpeg's own
-    timeouts), so a dead or stalled server raises instead of hanging; a URL that cannot be
-    opened raises ValueError naming it (the capture reports it in its stats).
-    """
-
-    def __init__(self, url: str, *, open_timeout_s: float = 10.0, read_timeout_s: float = 10.0,
-                 options: dict[str, str] | None = None) -> None:
-        super().__init__()
-        if not isinstance(url, str) or not url:
-            raise ValueError(f"url must be a non-empty str, got {url!r}")
-        self.url = url
-        self.open_timeout_s = _check_seconds("open_timeout_s", open_timeout_s)
-        self.read_timeout_s = _check_seconds("read_timeout_s", read_timeout_s)
-        self.options = dict(options or {})
-
-    def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:
-        av = _import("av", "av", "opening a video URL")
-        try:
-            container = av.open(self.url, options=self.options,
-                                timeout=(self.open_timeout_s, self.read_timeout_s))
-        except (av.FFmpegError, OSError) as err:
-            raise ValueError(f"video URL {self.url!r} cannot be opened by PyAV: {err}") from err
-        with container:
-            try:
-                yield from _from_start(container, stop, f"video URL {self.url!r}")
-            except av.FFmpegError as err:
-                raise ValueError(f"video URL {self.url!r} failed while reading: {err}") from err
 
 
 class SegmentDir(Source):

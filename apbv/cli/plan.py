@@ -1,0 +1,116 @@
+"""``apbv plan``: the layout and memory of a plan without loading weights; with ``--hardware``,
+the predicted TTFT of every mode (:mod:`apbv.cost`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from apbv.cli.common import add_plan_args
+from apbv.modes import MODE_NAMES
+
+DEFAULT_FRAME_SIDE = 448
+"""``plan --frames`` without ``--height``/``--width``: square frames of this side (stated in
+the output; a source's real size is better)."""
+
+
+def register(sub: Any) -> None:
+    plan = sub.add_parser("plan", help="print the layout and memory without loading weights; "
+                                       "with --hardware, the predicted TTFT of every mode")
+    add_plan_args(plan, context_len=32768, world_size=8)
+    plan.add_argument("--model", help="checkpoint directory: read config.json for the memory "
+                                      "estimate and the prediction (no weights are loaded)")
+    plan.add_argument("--preset", help="model sizes for the prediction instead of --model: "
+                                       "qwen2.5-vl-3b or qwen2.5-vl-7b")
+    plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
+                                         "h200-ib, cpu or a calibration JSON file")
+    plan.add_argument("--frames", type=int, help="sampled video frames: the context is then "
+                                                 "this video's prompt (replaces --context-len)")
+    plan.add_argument("--height", type=int, help="frame height in pixels (with --frames; "
+                                                 f"default {DEFAULT_FRAME_SIDE})")
+    plan.add_argument("--width", type=int, help="frame width in pixels (with --frames; "
+                                                f"default {DEFAULT_FRAME_SIDE})")
+    plan.add_argument("--tokens-per-patch", type=int,
+                      help="LLM tokens per 2 frames instead of the runtime's sampling rules, "
+                           "e.g. 4641 for the reference's uncapped 1440p frames")
+    plan.add_argument("--modes", default=",".join(MODE_NAMES), help="modes to predict")
+    plan.add_argument("--pipeline", action="store_true",
+                      help="predict with vision.pipeline=true (frames decoded and processed "
+                           "chunk by chunk in the vision stage, overlapped on GPUs)")
+    plan.add_argument("--answer-tokens", type=int, default=1,
+                      help="tokens of the answer (the first included): also predict the "
+                           "seconds per decoded token and to the last token (default 1)")
+    plan.add_argument("--dtype-bytes", type=int, default=None,
+                      help="bytes per element (default: 2 for the memory estimate; the "
+                           "hardware's for predictions, 2 on GPUs and 4 on CPU)")
+    plan.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from apbv import cost
+    from apbv.config import GenerateConfig
+    from apbv.modes import get_mode
+    from apbv.plan import make_plan
+
+    predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
+    dims = None
+    if args.preset is not None:
+        dims = cost.preset_dims(args.preset)
+    elif args.model:
+        dims = cost.model_dims(cost.read_config(args.model))
+    if predicting and dims is None:
+        raise ValueError("a prediction needs the model's sizes: pass --model DIR or --preset "
+                         f"({', '.join(cost.MODEL_PRESETS)})")
+    context_len, grid, frames = args.context_len, None, 0
+    if args.frames is not None:
+        if args.tokens_per_patch is not None:
+            grid = cost.squarest_grid(args.tokens_per_patch)
+            patches = args.frames // 2
+        elif (args.height is None) != (args.width is None):
+            raise ValueError("--frames needs both --height and --width (or neither: "
+                             f"{DEFAULT_FRAME_SIDE}x{DEFAULT_FRAME_SIDE} frames)")
+        else:
+            if args.height is None:
+                args.height = args.width = DEFAULT_FRAME_SIDE
+                print(f"frames of {DEFAULT_FRAME_SIDE}x{DEFAULT_FRAME_SIDE} pixels assumed "
+                      "(--height/--width set the source's size)")
+            patches, *grid = cost.video_grid(args.frames, args.height, args.width,
+                                             patch_size=dims.patch_size)
+        frames = 2 * patches
+        if dims.video_start is None:  # a checkpoint: its own chat template says
+            dims = cost.checkpoint_dims(args.model)
+        context_len = dims.video_start + patches * grid[0] * grid[1] + 1  # 1: <|vision_end|>
+    plan = make_plan(context_len, args.query_len, args.world_size,
+                     anchor_len=args.anchor_len, passing_len=args.passing_len)
+    print(plan.describe())
+    if dims is not None:  # decode reserve: the default max_new_tokens
+        merge = dims.spatial_merge_size
+        for line in cost.memory_lines(
+                plan, dims, patches=frames // 2,
+                grid_hw=(grid[0] * merge, grid[1] * merge) if frames else (0, 0),
+                dtype_bytes=args.dtype_bytes or 2,
+                reserve_tokens=GenerateConfig().max_new_tokens):
+            print(line)
+    if not predicting:
+        return 0
+    hw = cost.hardware(args.hardware or "h200")
+    modes = args.modes.split(",")
+    for mode in modes:
+        get_mode(mode)
+    source = args.height * args.width if args.height and args.width else None
+    predictions = [
+        cost.predict(mode, dims, context_len=context_len, query_len=args.query_len,
+                     world_size=args.world_size, frames=frames, grid=grid, hw=hw,
+                     source_pixels=source, dtype_bytes=args.dtype_bytes,
+                     anchor_len=args.anchor_len, passing_len=args.passing_len,
+                     pipeline=args.pipeline, answer_tokens=args.answer_tokens)
+        for mode in modes
+    ]
+    video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per 2 frames" if frames
+             else "no video")
+    if args.answer_tokens > 1:
+        video += f"; {args.answer_tokens}-token answers, eager decode"
+    print(f"\npredicted on {hw.name} ({args.preset or args.model}; {video}; "
+          f"N={context_len} Q={args.query_len} H={args.world_size}; seconds, slowest rank):")
+    print(cost.prediction_table(predictions))
+    return 0

@@ -1,0 +1,61 @@
+"""The make-* tools and training: ``apbv make-tiny-model``, ``train-tiny`` and
+``make-test-video`` (``make-eval-fixtures`` is registered beside ``eval``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random Qwen2.5-VL checkpoint")
+    tiny.add_argument("--out", required=True, help="directory to create")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--overwrite", action="store_true")
+    tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
+                      help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
+    tiny.set_defaults(run=run)
+
+    train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
+                                              "videos (CPU, about 15 minutes)")
+    train.add_argument("--out", required=True, help="checkpoint directory to write")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 5000)")
+    train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--overwrite", action="store_true")
+    train.set_defaults(run=run)
+
+    video = sub.add_parser("make-test-video", help="write a synthetic test video")
+    video.add_argument("--out", required=True, help="file to write (.mp4)")
+    video.add_argument("--seconds", type=float, default=40.0)
+    video.add_argument("--fps", type=float, default=4.0)
+    video.add_argument("--width", type=int, default=224)
+    video.add_argument("--height", type=int, default=224)
+    video.add_argument("--seed", type=int, default=0)
+    video.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One of the three tools, by ``args.command``; prints what it wrote. ``args.argv`` (the
+    command line's arguments) is recorded with a trained checkpoint."""
+    if args.command == "make-tiny-model":
+        from apbv.model.tiny import write_tiny_checkpoint
+
+        print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
+                                    size=args.size))
+        return 0
+    if args.command == "train-tiny":
+        from apbv.synthetic.train_tiny import TrainConfig, train
+
+        overrides = {"steps": args.steps} if args.steps is not None else {}
+        cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
+        command = "python -m apbv " + " ".join(a for a in args.argv)
+        print(train(cfg, args.out, overwrite=args.overwrite, command=command))
+        return 0
+    assert args.command == "make-test-video", args.command
+    from apbv.synthetic.videos import write_test_video
+
+    frames = round(args.seconds * args.fps)
+    print(write_test_video(args.out, num_frames=frames, fps=args.fps, width=args.width,
+                           height=args.height, seed=args.seed))
+    return 0
