@@ -2,11 +2,17 @@
 
 The public names are imported on first use (PEP 562), so ``import apbv`` and the command's
 ``--help`` and ``--version`` do not import torch.
+
+Optional dependencies (pyproject's extras) are imported when a feature first needs them
+(:func:`import_extra`). A missing one is a :class:`MissingExtra`: one line naming the package and
+the extra that installs it, which the command line prints as ``error: ...`` instead of a
+traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -26,8 +32,8 @@ if TYPE_CHECKING:
     from apbv.modes import MODES, Mode, get_mode
     from apbv.plan import Plan, make_plan
 
-__all__ = ["MODES", "Mode", "Plan", "__version__", "apbv_attention", "get_mode", "make_plan",
-           "package_version"]
+__all__ = ["MODES", "MissingExtra", "Mode", "Plan", "__version__", "apbv_attention", "get_mode",
+           "import_extra", "make_plan", "package_version"]
 
 
 def package_version() -> str:
@@ -39,6 +45,22 @@ def package_version() -> str:
         return metadata.version("apbv")
     except metadata.PackageNotFoundError:
         return __version__
+
+
+class MissingExtra(ImportError):
+    """A package of one of apbv's extras is not installed; the message says how to install it."""
+
+
+def import_extra(module: str, *, package: str, extra: str, purpose: str) -> ModuleType:
+    """Import ``module`` (of the distribution ``package``, in the extra ``extra``) for
+    ``purpose``; raises :class:`MissingExtra` naming the extra if it cannot be imported."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingExtra(
+            f"{purpose} needs the package {package!r} of apbv's {extra!r} extra: "
+            f"pip install 'apbv[{extra}]' (from a clone: pip install -e '.[{extra}]')"
+        ) from err
 
 
 def __getattr__(name: str) -> Any:

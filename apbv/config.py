@@ -12,25 +12,21 @@ or a bare word for a string: ``attention.mode=exact``).
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from apbv.attention.kernels import BACKENDS
-from apbv.model.patch_embed import PATCH_EMBED
-from apbv.model.vision_attention import VISION_ATTENTION, VISION_ROTARY
-from apbv.model.vision_blocks import VISION_NORM
 from apbv.modes import MODE_NAMES
-from apbv.video import BACKENDS as VIDEO_BACKENDS
-from apbv.video import VideoSpec
-from apbv.video.patches import PREPROCESS
+from apbv.validate import integer, number, one_of
+
+if TYPE_CHECKING:
+    from apbv.video import VideoSpec
 
 PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The presets shipped inside the package (a wheel install has only these)."""
@@ -47,46 +43,32 @@ MAX_NEW_TOKENS = 32768
 MAX_TIMEOUT_S = 86400.0
 """Upper bound of parallel.timeout_s (one day)."""
 
-
-def _one_of(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
-
-
-def _integer(name: str, value: Any, low: int, high: int | None = None,
-             *, optional: bool = True) -> None:
-    """An int (not a bool, not a float such as 8.0) in low .. high, else ValueError."""
-    if value is None and optional:
-        return
-    allowed = f"in {low} .. {high}" if high is not None else f">= {low}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer {allowed}, got {value!r} "
-                         f"({type(value).__name__})")
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be an integer {allowed}, got {value}")
+# The allowed values of the settings that name an implementation; the modules that implement
+# them import these (this module imports no torch, so every layer can).
+KERNEL_BACKENDS = ("flash", "sdpa", "reference")
+"""``attention.kernel``: the attention kernels of :mod:`apbv.attention.kernels`."""
+VIDEO_BACKENDS = ("decord", "pyav")
+"""``video.backend``: the decoders :class:`apbv.video.VideoSpec` accepts."""
+PREPROCESS = ("levels", "fused", "processor")
+"""``vision.preprocess``: frames to patch rows by :mod:`apbv.video.patches`, as pixel levels
+(``levels``) or as the processor's float rows (``fused``), or by the HF video processor."""
+VISION_ATTENTION = ("grouped", "per_window")
+"""``vision.attention``: grouped (:mod:`apbv.model.vision_attention`) or per_window (the stock
+tower: one SDPA call per window and per temporal patch)."""
+VISION_ROTARY = ("fused", "stock")
+"""``vision.rotary``: the vision tower's q/k rotary with q and k in one set of passes, bit-equal
+to transformers' (:func:`apbv.model.vision_attention.fused_rotary`), or transformers' own."""
+VISION_NORM = ("fused", "stock")
+"""``vision.norm``: the tower's RMSNorms as one kernel on CUDA
+(:func:`apbv.model.vision_blocks.fused_rms_norm`) or transformers' own."""
+PATCH_EMBED = ("linear", "conv")
+"""``vision.patch_embed``: linear (:func:`apbv.model.patch_embed.linear_patch_embed`) or conv
+(the stock Conv3d)."""
 
 
 def _boolean(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
-
-
-def _number(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
-            high: float | None = None, optional: bool = True) -> None:
-    """A finite int or float (not a bool, not nan/inf) > low (>= low if not low_open) and
-    <= high, else ValueError."""
-    if value is None and optional:
-        return
-    allowed = f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        allowed += f" and <= {high:g}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number ({allowed}), got {value!r} "
-                         f"({type(value).__name__})")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number ({allowed}), got {value!r}")
-    if value < low or (low_open and value == low) or (high is not None and value > high):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def _string(name: str, value: Any) -> None:
@@ -103,7 +85,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _string("model.path", self.path)
-        _one_of("model.dtype", self.dtype, DTYPES)
+        one_of("model.dtype", self.dtype, DTYPES)
 
 
 @dataclass
@@ -141,23 +123,23 @@ class VideoConfig:
     only)."""
 
     def __post_init__(self) -> None:
-        _one_of("video.backend", self.backend, VIDEO_BACKENDS)
-        _one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
+        one_of("video.backend", self.backend, VIDEO_BACKENDS)
+        one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
-        _number("video.fps", self.fps)
-        _integer("video.nframes", self.nframes, 2)
-        _integer("video.min_frames", self.min_frames, 1, optional=False)
-        _integer("video.max_frames", self.max_frames, max(2, self.min_frames))
+        number("video.fps", self.fps, optional=True)
+        integer("video.nframes", self.nframes, 2, optional=True)
+        integer("video.min_frames", self.min_frames, 1)
+        integer("video.max_frames", self.max_frames, max(2, self.min_frames), optional=True)
         for name in ("min_pixels", "max_pixels", "total_pixels", "resized_height",
                      "resized_width"):
-            _integer(f"video.{name}", getattr(self, name), 1)
+            integer(f"video.{name}", getattr(self, name), 1, optional=True)
         if self.min_pixels is not None and self.max_pixels is not None \
                 and self.max_pixels < self.min_pixels:
             raise ValueError(f"video.max_pixels must be >= video.min_pixels ({self.min_pixels}), "
                              f"got {self.max_pixels}")
-        _number("video.video_start", self.video_start, low_open=False)
-        _number("video.video_end", self.video_end, low_open=False)
+        number("video.video_start", self.video_start, low_open=False, optional=True)
+        number("video.video_end", self.video_end, low_open=False, optional=True)
         if self.video_start is not None and self.video_end is not None \
                 and self.video_end <= self.video_start:
             raise ValueError(f"video.video_end must be > video.video_start ({self.video_start}), "
@@ -168,6 +150,8 @@ class VideoConfig:
 
     def spec(self, path: str) -> VideoSpec:
         """The sampling request for one video file."""
+        from apbv.video import VideoSpec
+
         return VideoSpec(path=path, fps=self.fps, nframes=self.nframes,
                          min_frames=self.min_frames, max_frames=self.max_frames,
                          min_pixels=self.min_pixels, max_pixels=self.max_pixels,
@@ -188,9 +172,9 @@ class ParallelConfig:
     the host's available memory shared by the ranks on it."""
 
     def __post_init__(self) -> None:
-        _one_of("parallel.backend", self.backend, DIST_BACKENDS)
-        _number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S, optional=False)
-        _number("parallel.memory_gb", self.memory_gb)
+        one_of("parallel.backend", self.backend, DIST_BACKENDS)
+        number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S)
+        number("parallel.memory_gb", self.memory_gb, optional=True)
 
 
 @dataclass
@@ -206,11 +190,11 @@ class AttentionConfig:
     """Attention kernel: flash, sdpa or reference; default picks flash-attn when usable."""
 
     def __post_init__(self) -> None:
-        _one_of("attention.mode", self.mode, MODE_NAMES)
-        _integer("attention.anchor_len", self.anchor_len, 0)
-        _integer("attention.passing_len", self.passing_len, 0)
+        one_of("attention.mode", self.mode, MODE_NAMES)
+        integer("attention.anchor_len", self.anchor_len, 0, optional=True)
+        integer("attention.passing_len", self.passing_len, 0, optional=True)
         if self.kernel is not None:
-            _one_of("attention.kernel", self.kernel, BACKENDS)
+            one_of("attention.kernel", self.kernel, KERNEL_BACKENDS)
 
 
 @dataclass
@@ -219,8 +203,7 @@ class GenerateConfig:
     """Greedy tokens to generate at most (the first one included)."""
 
     def __post_init__(self) -> None:
-        _integer("generate.max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS,
-                 optional=False)
+        integer("generate.max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
 
 
 @dataclass
@@ -232,7 +215,7 @@ class DecodeConfig:
     (refused where it cannot work); off."""
 
     def __post_init__(self) -> None:
-        _one_of("decode.graphs", self.graphs, DECODE_GRAPHS)
+        one_of("decode.graphs", self.graphs, DECODE_GRAPHS)
 
 
 @dataclass
@@ -243,7 +226,7 @@ class CacheConfig:
     (least recently used entries are evicted; see apbv/engine/vision_cache.py)."""
 
     def __post_init__(self) -> None:
-        _number("cache.vision_gb", self.vision_gb, low_open=False, optional=False)
+        number("cache.vision_gb", self.vision_gb, low_open=False)
 
 
 @dataclass
@@ -288,14 +271,14 @@ class VisionConfig:
     the vision stage, not in preprocess."""
 
     def __post_init__(self) -> None:
-        _one_of("vision.attention", self.attention, VISION_ATTENTION)
-        _one_of("vision.patch_embed", self.patch_embed, PATCH_EMBED)
-        _one_of("vision.rotary", self.rotary, VISION_ROTARY)
-        _one_of("vision.norm", self.norm, VISION_NORM)
-        _integer("vision.mlp_pad", self.mlp_pad, 0, 4096)
-        _integer("vision.chunk_rows", self.chunk_rows, 0)
-        _one_of("vision.preprocess", self.preprocess, PREPROCESS)
-        _integer("vision.preprocess_workers", self.preprocess_workers, 1, optional=False)
+        one_of("vision.attention", self.attention, VISION_ATTENTION)
+        one_of("vision.patch_embed", self.patch_embed, PATCH_EMBED)
+        one_of("vision.rotary", self.rotary, VISION_ROTARY)
+        one_of("vision.norm", self.norm, VISION_NORM)
+        integer("vision.mlp_pad", self.mlp_pad, 0, 4096, optional=True)
+        integer("vision.chunk_rows", self.chunk_rows, 0, optional=True)
+        one_of("vision.preprocess", self.preprocess, PREPROCESS)
+        integer("vision.preprocess_workers", self.preprocess_workers, 1)
         _boolean("vision.pipeline", self.pipeline)
 
 

@@ -35,19 +35,12 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from apbv.validate import check_int
+
 Range = tuple[int, int]  # [start, end)
 LAYOUTS = ("zigzag", "contiguous", "star")
 QUERY_RANK = 0
 """The rank that caches the query's KV and the generated tokens', and picks each token."""
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) >= ``minimum``, else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def default_anchor_len(context_len: int) -> int:

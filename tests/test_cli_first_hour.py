@@ -46,7 +46,7 @@ def test_make_tiny_model_without_its_extra(tmp_path: Path, capsys, monkeypatch) 
 
 
 def test_a_missing_video_package_names_the_video_extra(monkeypatch) -> None:
-    from apbv.extras import MissingExtra
+    from apbv import MissingExtra
     from apbv.video.sampling import _import
 
     monkeypatch.setitem(sys.modules, "decord", None)

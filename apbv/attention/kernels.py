@@ -41,8 +41,7 @@ from types import ModuleType
 import torch
 
 from apbv.attention.merge import merge_partials
-
-BACKENDS = ("flash", "sdpa", "reference")
+from apbv.config import KERNEL_BACKENDS as BACKENDS
 
 
 @cache

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from apbv.capture.sources import Frame, Source, _check_seconds, _error_text
+from apbv.capture.sources import Frame, Source, _error_text
+from apbv.validate import positive
 from apbv.video.load import resize_frames
 from apbv.video.sampling import stream_frame_size
 
@@ -95,7 +96,7 @@ class Capture:
         if not isinstance(source, Source):
             raise ValueError(f"source must be an apbv.capture Source, got "
                              f"{type(source).__name__}")
-        self.fps = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
+        self.fps = None if fps is None else positive("fps", fps, unit="frames per second")
         if size is not None:
             if not (isinstance(size, tuple) and len(size) == 2 and all(
                     isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size)):
@@ -110,8 +111,8 @@ class Capture:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if drop == "every_k" and capacity < 2:
             raise ValueError(f"drop='every_k' needs capacity >= 2, got {capacity}")
-        self.stall_s = _check_seconds("stall_s", stall_s)
-        self.give_up_s = _check_seconds("give_up_s", give_up_s, allow_none=True)
+        self.stall_s = positive("stall_s", stall_s, unit="seconds")
+        self.give_up_s = positive("give_up_s", give_up_s, allow_none=True, unit="seconds")
         self.source = source
         self.frame_size = size
         self._pixels = (min_pixels, max_pixels)
@@ -216,7 +217,7 @@ class Capture:
         if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(
                 max_frames, int) or max_frames < 1):
             raise ValueError(f"max_frames must be None or an integer >= 1, got {max_frames!r}")
-        wait = _check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        wait = positive("timeout", timeout, allow_none=True, allow_zero=True, unit="seconds")
         deadline = None if wait is None else time.monotonic() + wait
         self._check_give_up()
         with self._cond:
@@ -269,7 +270,7 @@ class Capture:
         """Stop capturing: no frame is added after this returns; the thread is joined for at
         most ``join_s`` seconds (a source blocked inside a decoder call finishes that call on
         its own, in a daemon thread that holds nothing of the consumer's)."""
-        wait = _check_seconds("join_s", join_s, allow_zero=True)
+        wait = positive("join_s", join_s, allow_zero=True, unit="seconds")
         self._stop.set()
         with self._cond:
             self._closed = True

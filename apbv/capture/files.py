@@ -18,11 +18,11 @@ from apbv.capture.sources import (
     RawFrame,
     Source,
     UrlSource,
-    _check_seconds,
     _error_text,
     _frame_step,
     _from_start,
 )
+from apbv.validate import positive
 from apbv.video.nofollow import open_nofollow
 from apbv.video.sampling import _import
 
@@ -116,8 +116,8 @@ class FollowFile(Source):
         super().__init__()
         self.path = os.fspath(path)
         self.follow_symlinks = follow_symlinks
-        self.poll_s = _check_seconds("poll_s", poll_s)
-        self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
+        self.poll_s = positive("poll_s", poll_s, unit="seconds")
+        self.end_after_s = positive("end_after_s", end_after_s, allow_none=True, unit="seconds")
         # Small probe sizes: decoding starts from the first packets, not after 5 s of video.
         self.options = {"probesize": "32768", "analyzeduration": "200000", **(options or {})}
         self._finished = threading.Event()
@@ -222,9 +222,9 @@ class SegmentDir(Source):
             raise ValueError(f"segment directory {self.path!r} does not exist or is not a "
                              "directory")
         self.order = order
-        self.settle_s = _check_seconds("settle_s", settle_s, allow_zero=True)
-        self.poll_s = _check_seconds("poll_s", poll_s)
-        self.end_after_s = _check_seconds("end_after_s", end_after_s, allow_none=True)
+        self.settle_s = positive("settle_s", settle_s, allow_zero=True, unit="seconds")
+        self.poll_s = positive("poll_s", poll_s, unit="seconds")
+        self.end_after_s = positive("end_after_s", end_after_s, allow_none=True, unit="seconds")
         if isinstance(extensions, str) or not extensions or not all(
                 isinstance(e, str) and e.startswith(".") for e in extensions):
             raise ValueError(f"extensions must be a sequence of suffixes like '.ts', got "

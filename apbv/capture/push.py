@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from apbv.capture.sources import RawFrame, Source, _check_seconds
+from apbv.capture.sources import RawFrame, Source
+from apbv.validate import positive
 
 
 class PushSource(Source):
@@ -24,7 +25,7 @@ class PushSource(Source):
 
     def __init__(self, *, poll_s: float = 0.05) -> None:
         super().__init__()
-        self.poll_s = _check_seconds("poll_s", poll_s)
+        self.poll_s = positive("poll_s", poll_s, unit="seconds")
         self._queue: deque[RawFrame] = deque()
         self._cond = threading.Condition()
         self._ended = False
@@ -68,7 +69,7 @@ class PushSource(Source):
         count = tensor.shape[0]
         if (timestamps is None) == (fps is None):
             raise ValueError("give exactly one of timestamps and fps")
-        rate = None if fps is None else _check_seconds("fps", fps, unit="frames per second")
+        rate = None if fps is None else positive("fps", fps, unit="frames per second")
         given = None if timestamps is None else [float(t) for t in timestamps]
         if given is not None:
             if len(given) != count:

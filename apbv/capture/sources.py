@@ -23,7 +23,6 @@ file or URL is opened.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from apbv.validate import positive
 from apbv.video.sampling import _import
 
 RawFrame = tuple[torch.Tensor, float]
@@ -46,21 +46,6 @@ class Frame:
     """uint8 (3, H, W) RGB, already resized to the stream's frame size."""
     timestamp: float
     """Seconds on the source's clock (0.0 at the first frame of a file, segment dir or URL)."""
-
-
-def _check_seconds(name: str, value: object, *, allow_none: bool = False,
-                   allow_zero: bool = False, unit: str = "seconds") -> float | None:
-    """``value`` as a float: a finite number > 0 (>= 0 with allow_zero; None with allow_none),
-    else ValueError naming ``name``, the allowed range and ``unit``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        extra = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be a finite number of {unit} {bound}{extra}, "
-                         f"got {value!r}")
-    return float(value)
 
 
 def _error_text(err: BaseException) -> str:
@@ -140,8 +125,8 @@ class UrlSource(Source):
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a non-empty str, got {url!r}")
         self.url = url
-        self.open_timeout_s = _check_seconds("open_timeout_s", open_timeout_s)
-        self.read_timeout_s = _check_seconds("read_timeout_s", read_timeout_s)
+        self.open_timeout_s = positive("open_timeout_s", open_timeout_s, unit="seconds")
+        self.read_timeout_s = positive("read_timeout_s", read_timeout_s, unit="seconds")
         self.options = dict(options or {})
 
     def frames(self, stop: threading.Event) -> Iterator[RawFrame | None]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from apbv.extras import MissingExtra
+from apbv import MissingExtra
 from apbv.modes import MODE_NAMES
 
 

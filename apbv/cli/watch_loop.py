@@ -25,7 +25,6 @@ the stream with that error.
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import signal
@@ -39,6 +38,7 @@ import torch
 
 from apbv import comm
 from apbv.distributed import DistInfo
+from apbv.validate import integer, positive
 
 MAX_STEP_FRAMES = 32
 """Frames one loop iteration takes from the capture and broadcasts at most."""
@@ -73,19 +73,13 @@ class WatchOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
             raise ValueError(f"source must be a non-empty path or URL, got {self.source!r}")
-        for name in ("fps", "window_s", "ask_every", "end_after_s"):
-            value = getattr(self, name)
-            if value is None and name != "fps":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        positive("fps", self.fps)
+        for name in ("window_s", "ask_every", "end_after_s"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
         for name, low in (("window_tokens", 1), ("min_pixels", 1), ("max_pixels", 1),
                           ("max_new_tokens", 1), ("buffer_frames", 2)):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < low):
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            integer(name, getattr(self, name), low, optional=True)
         if (self.ask_every is None) != (self.question is None):
             raise ValueError("ask_every and question go together: give both or neither")
         if self.question is not None and not self.question.strip():

@@ -13,7 +13,7 @@ of the request. The estimate is the largest phase:
   keeps the score matrices small) with the embeddings the calls have made;
 - ``prefill``: the weights, the patch rows (still referenced by the request), the video
   embeddings, the decoder's activations on the local shard (hidden states, q/k/v, the MLP
-  intermediate), the KV cache the rank keeps (:func:`apbv.engine.kvcache.owned_local_index`,
+  intermediate), the KV cache the rank keeps (:func:`apbv.ownership.owned_local_index`,
   and the decode reserve on :data:`apbv.plan.QUERY_RANK` only), the passing buffers, the
   gathered query partials, and the logits.
 
@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from apbv.cost.work import ModelDims
-from apbv.engine.kvcache import owned_local_index
+from apbv.ownership import owned_local_index
 from apbv.plan import QUERY_RANK, Plan
+from apbv.validate import integer
 from apbv.video.load import DECODE_CHUNK_ELEMENTS
 from apbv.video.patches import patches_per_chunk
 
@@ -109,12 +110,6 @@ def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 1024**3:.3f}"
 
 
-def _check(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def request_memory(
     dims: ModelDims,
     plan: Plan,
@@ -148,9 +143,9 @@ def request_memory(
         call_rows: patch rows per vision-tower call (``vision.chunk_rows``, whole temporal
             patches); 0: the rank's share in one call.
     """
-    _check("patches", patches, 0)
-    _check("reserve_tokens", reserve_tokens, 0)
-    _check("call_rows", call_rows, 0)
+    integer("patches", patches, 0)
+    integer("reserve_tokens", reserve_tokens, 0)
+    integer("call_rows", call_rows, 0)
     for name, value in (("dtype_bytes", dtype_bytes), ("row_bytes", row_bytes)):
         if value not in (1, 2, 4, 8):
             raise ValueError(f"{name} must be one of 1, 2, 4, 8, got {value!r}")

@@ -17,9 +17,8 @@ from apbv.cost.decode import decode_s
 from apbv.cost.hardware import Hardware, Machine
 from apbv.cost.schedule import full_layer, layer_events, simulate, vision_cost
 from apbv.cost.work import ModelDims, _flops, attention_flops, full_pairs, squarest_grid
-from apbv.engine.kvcache import owned_local_index
-from apbv.engine.routing import VideoSpan, embedding_routes, needed_video_tokens
 from apbv.modes import get_mode
+from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, owned_local_index
 from apbv.plan import Plan, patch_ranges
 from apbv.timing import TTFT_STAGES
 from apbv.video.patches import PIPELINE_CHUNK_ROWS, patches_per_chunk

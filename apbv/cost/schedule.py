@@ -16,7 +16,7 @@ from apbv.cost.work import (
     query_pairs,
     split_window,
 )
-from apbv.engine.kvcache import owned_local_index
+from apbv.ownership import owned_local_index
 from apbv.plan import Plan
 
 Event = tuple[str, float]

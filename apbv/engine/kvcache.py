@@ -11,21 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from apbv.plan import QUERY_RANK, Plan, Range
-
-
-def owned_local_ranges(plan: Plan, rank: int) -> list[Range]:
-    """Local [start, end) runs of the prompt tokens whose KV ``rank`` keeps, in global order:
-    its anchor share, its blocks and, on the query rank, the query."""
-    ranges = [plan.anchor_share(rank), plan.local_blocks_range(rank)]
-    if rank == QUERY_RANK:
-        ranges.append(plan.local_ranges(rank)[-1])
-    return ranges
-
-
-def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
-    """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
-    return torch.cat([torch.arange(a, b) for a, b in owned_local_ranges(plan, rank)])
+from apbv.plan import Range
 
 
 class RankKVCache:

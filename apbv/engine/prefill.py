@@ -15,8 +15,9 @@ import torch
 from apbv.attention import apbv_attention
 from apbv.context import active
 from apbv.distributed import DistInfo
-from apbv.engine.kvcache import RankKVCache, owned_local_ranges
+from apbv.engine.kvcache import RankKVCache
 from apbv.model.qwen2_5_vl import QwenVL
+from apbv.ownership import owned_local_ranges
 from apbv.plan import QUERY_RANK, Plan, Range
 
 

@@ -26,15 +26,10 @@ from apbv.engine.decode import (
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, RequestCancelled, Result, cut_at_stop
-from apbv.engine.routing import (
-    VideoSpan,
-    embedding_routes,
-    needed_video_tokens,
-    route_embeddings,
-    transfer_bytes,
-)
+from apbv.engine.routing import route_embeddings
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
+from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
 from apbv.plan import QUERY_RANK
 from apbv.positions import mrope_positions
 from apbv.timing import TTFT_STAGES, StageTimer

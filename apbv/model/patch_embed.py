@@ -41,9 +41,6 @@ from apbv.video.patches import levels_to_rows
 if TYPE_CHECKING:
     from apbv.video.patches import PatchSpec
 
-PATCH_EMBED = ("linear", "conv")
-"""``vision.patch_embed``: linear (:func:`linear_patch_embed`) or conv (the stock Conv3d)."""
-
 CPU_BLOCK_ROWS = 1024
 """Patch rows per product on CPU. The product is narrow (1176 values in, the tower's width
 out): on one core, 8192 rows (one tower call's) in one product ran at about 45 GFLOP/s, in

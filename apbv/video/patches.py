@@ -35,11 +35,6 @@ def patches_per_chunk(rows_per_patch: int, chunk_rows: int) -> int:
     return max(1, chunk_rows // rows_per_patch)
 
 
-PREPROCESS = ("levels", "fused", "processor")
-"""``vision.preprocess``: frames to patch rows by this module, as pixel levels (``levels``) or
-as the processor's float rows (``fused``), or by the HF video processor."""
-
-
 @dataclass(frozen=True)
 class PatchSpec:
     """The processor settings that decide the rows."""

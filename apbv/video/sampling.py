@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -14,11 +13,10 @@ from typing import Any
 
 import torch
 
-from apbv.extras import import_extra
-from apbv.plan import Range, check_int
-
-BACKENDS = ("decord", "pyav")
-"""The decoders :class:`VideoSpec` accepts."""
+from apbv import import_extra
+from apbv.config import VIDEO_BACKENDS as BACKENDS
+from apbv.plan import Range
+from apbv.validate import check_int, positive
 
 TEMPORAL_PATCH_SIZE = 2
 """Frames per temporal patch of Qwen2.5-VL's vision tower (qwen-vl-utils' FRAME_FACTOR)."""
@@ -40,13 +38,6 @@ def _qwen() -> ModuleType:
 # Value checks.
 
 
-def _check_number(name: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +104,7 @@ class VideoSpec:
                 f"nframes={self.nframes!r}); give one of them"
             )
         if self.fps is not None:
-            _check_number("fps", self.fps, positive=True)
+            positive("fps", self.fps)
         if self.nframes is not None:
             check_int("nframes", self.nframes, TEMPORAL_PATCH_SIZE)
         check_int("min_frames", self.min_frames, 1)
@@ -132,11 +123,11 @@ class VideoSpec:
                     f"max_pixels ({self.max_pixels}) must be >= min_pixels ({self.min_pixels})"
                 )
         if self.total_pixels is not None:
-            _check_number("total_pixels", self.total_pixels, positive=True)
+            positive("total_pixels", self.total_pixels)
         if self.video_start is not None:
-            _check_number("video_start", self.video_start, positive=False)
+            positive("video_start", self.video_start, allow_zero=True)
         if self.video_end is not None:
-            _check_number("video_end", self.video_end, positive=False)
+            positive("video_end", self.video_end, allow_zero=True)
             if self.video_start is not None and self.video_end <= self.video_start:
                 raise ValueError(
                     f"video_end ({self.video_end}) must be > video_start ({self.video_start})"
@@ -178,7 +169,7 @@ class VideoMeta:
 
     def __post_init__(self) -> None:
         check_int("total_frames", self.total_frames, 1)
-        _check_number("fps", self.fps, positive=True)
+        positive("fps", self.fps)
         check_int("height", self.height, 1)
         check_int("width", self.width, 1)
 
@@ -253,7 +244,7 @@ class DecodedVideo:
         if height % factor or width % factor:
             raise ValueError(f"decoded frames of {width}x{height}: both sides must be "
                              f"multiples of {factor}")
-        object.__setattr__(self, "fps", _check_number("fps", self.fps, positive=True))
+        object.__setattr__(self, "fps", positive("fps", self.fps))
 
     @property
     def sampling(self) -> Sampling:

@@ -12,8 +12,8 @@ import pytest
 from apbv import cost
 from apbv.__main__ import main
 from apbv.cost import Hardware, ModelDims, predict
-from apbv.engine.routing import VideoSpan, embedding_routes, transfer_bytes
 from apbv.modes import MODE_NAMES, get_mode
+from apbv.ownership import VideoSpan, embedding_routes, transfer_bytes
 from tests.cases import Case
 from tests.oracle import visible_keys
 

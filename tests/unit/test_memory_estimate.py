@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from apbv import cost
-from apbv.engine.kvcache import RankKVCache, owned_local_index
+from apbv.engine.kvcache import RankKVCache
 from apbv.modes import get_mode
+from apbv.ownership import owned_local_index
 from apbv.plan import QUERY_RANK, make_plan, patch_ranges
 
 QWEN_7B = cost.preset_dims("qwen2.5-vl-7b")

@@ -1,0 +1,90 @@
+"""Which rank keeps which KV and which video rows travel where: pure arithmetic on a
+:class:`~apbv.plan.Plan`, shared by the engine (:mod:`apbv.engine.kvcache`,
+:mod:`apbv.engine.routing`) and the cost model (:mod:`apbv.cost`), which imports nothing from
+``engine/``.
+
+Every prompt token's KV is kept on exactly one rank: its anchor share, its blocks and, on the
+query rank, the query. Video embeddings are encoded frame-parallel (rank r: the video tokens
+[p0 * S, p1 * S), S = tokens per temporal patch) and sent to the ranks whose ZigZag pieces hold
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from apbv.plan import QUERY_RANK, Plan, Range
+
+
+def owned_local_ranges(plan: Plan, rank: int) -> list[Range]:
+    """Local [start, end) runs of the prompt tokens whose KV ``rank`` keeps, in global order:
+    its anchor share, its blocks and, on the query rank, the query."""
+    ranges = [plan.anchor_share(rank), plan.local_blocks_range(rank)]
+    if rank == QUERY_RANK:
+        ranges.append(plan.local_ranges(rank)[-1])
+    return ranges
+
+
+def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
+    """Local indices (int64) of the prompt tokens whose KV ``rank`` keeps, in global order."""
+    return torch.cat([torch.arange(a, b) for a, b in owned_local_ranges(plan, rank)])
+
+
+@dataclass(frozen=True)
+class VideoSpan:
+    """Where the video's placeholder tokens sit in the global prompt."""
+
+    start: int
+    """Global position of the first video token."""
+    num_tokens: int
+    tokens_per_patch: int
+    """LLM tokens per temporal patch: (h / merge) * (w / merge)."""
+
+
+def _intersect(a: Range, b: Range) -> Range | None:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+def needed_video_tokens(plan: Plan, span: VideoSpan, rank: int) -> list[Range]:
+    """Video-token index ranges (0-based within the video) whose embeddings ``rank`` needs."""
+    video = (span.start, span.start + span.num_tokens)
+    out = []
+    for piece in plan.global_ranges(rank):
+        hit = _intersect(piece, video)
+        if hit:
+            out.append((hit[0] - span.start, hit[1] - span.start))
+    return out
+
+
+def embedding_routes(
+    plan: Plan, span: VideoSpan, patch_ranges: list[Range]
+) -> list[list[list[Range]]]:
+    """routes[src][dst]: the video-token ranges rank ``src`` encodes and rank ``dst`` needs."""
+    routes = []
+    for p0, p1 in patch_ranges:
+        encoded = (p0 * span.tokens_per_patch, p1 * span.tokens_per_patch)
+        routes.append([
+            [hit for need in needed_video_tokens(plan, span, dst)
+             if (hit := _intersect(need, encoded))]
+            for dst in range(plan.world_size)
+        ])
+    return routes
+
+
+def _count(ranges: list[Range]) -> int:
+    return sum(e - s for s, e in ranges)
+
+
+def transfer_bytes(
+    routes: list[list[list[Range]]], num_tokens: int, row_bytes: int
+) -> tuple[int, int]:
+    """(bytes our routing moves between ranks, bytes an all-gather of everything would move).
+
+    An all-gather hands every rank the rows it did not encode: (H - 1) * num_tokens rows.
+    """
+    world = len(routes)
+    moved = sum(_count(routes[s][d]) for s in range(world) for d in range(world) if s != d)
+    return moved * row_bytes, (world - 1) * num_tokens * row_bytes
