@@ -23,6 +23,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ from apbv.cost import (
 from apbv.distributed import DistInfo
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import resolve_graphs
-from apbv.engine.request import PromptInputs, Request, Result, field_hashes
+from apbv.engine.request import PromptInputs, Request, Result, StreamWindow, field_hashes
 from apbv.engine.runtime import cancelled_here, raise_if_any_failed, run_prompt
 from apbv.engine.stream import Stream
 from apbv.engine.stream_spec import StreamSpec
@@ -99,7 +100,7 @@ class Engine:
         self.qwen.set_vision(vision)
         self.vision_cache = VisionCache(int(self.cfg.cache.vision_gb * 2**30))
 
-    def request(self, video: str, question: str, **overrides: object) -> Request:
+    def request(self, video: str, question: str, **overrides: Any) -> Request:
         """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
         return Request.from_config(self.cfg, video, question, **overrides)
 
@@ -144,6 +145,7 @@ class Engine:
                 request.video, *share, frames_per_chunk=self.qwen.frames_per_chunk,
                 before_decode=preflight, device=self.frame_device)
         else:
+            assert not isinstance(request.video, StreamWindow), "a stream's ask: Stream.ask"
             frames = load_rank_frames(request.video, *share, before_decode=preflight,
                                       device=self.frame_device) \
                 if isinstance(request.video, VideoSpec) else \

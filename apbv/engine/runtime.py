@@ -99,6 +99,7 @@ def run_prompt(
                         local_video = qwen.encode_frames(inputs.frame_chunks)
                     else:
                         grid = (patch_range[1] - patch_range[0], h, w)
+                        assert inputs.pixel_values is not None, "no frames and no embeddings"
                         local_video = qwen.vision_tower(inputs.pixel_values, grid)
                     assert len(local_video) == (patch_range[1] - patch_range[0]) \
                         * span.tokens_per_patch, (local_video.shape, patch_range)
@@ -108,6 +109,7 @@ def run_prompt(
                 error = exc
             error = error or cancelled_here(stop, info, "the prefill")
             raise_if_any_failed(error, group)  # reached on every rank, hit or miss
+            assert local_video is not None
             cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):
             routes = embedding_routes(plan, span, list(inputs.patch_ranges))
@@ -163,7 +165,7 @@ def run_prompt(
 
 def finish_answer(
     qwen: QwenVL, logits: torch.Tensor, next_position: int, cache: RankKVCache,
-    info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
+    info: DistInfo, timer: StageTimer, *, choices: Sequence[str] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
     stop_texts: Sequence[str] = (), graphs: bool = False,
@@ -189,8 +191,9 @@ def finish_answer(
             logprobs = score_choices(qwen, logits, choice_ids, next_position, cache, info,
                                      kernel=kernel)
         best = choice_ids[max(range(len(choice_ids)), key=lambda i: logprobs[i])]
-        for token in best if on_token is not None else ():  # the chosen answer's tokens
-            on_token(token)
+        if on_token is not None:  # the chosen answer's tokens
+            for token in best:
+                on_token(token)
         return best, choice_table(choices, choice_ids, logprobs), "stop"
     if on_token is not None:
         on_token(first)

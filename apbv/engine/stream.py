@@ -410,17 +410,18 @@ class Stream:
             finish_reason=finish,
         )
 
-    def _ask_fresh(self, question: str, max_new_tokens: int, choices: tuple[str, ...] | None,
+    def _ask_fresh(self, question: str, max_new_tokens: int, choices: Sequence[str] | None,
                    on_token: Callable[[int], None] | None,
-                   stop: Callable[[], bool] | None, stop_texts: tuple[str, ...]) -> Result:
+                   stop: Callable[[], bool] | None, stop_texts: str | Sequence[str]) -> Result:
         """One-shot spava over the held chunks' frames, from the kept vision embeddings."""
         qwen, info, engine = self.qwen, self.info, self.engine
         att = engine.cfg.attention
         window = StreamWindow(self.chunks[0].index, self.chunks[-1].index, self.frames_held)
         request = Request(video=window, question=question, mode=get_mode("spava"),
                           max_new_tokens=max_new_tokens, anchor_len=att.anchor_len,
-                          passing_len=att.passing_len, kernel=att.kernel, choices=choices,
-                          stop_texts=stop_texts)
+                          passing_len=att.passing_len, kernel=att.kernel,
+                          choices=choices,  # type: ignore[arg-type]  # made a tuple on init
+                          stop_texts=stop_texts)  # type: ignore[arg-type]  # the same
         timer = StageTimer(info.device, info.group)
         with timer.stage("preprocess"):
             error: Exception | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from apbv.plan import check_int
 from apbv.video import TEMPORAL_PATCH_SIZE
@@ -20,7 +21,7 @@ MAX_TIMESTAMP_GAP_S = 3600.0
 positions are taken from the model's context; after a longer one, open a new stream)."""
 
 
-def check_timestamps(stamps: Sequence[object], last: float | None) -> list[float]:
+def check_timestamps(stamps: Sequence[Any], last: float | None) -> list[float]:
     """``stamps`` (seconds, one per frame) as floats, or ValueError naming the bound broken:
     each a finite number within +-``MAX_TIMESTAMP_S``, greater than the one before it (the
     first: than ``last``, the stream's newest; None before its first frame) by at most

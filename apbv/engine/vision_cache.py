@@ -108,7 +108,7 @@ class VisionCache:
     def get(self, key: VisionKey | None) -> VisionEntry | None:
         """The entry of ``key`` (now the most recently used), or None; counts a hit or miss."""
         entry = None if key is None else self._entries.get(key)
-        if entry is None:
+        if key is None or entry is None:
             self.misses += 1
             return None
         self._entries.move_to_end(key)

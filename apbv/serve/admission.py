@@ -27,9 +27,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.serve.policy import ClientError
+
+if TYPE_CHECKING:
+    from apbv.serve.replicas import Replica
 
 Predictor = Callable[[Any, dict[str, int]], float]
 """(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
@@ -72,6 +75,8 @@ class Job:
     """Tokens it may generate (0: no decode, as a stream's append)."""
     generated: int = 0
     """Tokens generated so far (counted by the replica while it runs)."""
+    replica: Replica = field(init=False, repr=False)
+    """The replica whose queue holds it (set when it is queued; moved jobs get their new one)."""
 
 
 class Admission:

@@ -16,12 +16,13 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from apbv.engine.request import Request
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
+from apbv.video import VideoSpec
 
 KNOWN_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
                 "stream", "mode", "fps", "nframes", "max_pixels", "choices", "deadline_ms",
@@ -47,12 +48,12 @@ def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | Non
     """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``: by
     type, never by truthiness (``"false"`` is no boolean, ``true`` no number); a float must
     be finite (JSON bodies may hold NaN and Infinity literals)."""
-    value = body.get(name)
+    value: Any = body.get(name)
     if value is None:
         return None
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
             (isinstance(value, float) and not math.isfinite(value)) or \
-            (low is not None and value < low):
+            (low is not None and cast(float, value) < low):
         what = ("true or false" if kinds == (bool,) else "an integer" if kinds == (int,)
                 else "a string" if kinds == (str,) else "an object" if kinds == (dict,)
                 else "a finite number")
@@ -127,7 +128,7 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
     if typed_field(body, "n", (int,)) not in (None, 1):
         raise ClientError(400, f"n={body.get('n')!r} is not supported: only n=1")
     if typed_field(body, "model", (str,)) not in (None, model_name):
-        raise ClientError(404, f"model {body.get('model')[:200]!r} is not served; this server "
+        raise ClientError(404, f"model {body['model'][:200]!r} is not served; this server "
                                f"serves {model_name!r}")
     streamed = typed_field(body, "stream", (bool,)) is True
     typed_field(body, "top_p", (int, float))  # accepted for clients' sake; greedy ignores it
@@ -164,6 +165,7 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
                                       else body["stop"], system=system)
         # A local path was checked with its links resolved: open exactly that file, no link
         # on the way (the download directory is the server's own).
+        assert isinstance(request.video, VideoSpec), request.video  # a path, from_config
         video = dataclasses.replace(request.video, follow_symlinks=remote is not None)
         if fps is not None or nframes is not None:
             video = dataclasses.replace(video, fps=fps, nframes=nframes)
@@ -181,6 +183,7 @@ def parse_chat(body: object, cfg: Any, limits: Limits, policy: MediaPolicy,
 def with_download(call: ChatCall, downloaded: Held) -> ChatCall:
     """``call`` (with a ``remote`` video) on the stored file ``downloaded``, which it holds."""
     assert call.remote is not None and call.downloaded is None, call
+    assert isinstance(call.request.video, VideoSpec), call.request.video
     video = dataclasses.replace(call.request.video, path=downloaded.path)
     return dataclasses.replace(call, request=dataclasses.replace(call.request, video=video),
                                downloaded=downloaded, remote=None)
@@ -211,12 +214,13 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
     from apbv.sequence import prompt_ids, split_prompt
     from apbv.video import plan_sampling, probe
 
+    video = request.video
+    assert isinstance(video, VideoSpec), video  # a chat request names a file
     try:
-        meta = probe(request.video)
-        sampling = plan_sampling(request.video, meta)
+        meta = probe(video)
+        sampling = plan_sampling(video, meta)
     except ValueError as exc:
         raise ClientError(400, str(exc)) from None
-    video = request.video
     seconds = min(meta.duration, video.video_end or meta.duration) - (video.video_start or 0)
     limits.check("duration", round(seconds, 3), limits.max_video_seconds, "max-video-seconds",
                  "the video's duration in seconds")

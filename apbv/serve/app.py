@@ -298,6 +298,7 @@ class Server:
         sent = ""
         hold = max(map(len, stop_texts), default=1) - 1
         while True:
+            assert job.tokens is not None, "a streamed job has a token queue"
             getter = asyncio.ensure_future(job.tokens.get())
             await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():

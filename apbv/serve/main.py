@@ -106,8 +106,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(**{f.name: (int if f.type == "int" else float)(getattr(args, f.name))
-                     for f in dataclasses.fields(Limits)})
+    values: dict[str, Any] = {f.name: (int if f.type == "int" else float)(getattr(args, f.name))
+                              for f in dataclasses.fields(Limits)}
+    return Limits(**values)
 
 
 def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool,

@@ -78,13 +78,14 @@ def init_ray(address: str | None, num_cpus: int) -> str:
 
     if address is not None:
         ctx = ray.init(address=address, log_to_driver=True)
-        gcs = ctx.address_info["gcs_address"]
+        # ray.init returns a RayContext, annotated as its base class
+        gcs = ctx.address_info["gcs_address"]  # type: ignore[attr-defined]
         log.info("Ray: joined the cluster at %s (token authentication)", gcs)
         return gcs
     # "local": a new cluster, never one named by RAY_ADDRESS or left running on this host
     ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                    log_to_driver=True, object_store_memory=128 << 20, _node_ip_address=LOOPBACK)
-    info = ctx.address_info
+    info = ctx.address_info  # type: ignore[attr-defined]  # a RayContext, as above
     if info["node_ip_address"] != LOOPBACK:  # ray was imported before prepare_ray_env
         ray.shutdown()
         raise RuntimeError(f"the local Ray cluster came up on {info['node_ip_address']}, "
