@@ -114,8 +114,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from apbv.config import load_config
     from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.engine.agree import raise_if_any_failed
     from apbv.engine.engine import Engine
-    from apbv.engine.runtime import raise_if_any_failed
     from apbv.watch import WatchOptions, run_watch
 
     overrides = list(args.set)

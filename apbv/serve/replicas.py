@@ -38,6 +38,7 @@ from apbv.engine.request import RequestCancelled
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.group import RankLost, describe_lost
+from apbv.serve.ops import Generate
 from apbv.serve.policy import ClientError
 from apbv.video import video_identity
 
@@ -146,8 +147,8 @@ class Replica:
                         job.cancel))
                     outcome = job.call.what
                 else:
-                    result = await self._watched(job, self.group.generate(
-                        job.call.request, self._counter(job), job.cancel))
+                    result = await self._watched(job, self.group.submit(
+                        Generate(job.call.request), self._counter(job), job.cancel))
                     self.observe(result)
                     if not result.vision_cache_hit:  # the case the cost model predicts
                         self.admission.learn(job, result.ttft_s)

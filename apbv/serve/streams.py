@@ -1,9 +1,10 @@
 """Live streams over HTTP: open, push frames, ask, stats, close (``/v1/streams``).
 
 Each open stream lives on one replica (the least loaded ready one with room in its budget);
-its ranks hold their part of an :class:`apbv.engine.stream.Stream` under the stream's id. Every
-operation that touches the ranks is a :class:`apbv.serve.replicas.GroupOp` in that replica's
-queue, so it runs alone on the group, in turn with chat requests. Everything a client sends is
+its ranks' engines hold their part of it under the stream's id. Every operation that touches
+the ranks (:mod:`apbv.serve.ops`; an ask is a :class:`~apbv.serve.ops.Generate` of a request
+whose video is the stream) is a job in that replica's queue, so it runs alone on the group, in
+turn with chat requests. Everything a client sends is
 checked here first (fields, limits, images, timestamps, the memory budget of
 :mod:`apbv.serve.stream_budget`), and the engine checks again on every rank alike.
 
@@ -34,12 +35,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from apbv.engine.request import check_choices, check_stop_texts
-from apbv.engine.stream_spec import StreamSpec
+from apbv.engine.request import Request as EngineRequest
+from apbv.engine.request import StreamRef
+from apbv.engine.stream_plan import StreamSpec
 from apbv.serve import api, stream_budget
 from apbv.serve.admission import Job
 from apbv.serve.bodies import check_url
 from apbv.serve.frames import parse_push, resize_to
+from apbv.serve.ops import Append, CloseStream, DescribeStream, Generate, Op, OpenStream
 from apbv.serve.policy import ClientError, resolve_media
 from apbv.serve.replicas import GroupOp, Replica
 from apbv.stream import Capture, Source, local_source, stream_frame_size
@@ -47,6 +50,9 @@ from apbv.stream import Capture, Source, local_source, stream_frame_size
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
 ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream", "stop"}
+FRESH_MODE = "spava"
+"""The mode of a fresh ask (a one-shot prefill of the held window); an ask over the held KV
+is ``exact``."""
 PROBE_TIMEOUT_S = 10.0
 """The longest a source's probe at open may take (seconds; it reads a few MiB at most)."""
 
@@ -138,8 +144,7 @@ class Streams:
         if live.capture is not None:
             live.capture.close()
 
-    def _admit(self, live: LiveStream, op: str, *args: Any, stream: bool = False,
-               **kwargs: Any) -> Job:
+    def _admit(self, live: LiveStream, op: Op, *, stream: bool = False) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
         there; ``stream``: the job's token queue gets the answer's ids as they come. A job that
         fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
@@ -151,8 +156,8 @@ class Streams:
             if replica.generation != generation:
                 raise ClientError(410, f"stream {live.id!r} was lost with replica "
                                        f"{replica.index}'s ranks; open a new stream")
-            return await group.stream(op, live.id, *args, on_token=on_token,
-                                      cancel=cancel if op == "ask" else None, **kwargs)
+            return await group.submit(op, on_token=on_token if op.answers else None,
+                                      cancel=cancel if op.answers else None)
 
         def forget_if_lost(future: Any) -> None:
             if not future.cancelled() and future.exception() is not None \
@@ -160,8 +165,8 @@ class Streams:
                 self._forget(live)
 
         job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0,
-                                      max_tokens=kwargs.get("max_new_tokens", 0))
-        job.replica, job.name = replica, f"{live.id} {op}"
+                                      max_tokens=op.max_tokens)
+        job.replica, job.name = replica, f"{live.id} {op.what}"
 
         def ended(_: Any) -> None:  # the idle clock starts again from here
             live.jobs.discard(job)
@@ -172,9 +177,10 @@ class Streams:
         job.future.add_done_callback(forget_if_lost)
         return job
 
-    async def _run(self, live: LiveStream, op: str, *args: Any, **kwargs: Any) -> Any:
-        """``op`` on every rank of the stream's replica (:meth:`_admit`), its outcome."""
-        return await self._admit(live, op, *args, **kwargs).future
+    async def _run(self, live: LiveStream, op: Op) -> Any:
+        """``op`` on every rank of the stream's replica (:meth:`_admit`): (its outcome, the
+        seconds it waited)."""
+        return await self._admit(live, op).future
 
     # --- open ---------------------------------------------------------------------------------
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
@@ -251,7 +257,7 @@ class Streams:
         self.live[live.id] = live
         try:
             if sized:
-                await self._run(live, "open", spec)
+                await self._run(live, OpenStream(live.id, spec))
                 live.opened_on_ranks = True
             if source is not None:
                 live.source = path
@@ -328,15 +334,15 @@ class Streams:
 
     async def _append(self, live: LiveStream, frames: Any, stamps: list[float]) -> dict:
         if not live.opened_on_ranks:
-            await self._run(live, "open", live.spec)
+            await self._run(live, OpenStream(live.id, live.spec))
             live.opened_on_ranks = True
-        result, _ = await self._run(live, "append", frames, stamps)
+        result, _ = await self._run(live, Append(live.id, frames, tuple(stamps)))
         live.frames_pushed += len(stamps)
         live.pushes += 1
         live.last_ts = stamps[-1]
         live.last_push_wall = time.monotonic()
-        return {"appended": len(stamps), "chunk": result["chunk"], "owner": result["owner"],
-                "tokens": result["tokens"], "evicted": result["evicted"]}
+        return {"appended": len(stamps), "chunk": result.chunk, "owner": result.owner,
+                "tokens": result.tokens, "evicted": result.evicted}
 
     async def _feed(self, live: LiveStream) -> None:
         """Move frames from the stream's capture to its ranks until the capture ends."""
@@ -389,15 +395,17 @@ class Streams:
         max_tokens = api.typed_field(body, "max_tokens", (int,), 1) or \
             self.server.cfg.generate.max_new_tokens
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
-        choices = body.get("choices")
         fresh = bool(api.typed_field(body, "fresh", (bool,)))
         streamed = bool(api.typed_field(body, "stream", (bool,)))
-        try:
-            choices = None if choices is None else list(check_choices(choices))
-            stop_texts = check_stop_texts(() if body.get("stop") is None else body["stop"],
-                                          choices)
+        try:  # the engine's Request checks, as for a chat request
+            ask = EngineRequest.from_config(
+                self.server.cfg, StreamRef(stream_id, fresh), question,
+                mode=FRESH_MODE if fresh else "exact", max_new_tokens=max_tokens,
+                choices=body.get("choices"),
+                stop_texts=() if body.get("stop") is None else body["stop"])
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
+        choices, stop_texts = ask.choices, ask.stop_texts
         if not live.opened_on_ranks:
             raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
         if streamed and choices is not None:
@@ -406,14 +414,12 @@ class Streams:
         live.asks += 1
         model, cid = self.server.opt.model_name, api.completion_id()
         if streamed:
-            job = self._admit(live, "ask", question, max_new_tokens=max_tokens, fresh=fresh,
-                              stop_texts=stop_texts, stream=True)
+            job = self._admit(live, Generate(ask), stream=True)
             job.future.add_done_callback(
                 lambda f: None if f.cancelled() or f.exception() else
                 self.server._observe(f.result()[0]))
             return self.server.sse(job, cid, request, model, stop_texts, stream=live.id)
-        result, wait = await self._run(live, "ask", question, max_new_tokens=max_tokens,
-                                       choices=choices, fresh=fresh, stop_texts=stop_texts)
+        result, wait = await self._run(live, Generate(ask))
         out = api.answer(model, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
         self.server._observe(result)
@@ -424,7 +430,8 @@ class Streams:
         live = self._get(stream_id)
         out = self._summary(live)
         if live.opened_on_ranks:
-            out["engine"], _ = await self._run(live, "describe")
+            info, _ = await self._run(live, DescribeStream(live.id))
+            out["engine"] = dataclasses.asdict(info)
         return JSONResponse(out)
 
     async def close(self, stream_id: str, request: Request) -> JSONResponse:
@@ -440,7 +447,7 @@ class Streams:
         live.closing = True  # no new operation from here on
         try:
             if live.opened_on_ranks and live.generation == live.replica.generation:
-                await self._run(live, "close")
+                await self._run(live, CloseStream(live.id))
         except ClientError as exc:
             if exc.status == 429:
                 live.closing = False

@@ -130,7 +130,7 @@ class _Group:
         self.lost: dict[int, str] = {}
         self.generated = 0
 
-    async def generate(self, request, on_token, cancel):
+    async def submit(self, op, on_token, cancel):
         self.generated += 1
         await self.release.wait()
         if self.lost:

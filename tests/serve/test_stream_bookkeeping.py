@@ -12,9 +12,11 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
-from apbv.engine.stream_spec import StreamSpec  # noqa: E402
+from apbv.engine.request import Request, StreamRef  # noqa: E402
+from apbv.engine.stream_plan import StreamSpec  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.ops import Generate  # noqa: E402
 from apbv.serve.policy import ClientError  # noqa: E402
 from apbv.serve.replicas import Replica  # noqa: E402
 from apbv.serve.streams import LiveStream, StreamOptions, Streams  # noqa: E402
@@ -39,6 +41,11 @@ def _add(streams: Streams, replica: Replica, name: str, idle_for: float = 0.0) -
     live.used = time.monotonic() - idle_for
     streams.live[name] = live
     return live
+
+
+def _asked(question: str) -> Generate:
+    """A question over a stream's held KV, as the server queues it."""
+    return Generate(Request(video=StreamRef("s"), question=question, mode="exact"))
 
 
 def _refused(exc: pytest.ExceptionInfo, status: int, text: str) -> None:
@@ -89,14 +96,14 @@ def test_a_job_failed_by_lost_ranks_forgets_the_stream_streamed_or_not():
         for stream in (True, False):
             live = _add(streams, replica, "s", idle_for=0.0)
             live.generation = replica.generation
-            job = streams._admit(live, "ask", "What is shown?", stream=stream)
+            job = streams._admit(live, _asked("What is shown?"), stream=stream)
             replica.generation += 1  # a rank died while the job waited
             job.future.set_exception(ClientError(410, "lost"))
             await asyncio.sleep(0)  # the done-callbacks run
             kept.append("s" in streams.live)
             job.future.exception()  # retrieved: no "never retrieved" warning
         other = _add(streams, replica, "t")
-        job = streams._admit(other, "ask", "q", stream=True)
+        job = streams._admit(other, _asked("q"), stream=True)
         job.future.set_exception(ClientError(400, "bad question"))  # ranks still the same
         await asyncio.sleep(0)
         job.future.exception()
