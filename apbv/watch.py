@@ -233,15 +233,15 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
     """Watch ``options.source`` on every rank alike (rank 0 captures, reads ``questions`` and
     prints to ``out``). Returns 0 when the stream ended normally, 1 when it ended with an
     error (printed). A source that cannot be opened is a ValueError before any work."""
-    from apbv.engine.agree import raise_if_any_failed
+    from apbv.engine.agree import agreement
     from apbv.engine.stream_plan import StreamSpec
 
     group, lead = info.group, info.rank == 0
     out = out or sys.stdout
     printer = _Printer(options, out)
-    planner, error = None, None
-    if lead:
-        try:
+    planner = None
+    with agreement(group):
+        if lead:
             if make_capture is None:
                 from apbv.stream import Capture
 
@@ -252,9 +252,6 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
             else:
                 capture = make_capture()
             planner = _Planner(options, capture, questions)
-        except ValueError as exc:
-            error = exc
-    raise_if_any_failed(error, group)
     stream, code, reason, failure = None, 0, None, None
     try:
         with _StopSignals() as signals:

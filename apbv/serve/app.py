@@ -178,7 +178,7 @@ class Server:
     def _drop(self, job: Job) -> bool:
         """Drop a job still waiting (its download deleted); False if it already started."""
         if job.replica.admission.drop(job):
-            discard(job.call.downloaded)
+            discard(job.downloaded)
             self.metrics.requests.labels("disconnected").inc()
             return True
         return False

@@ -44,7 +44,7 @@ from apbv.serve.bodies import check_url
 from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.ops import Append, CloseStream, DescribeStream, Generate, Op, OpenStream
 from apbv.serve.policy import ClientError, resolve_media
-from apbv.serve.replicas import GroupOp, Replica
+from apbv.serve.replicas import Replica
 from apbv.stream import Capture, Source, local_source, stream_frame_size
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
@@ -151,21 +151,14 @@ class Streams:
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
 
-        async def run(group: Any, on_token: Callable[[int], None] | None,
-                      cancel: asyncio.Event) -> Any:
-            if replica.generation != generation:
-                raise ClientError(410, f"stream {live.id!r} was lost with replica "
-                                       f"{replica.index}'s ranks; open a new stream")
-            return await group.submit(op, on_token=on_token if op.answers else None,
-                                      cancel=cancel if op.answers else None)
-
         def forget_if_lost(future: Any) -> None:
             if not future.cancelled() and future.exception() is not None \
                     and replica.generation != generation:
                 self._forget(live)
 
-        job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0,
-                                      max_tokens=op.max_tokens)
+        job = replica.admission.admit(None, {}, op=op, stream=stream, predicted_s=0.0,
+                                      max_tokens=op.max_tokens, stream_id=live.id,
+                                      generation=generation)
         job.replica, job.name = replica, f"{live.id} {op.what}"
 
         def ended(_: Any) -> None:  # the idle clock starts again from here
