@@ -102,7 +102,7 @@ class Server:
         self.metrics = Metrics()
         if admissions is None:
             admissions = [Admission(options.max_queue) for _ in groups]
-        self.replicas = [Replica(i, g, a, self.metrics, self._observe)
+        self.replicas = [Replica(i, g, a, self.metrics, self.observe)
                          for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
         for replica in self.replicas:
             replica.peers = self.replicas
@@ -128,7 +128,7 @@ class Server:
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         self.workers = [asyncio.ensure_future(r.boot()) for r in self.replicas]
         if self.streams is not None:
-            self.workers.append(asyncio.ensure_future(self.streams.sweep()))
+            self.workers.append(asyncio.ensure_future(self.streams.registry.sweep()))
         try:
             yield
         finally:
@@ -168,7 +168,7 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(
             self.checks, functools.partial(fn, *args))
 
-    def _observe(self, result: Any) -> None:
+    def observe(self, result: Any) -> None:
         self.metrics.ttft.observe(result.ttft_s)
         for stage, seconds in result.seconds.items():
             self.metrics.stage.labels(stage).observe(seconds)
@@ -188,7 +188,7 @@ class Server:
             self.metrics.requests.labels(f"refused_{status}").inc()
 
     # --- HTTP ---------------------------------------------------------------------------------
-    def _authorize(self, request: Request) -> None:
+    def authorize(self, request: Request) -> None:
         key = self.opt.api_key
         if not key:
             return
@@ -198,7 +198,7 @@ class Server:
             raise ClientError(401, "missing or wrong API key (Authorization: Bearer KEY; "
                                    "set with --api-key or APBV_API_KEY)")
 
-    async def _read_json(self, request: Request) -> Any:
+    async def read_json(self, request: Request) -> Any:
         """The request's JSON body (:mod:`apbv.serve.bodies`: application/json only, strictly
         decoded), within --max-body-bytes."""
         check_content_type(request.headers.get("content-type"))
@@ -215,8 +215,8 @@ class Server:
         return decode_json(body)
 
     async def chat(self, request: Request) -> Response:
-        self._authorize(request)
-        body = await self._read_json(request)
+        self.authorize(request)
+        body = await self.read_json(request)
         call = await self._checked(api.parse_chat, body, self.cfg, self.opt.limits,
                                    self.opt.policy, self.opt.model_name)
         if call.remote is not None:
@@ -327,7 +327,7 @@ class Server:
 
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
-            self._authorize(request)
+            self.authorize(request)
             return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
                                                 "created": 0, "owned_by": "apbv"}]}
 
@@ -343,7 +343,7 @@ class Server:
 
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
-            self._authorize(request)
+            self.authorize(request)
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 

@@ -78,5 +78,5 @@ def register(app: FastAPI, server: Any) -> None:
 
     @app.get("/v1/media")
     async def media(request: Request) -> dict:
-        server._authorize(request)
+        server.authorize(request)
         return await asyncio.to_thread(list_media, server.opt.policy)
