@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +43,11 @@ from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
 from apbv.serve.streams import StreamOptions, Streams
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+    from apbv.engine.request import Result
+    from apbv.serve.group import RankGroup
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -96,7 +101,8 @@ class ServerOptions:
 class Server:
     """The routes, the router and the replicas (each a rank group with its queue and worker)."""
 
-    def __init__(self, cfg: Any, groups: list[Any], processor: Any, options: ServerOptions,
+    def __init__(self, cfg: RuntimeConfig, groups: list[RankGroup], processor: Any,
+                 options: ServerOptions,
                  admissions: list[Admission] | None = None):
         self.cfg, self.processor, self.opt = cfg, processor, options
         self.metrics = Metrics()
@@ -168,7 +174,7 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(
             self.checks, functools.partial(fn, *args))
 
-    def observe(self, result: Any) -> None:
+    def observe(self, result: Result) -> None:
         self.metrics.ttft.observe(result.ttft_s)
         for stage, seconds in result.seconds.items():
             self.metrics.stage.labels(stage).observe(seconds)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from apbv.engine.request import RequestCancelled, Result
@@ -193,7 +193,7 @@ class RankGroup:
         self.threads, self.env = threads, env or {}
         self.actors: list[Any] = []
         self.pids: list[int] = []
-        self.pg: Any = None
+        self.pg: PlacementGroup | None = None
         self.tickets = itertools.count(1)
 
     def start(self) -> None:
@@ -344,7 +344,7 @@ def describe_lost(lost: dict[int, str]) -> str:
     return "; ".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
 
 
-async def _tagged(rank: int, ref: Any) -> Any:
+async def _tagged(rank: int, ref: ray.ObjectRef) -> Any:
     try:
         return await ref
     except RayActorError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request, Result
     from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
+
+    Outcome: TypeAlias = Result | Appended | StreamInfo | None
+    """What an op returns (:func:`apply`)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ Op = Generate | OpenStream | Append | CloseStream | DescribeStream
 
 
 def apply(op: Op, engine: Engine, on_token: Callable[[int], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> Result | Appended | StreamInfo | None:
+          stop: Callable[[], bool] | None = None) -> Outcome:
     """Run ``op`` on this rank's ``engine`` (every rank alike): a Result (Generate), the
     Appended record (Append), the StreamInfo (OpenStream, DescribeStream) or None
     (CloseStream). ``on_token`` and ``stop`` as in

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from apbv.engine.request import RequestCancelled, Result
+from apbv.engine.request import Request, RequestCancelled, Result
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
 from apbv.serve.group import RankGroup, RankLost, describe_lost
@@ -54,6 +54,7 @@ STALL_POLL_S = 2.0
 if TYPE_CHECKING:
     from apbv.serve.api import ChatCall
     from apbv.serve.app import Metrics
+    from apbv.serve.ops import Outcome
 
 
 class Replica:
@@ -165,7 +166,7 @@ class Replica:
         self.remember(video_identity(call.request.video))
         return "cancelled" if result.finish_reason == "cancelled" else "ok"
 
-    def _finish(self, job: Job, outcome: str, wait: float, result: Any,
+    def _finish(self, job: Job, outcome: str, wait: float, result: Outcome,
                 error: ClientError | None) -> None:
         """Count, log and answer a job (its result, or ``error``), and let the queue move."""
         self.metrics.requests.labels(outcome).inc()
@@ -259,7 +260,7 @@ class Replica:
         return moved
 
 
-def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
+def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outcome,
                  error: ClientError | None) -> None:
     """One line per finished job: its name, replica, outcome and, for an answer, what it took."""
     head = f"{job.name} on replica {replica}: {outcome}"
@@ -273,7 +274,7 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
                  result.ttft_s, wait, ", vision cache hit" if result.vision_cache_hit else "")
 
 
-def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:
+def pick(replicas: list[Replica], request: Request, affinity: bool) -> Replica:
     """The replica for ``request`` (see the module docstring), or 503 when none can take it."""
     usable = [r for r in replicas if r.status == "ready"] or \
         [r for r in replicas if r.status in ("degraded", "stalled")]

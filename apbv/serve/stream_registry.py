@@ -57,7 +57,7 @@ class LiveStream:
     native: tuple[int, int] | None = None
     opened_on_ranks: bool = False
     source: str | None = None
-    capture: Any = None
+    capture: Capture | None = None
     feeder: asyncio.Task | None = None
     opened: float = field(default_factory=time.monotonic)
     used: float = field(default_factory=time.monotonic)
@@ -126,7 +126,7 @@ class StreamRegistry:
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
 
-        def forget_if_lost(future: Any) -> None:
+        def forget_if_lost(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None \
                     and replica.generation != generation:
                 self.forget(live)
@@ -136,7 +136,7 @@ class StreamRegistry:
                                       generation=generation)
         job.replica, job.name = replica, f"{live.id} {op.what}"
 
-        def ended(_: Any) -> None:  # the idle clock starts again from here
+        def ended(_: asyncio.Future) -> None:  # the idle clock starts again from here
             live.jobs.discard(job)
             live.used = time.monotonic()
 
@@ -196,7 +196,7 @@ class StreamRegistry:
                                      sum(s.replica is replica for s in self.live.values()))
         live.spec, live.sized, live.reserved = spec, True, need
 
-    async def append(self, live: LiveStream, frames: Any, stamps: list[float]) -> dict:
+    async def append(self, live: LiveStream, frames: torch.Tensor, stamps: list[float]) -> dict:
         if not live.opened_on_ranks:
             await self.run(live, OpenStream(live.id, live.spec))
             live.opened_on_ranks = True
