@@ -110,9 +110,10 @@ class Stream:
         return TEMPORAL_PATCH_SIZE * sum(c.patches for c in self.chunks)
 
     @property
-    def next_position(self) -> int:
-        """The first position after everything held, and a lower bound of the tokens a
-        question's rows come after (the held tokens, or more once positions went past them)."""
+    def context_len(self) -> int:
+        """What a question's rows come after, for the model's context rule: the tokens held,
+        or the positions taken when they went past that (a pause in the timestamps skips
+        positions)."""
         return max(sum(self.tokens), self.max_position + 1)
 
     def describe(self) -> StreamInfo:

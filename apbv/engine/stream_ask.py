@@ -79,7 +79,7 @@ def held_ask(qwen: QwenVL, stream: Stream, request: Request) -> HeldAsk:
     rows = torch.cat([stream.after_ids, query_ids])
     choice_ids = None if request.choices is None else \
         choice_token_ids(tokenizer, request.choices)
-    check_context(request, stream.next_position, len(rows), choice_ids, qwen.max_positions)
+    check_context(request, stream.context_len, len(rows), choice_ids, qwen.max_positions)
     return HeldAsk(rows, choice_ids)
 
 
