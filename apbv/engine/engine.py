@@ -119,6 +119,7 @@ class Engine:
         With the vision cache on, a hit (same file, sampling, model and place in the frame
         split) gives this rank's vision embeddings and sampling instead: only the prompt is
         built and checked. A miss carries ``vision_store``, which keeps the tower's output."""
+        assert not isinstance(request.video, StreamRef), "a stream's ask: see _inputs"
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
         share = (rank, world) if split else (0, 1)  # this rank's place in the frame split

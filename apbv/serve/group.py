@@ -25,7 +25,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -201,7 +201,8 @@ class RankGroup:
         self.start_actors()
         addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
         master, port, _ = addresses[0]  # rank 0 listens on its node's IP
-        local_ranks, seen = [], {}
+        local_ranks: list[int] = []
+        seen: dict[str, int] = {}
         for node_ip, _, _ in addresses:  # index on its node: bundles hold ranks in rank order
             local_ranks.append(seen.get(node_ip, 0))
             seen[node_ip] = local_ranks[-1] + 1
@@ -312,7 +313,7 @@ class RankGroup:
             if watcher is not None:
                 watcher.cancel()
 
-    async def _outcome(self, tasks: list[asyncio.Future]) -> Any:
+    async def _outcome(self, tasks: Sequence[asyncio.Future]) -> Any:
         """The first task's result once every rank is done; RankLost when an actor died (the
         others are not waited for: they may hang in a collective), else the ranks' error."""
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -266,7 +266,7 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outc
     head = f"{job.name} on replica {replica}: {outcome}"
     if error is not None:
         log.warning("%s (%d: %s)", head, error.status, error.message)
-    elif job.call is None:
+    elif job.call is None or not isinstance(result, Result):  # a live stream's operation
         log.info("%s, queued %.3f s", head, wait)
     else:
         log.info("%s, %d frames, %d prompt tokens, %d new, TTFT %.3f s, queued %.3f s%s", head,

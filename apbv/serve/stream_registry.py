@@ -211,12 +211,14 @@ class StreamRegistry:
     async def feed(self, live: LiveStream) -> None:
         """Move frames from the stream's capture to its ranks until the capture ends."""
         cap, limit = live.capture, self.limits.max_frames_per_push
+        assert cap is not None, "only a stream with a source is fed"
         try:
             while True:
                 frames = await asyncio.to_thread(cap.take, limit, timeout=0.5)
                 if frames:
                     if not live.sized:
-                        self.fix_size(live, tuple(frames[0].image.shape[1:]))
+                        height, width = frames[0].image.shape[1:]
+                        self.fix_size(live, (height, width))
                     batch = torch.stack([f.image for f in frames])
                     while True:
                         try:
