@@ -108,3 +108,13 @@ def prompt_ids(
     tail = _template_ids(tokenizer, query_text[len(question):])
     query = text_ids(tokenizer, question) + tail
     return torch.tensor(context, dtype=torch.long), torch.tensor(query, dtype=torch.long)
+
+
+def build_prompt(processor: Any, question: str, num_video_tokens: int,
+                 system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context ids (N,) with ``num_video_tokens`` video placeholders and query ids (Q,) of the
+    checkpoint's chat template around ``question`` (and ``system``): :func:`split_prompt`
+    then :func:`prompt_ids`, the one way every caller builds a prompt."""
+    context_text, query_text = split_prompt(processor, question, system)
+    return prompt_ids(processor.tokenizer, context_text, query_text, question, num_video_tokens,
+                      system)

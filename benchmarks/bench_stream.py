@@ -28,6 +28,7 @@ tower). Output: ``--out`` STEM.json, STEM.md and STEM.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -67,23 +68,29 @@ def _log(info: DistInfo, text: str) -> None:
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[str, Any]:
     from apbv.engine.engine import Engine
-    from apbv.engine.stream_spec import StreamSpec
+    from apbv.engine.request import Request, StreamRef
+    from apbv.engine.stream_plan import StreamSpec
 
     engine = Engine(cfg, info)
+
+    def ask(stream_id: str):  # over the stream's held KV: exact attention
+        return engine.generate(Request.from_config(cfg, StreamRef(stream_id), QUESTION,
+                                                   mode="exact", max_new_tokens=tokens))
+
     fps, size, chunk, tokens = opts["fps"], opts["size"], opts["chunk_frames"], opts["tokens"]
     marks = [round(m * 60 * fps) for m in opts["minutes"]]
     window_frames = round(2 * opts["window_minutes"] * 60 * fps)
     frames = _frames(max(marks + [window_frames]), fps, size)
     stamps = [i / fps for i in range(len(frames))]
 
-    warm = engine.open_stream(StreamSpec(size, size, fps=fps))  # warm-up, untimed
-    warm.append(frames[:4], stamps[:4])
-    warm.ask(QUESTION, max_new_tokens=tokens)
-    warm.close()
+    engine.open_stream("warm", StreamSpec(size, size, fps=fps))  # warm-up, untimed
+    engine.append("warm", frames[:4], stamps[:4])
+    ask("warm")
+    engine.close_stream("warm")
     for mode in ("spava", "exact"):
         _oneshot(engine, frames[:8], fps, mode, tokens)
 
-    stream = engine.open_stream(StreamSpec(size, size, fps=fps))
+    engine.open_stream("stream", StreamSpec(size, size, fps=fps))
     appends: list[float] = []  # wall seconds of each append (they end in a collective)
     done = 0.0  # when the simulated live group finishes its latest work (video seconds)
     lag_max = 0.0
@@ -94,7 +101,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
         while start < mark:
             end = min(start + chunk, mark)
             t = time.perf_counter()
-            stream.append(frames[start:end], stamps[start:end])
+            engine.append("stream", frames[start:end], stamps[start:end])
             d = time.perf_counter() - t
             appends.append(d)
             seg_appends += d
@@ -105,7 +112,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
         best, ask_wall = None, 0.0
         for _ in range(opts["repeats"]):
             t = time.perf_counter()
-            result = stream.ask(QUESTION, max_new_tokens=tokens)
+            result = ask("stream")
             ask_wall = time.perf_counter() - t
             if best is None or result.ttft_s < best.ttft_s:
                 best = result
@@ -117,7 +124,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
         _log(info, f"[bench] {mark / fps / 60:g} min: ask TTFT {best.ttft_s:.4f} s; one-shot...")
         spava = _oneshot(engine, frames[:held], fps, "spava", tokens)
         exact = _oneshot(engine, frames[:held], fps, "exact", tokens)
-        described = stream.describe()
+        described = dataclasses.asdict(engine.describe_stream("stream"))
         total_append = sum(appends)
         rows.append({
             "minutes": mark / fps / 60, "frames": held,
@@ -145,23 +152,24 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, opts: dict[str, Any]) -> dict[
         _log(info, f"[bench] {rows[-1]['minutes']:g} min: spava {spava.ttft_s:.3f} s, exact "
                    f"{exact.ttft_s:.3f} s, ingest {rows[-1]['ingest_fps']:.1f} fps, lag "
                    f"{lag:.2f} s")
-    stream.close()
+    engine.close_stream("stream")
 
-    windowed = engine.open_stream(StreamSpec(size, size, fps=fps,
-                                             window_s=opts["window_minutes"] * 60))
+    engine.open_stream("windowed", StreamSpec(size, size, fps=fps,
+                                              window_s=opts["window_minutes"] * 60))
     series = []
     every = round(10 * fps)  # a sample every 10 s of video
     for s in range(0, window_frames, chunk):
         e = min(s + chunk, window_frames)
-        windowed.append(frames[s:e], stamps[s:e])
+        engine.append("windowed", frames[s:e], stamps[s:e])
         if e % every == 0:
-            d = windowed.describe()
-            series.append({"video_s": e / fps, "kv_bytes": windowed.cache.nbytes(),
+            d = dataclasses.asdict(engine.describe_stream("windowed"))
+            series.append({"video_s": e / fps,
+                           "kv_bytes": engine.streams["windowed"].cache.nbytes(),
                            "tokens_per_rank": d["tokens_per_rank"],
                            "chunks_evicted": d["chunks_evicted"],
                            "seconds_held": d["seconds_held"]})
-    result = windowed.ask(QUESTION, max_new_tokens=tokens)
-    windowed.close()
+    result = ask("windowed")
+    engine.close_stream("windowed")
     return {"rows": rows, "window": series, "window_ask_kv_bytes_max": result.kv_cache_bytes_max}
 
 

@@ -120,8 +120,8 @@ def _engine_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     from apbv.cli.demo_pipeline import NEEDLE, needle_sample
     from apbv.config import load_config
     from apbv.engine.engine import Engine
-    from apbv.engine.request import Request
-    from apbv.engine.stream_spec import StreamSpec
+    from apbv.engine.request import Request, StreamRef
+    from apbv.engine.stream_plan import StreamSpec
     from apbv.synthetic.needles import FRAME_SIZE, answer_choices
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}", f"model.dtype={dtype!r}"])
@@ -135,17 +135,19 @@ def _engine_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     result = engine.generate(Request(video=sample.video(), question=sample.question,
                                      mode="spava", choices=answer_choices(sample.kind)))
     out["choices"] = (result.answer.strip(), result.token_ids)
-    stream = engine.open_stream(StreamSpec(height=FRAME_SIZE, width=FRAME_SIZE, fps=sample.fps,
-                                           keep_vision=True))
+    engine.open_stream("s", StreamSpec(height=FRAME_SIZE, width=FRAME_SIZE, fps=sample.fps,
+                                       keep_vision=True))
     frames = sample.frames
     half = frames.shape[0] // 4 * 2  # whole temporal patches in each append
     stamps = [i / sample.fps for i in range(frames.shape[0])]
-    stream.append(frames[:half], stamps[:half])
-    stream.append(frames[half:], stamps[half:])
-    for name, fresh in (("stream", False), ("stream_fresh", True)):
-        result = stream.ask(sample.question, max_new_tokens=NEW_TOKENS, fresh=fresh)
+    engine.append("s", frames[:half], stamps[:half])
+    engine.append("s", frames[half:], stamps[half:])
+    for name, fresh in (("stream", False), ("stream_fresh", True)):  # fresh: one-shot spava
+        result = engine.generate(Request.from_config(
+            cfg, StreamRef("s", fresh), sample.question, mode="spava" if fresh else "exact",
+            max_new_tokens=NEW_TOKENS))
         out[name] = (result.answer.strip(), result.token_ids)
-    stream.close()
+    engine.close_stream("s")
     if info.device.type == "cuda":
         out["peak_gib"] = round(torch.cuda.max_memory_allocated(info.device) / 2**30, 3)
     return {"answer": sample.answer, **out}

@@ -52,8 +52,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from apbv.cli.watch_loop import WatchOptions, run_watch
     from apbv.config import load_config
+    from apbv.engine.agree import raise_if_any_failed
     from apbv.engine.engine import Engine
-    from apbv.engine.runtime import raise_if_any_failed
 
     overrides = list(args.set)
     if args.model is not None:

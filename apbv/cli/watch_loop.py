@@ -24,6 +24,7 @@ the stream with that error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -39,6 +40,9 @@ import torch
 from apbv import comm
 from apbv.distributed import DistInfo
 from apbv.validate import integer, positive
+
+WATCHED = "watched"
+"""The id of the one stream the engine holds while watching."""
 
 MAX_STEP_FRAMES = 32
 """Frames one loop iteration takes from the capture and broadcasts at most."""
@@ -223,15 +227,15 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
     """Watch ``options.source`` on every rank alike (rank 0 captures, reads ``questions`` and
     prints to ``out``). Returns 0 when the stream ended normally, 1 when it ended with an
     error (printed). A source that cannot be opened is a ValueError before any work."""
-    from apbv.engine.runtime import raise_if_any_failed
-    from apbv.engine.stream_spec import StreamSpec
+    from apbv.engine.agree import agreement
+    from apbv.engine.stream_plan import StreamSpec
 
     group, lead = info.group, info.rank == 0
     out = out or sys.stdout
     printer = _Printer(options, out)
-    planner, error = None, None
-    if lead:
-        try:
+    planner = None
+    with agreement(group):
+        if lead:
             if make_capture is None:
                 from apbv.capture import Capture
 
@@ -242,9 +246,6 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
             else:
                 capture = make_capture()
             planner = _Planner(options, capture, questions)
-        except ValueError as exc:
-            error = exc
-    raise_if_any_failed(error, group)
     stream, code, reason, failure = None, 0, None, None
     try:
         with _StopSignals() as signals:
@@ -264,12 +265,13 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                     if step[0] == "append":
                         _, frames, stamps = step
                         if stream is None:
-                            stream = engine.open_stream(StreamSpec(
+                            stream = WATCHED
+                            engine.open_stream(stream, StreamSpec(
                                 int(frames.shape[2]), int(frames.shape[3]), fps=options.fps,
                                 window_s=options.window_s,
                                 window_tokens=options.window_tokens))
                         try:
-                            stream.append(frames, stamps)
+                            engine.append(stream, frames, stamps)
                         except ValueError as exc:  # on every rank alike
                             if lead:
                                 printer.emit("error", f"error: {exc}", message=str(exc))
@@ -277,8 +279,8 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                             break
                     elif step[0] == "ask":
                         _, question, why, mark = step
-                        _ask(stream, question, why, mark, options, printer if lead else None,
-                             stats)
+                        _ask(engine, stream, question, why, mark, options,
+                             printer if lead else None, stats)
                     elif lead:
                         printer.emit("unanswered", f"not answered (no frames): {step[1]!r}",
                                      question=step[1])
@@ -291,9 +293,9 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
     finally:
         if lead and planner is not None:
             planner.capture.close()
-    described = stream.describe() if stream is not None else {}
+    described = {} if stream is None else dataclasses.asdict(engine.describe_stream(stream))
     if stream is not None:
-        stream.close()
+        engine.close_stream(stream)
     if failure is not None and not described.get("frames_appended"):
         raise ValueError(f"the source failed before any frame: {failure}")
     if failure is not None:
@@ -330,10 +332,14 @@ def _report_source_errors(planner: _Planner, stats: dict[str, Any], printer: _Pr
     planner.errors_seen = len(errors)
 
 
-def _ask(stream: Any, question: str, why: str, mark: float | None, options: WatchOptions,
-         printer: _Printer | None, stats: dict[str, Any] | None) -> None:
+def _ask(engine: Any, stream: str, question: str, why: str, mark: float | None,
+         options: WatchOptions, printer: _Printer | None, stats: dict[str, Any] | None) -> None:
+    from apbv.engine.request import Request, StreamRef
+
     try:
-        result = stream.ask(question, max_new_tokens=options.max_new_tokens)
+        request = Request(video=StreamRef(stream), question=question, mode="exact",
+                          max_new_tokens=options.max_new_tokens)
+        result = engine.generate(request)
     except ValueError as exc:  # raised on every rank alike (e.g. past the model's context)
         if printer is not None:
             printer.emit("error", f"error: {question!r}: {exc}", question=question,
@@ -341,8 +347,8 @@ def _ask(stream: Any, question: str, why: str, mark: float | None, options: Watc
         return
     if printer is None:
         return
-    described = stream.describe()
-    video_s = described["seconds_held"]
+    described = engine.describe_stream(stream)
+    video_s = described.seconds_held
     dropped = stats["frames_dropped"] if stats else 0
     lag = stats["ingest_lag_s"] if stats else 0.0
     at = f"at {mark:g} s" if mark is not None else why
@@ -355,5 +361,5 @@ def _ask(stream: Any, question: str, why: str, mark: float | None, options: Watc
         token_ids=result.token_ids, ttft_s=result.ttft_s, seconds=result.seconds,
         frames_held=result.frames, seconds_held=video_s, frames_dropped=dropped, lag_s=lag,
         kv_cache_bytes_max=result.kv_cache_bytes_max,
-        tokens_per_rank=described["tokens_per_rank"],
-        frames_appended=described["frames_appended"])
+        tokens_per_rank=described.tokens_per_rank,
+        frames_appended=described.frames_appended)

@@ -229,20 +229,18 @@ hub)."""
 def template_video_start(model_dir: str | Path) -> int:
     """Context tokens before the first video token when the runtime builds a prompt with the
     checkpoint's own processor: its chat template rendered for one user turn holding a video
-    and a question (:func:`apbv.sequence.split_prompt`), tokenized as the engine does it
-    (:func:`apbv.sequence.prompt_ids`). Reads the processor files only, no weights."""
+    and a question, tokenized as the engine does it (:func:`apbv.sequence.build_prompt`).
+    Reads the processor files only, no weights."""
     from transformers import AutoProcessor
 
-    from apbv.sequence import VIDEO_PAD, prompt_ids, split_prompt
+    from apbv.sequence import VIDEO_PAD, build_prompt
 
     try:
         processor = AutoProcessor.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the processor (chat template and tokenizer) of "
                          f"{str(model_dir)!r}: {exc}") from None
-    question = "What happens in the video?"
-    context, query = split_prompt(processor, question)
-    ids, _ = prompt_ids(processor.tokenizer, context, query, question, 1)
+    ids, _ = build_prompt(processor, "What happens in the video?", 1)
     return ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
 
 

@@ -14,20 +14,25 @@ The answer comes back with its TTFT breakdown (max over ranks; :data:`apbv.timin
 
 Before any model collective the ranks check that they were given the same request (a
 mismatch is a ValueError naming the field, on every rank), and they agree on failure: an error
-on one rank while preprocessing or encoding is raised on every rank, naming that rank.
+on one rank while preprocessing or encoding is raised on every rank, naming that rank
+(:mod:`apbv.engine.agree`).
+
+The engine also holds this rank's part of its live streams, by id (:meth:`Engine.open_stream`,
+:meth:`~Engine.append`, :meth:`~Engine.describe_stream`, :meth:`~Engine.close_stream`); a
+question about one is a request whose video is a :class:`~apbv.engine.request.StreamRef`,
+answered by :meth:`Engine.generate` like any other (:mod:`apbv.engine.stream_ask`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import torch
 
-from apbv import comm
 from apbv.config import RuntimeConfig, VisionConfig
 from apbv.cost import (
     PROCESSOR_FLOAT_COPIES,
@@ -38,16 +43,18 @@ from apbv.cost import (
     request_memory,
 )
 from apbv.distributed import DistInfo
+from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import resolve_graphs
-from apbv.engine.request import PromptInputs, Request, Result, StreamWindow, field_hashes
-from apbv.engine.runtime import cancelled_here, raise_if_any_failed, run_prompt
+from apbv.engine.request import PromptInputs, Request, Result, StreamRef
+from apbv.engine.runner import check_context, run_prompt
 from apbv.engine.stream import Stream
-from apbv.engine.stream_spec import StreamSpec
+from apbv.engine.stream_ask import HeldAsk, asked_stream, held_ask, run_on_stream, window_inputs
+from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.plan import Range, patch_ranges
-from apbv.sequence import prompt_ids, split_prompt
+from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
 from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
 from apbv.video.load import rank_frame_chunks
@@ -91,6 +98,8 @@ class Engine:
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""
+        self.streams: dict[str, Stream] = {}
+        """This rank's part of each open live stream, by id."""
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Use the ``vision`` settings from the next request on (every rank alike): the tower's
@@ -111,6 +120,7 @@ class Engine:
         With the vision cache on, a hit (same file, sampling, model and place in the frame
         split) gives this rank's vision embeddings and sampling instead: only the prompt is
         built and checked. A miss carries ``vision_store``, which keeps the tower's output."""
+        assert not isinstance(request.video, StreamRef), "a stream's ask: see _inputs"
         rank, world = self.info.rank, self.info.world_size
         split = request.mode.vit_split
         share = (rank, world) if split else (0, 1)  # this rank's place in the frame split
@@ -121,11 +131,8 @@ class Engine:
         def preflight(sampling: Sampling) -> None:
             t, h, w = sampling.grid_thw
             merge = self.qwen.spatial_merge_size
-            context_text, query_text = split_prompt(self.qwen.processor, request.question,
-                                                    request.system)
-            ids.extend(prompt_ids(self.qwen.processor.tokenizer, context_text, query_text,
-                                  request.question, t * (h // merge) * (w // merge),
-                                  request.system))
+            ids.extend(build_prompt(self.qwen.processor, request.question,
+                                    t * (h // merge) * (w // merge), request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             patch_ranges(t, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids)
@@ -145,7 +152,7 @@ class Engine:
                 request.video, *share, frames_per_chunk=self.qwen.frames_per_chunk,
                 before_decode=preflight, device=self.frame_device)
         else:
-            assert not isinstance(request.video, StreamWindow), "a stream's ask: Stream.ask"
+            assert not isinstance(request.video, StreamRef), "a stream ask: Engine.generate"
             frames = load_rank_frames(request.video, *share, before_decode=preflight,
                                       device=self.frame_device) \
                 if isinstance(request.video, VideoSpec) else \
@@ -190,14 +197,8 @@ class Engine:
         """ValueError unless the prompt plus max_new_tokens (with choices, ``choice_ids``: the
         longest choice's tokens) fits the model's context and this rank's memory estimate fits
         its budget (both named in the message)."""
-        reserve, what = decode_reserve(request.max_new_tokens, choice_ids)
-        total = context_len + query_len + reserve
-        limit = self.qwen.max_positions
-        if total > limit:
-            raise ValueError(
-                f"the prompt ({context_len + query_len} tokens) plus {what} "
-                f"({reserve}) is {total} tokens, beyond the model's context of "
-                f"{limit}: sample fewer frames or pixels, or lower {what}")
+        check_context(request, context_len, query_len, choice_ids, self.qwen.max_positions)
+        reserve, _ = decode_reserve(request.max_new_tokens, choice_ids)
         estimate = self.memory_estimate(request, context_len, query_len, patches, grid_hw,
                                         reserve)
         need, budget, source = self._memory_need_and_budget(estimate)
@@ -243,52 +244,99 @@ class Engine:
         return (estimate.total - weights, _available_host_bytes() // max(1, local),
                 f"this rank's share (1/{local}) of the host's available memory")
 
-    def check_same(self, what: str, fingerprint: dict[str, str]) -> None:
-        """ValueError on every rank ("the ranks were given different ``what``"), naming each
-        differing field, unless every rank holds an equal ``fingerprint`` (one small
-        all-gather; the values only travel on a mismatch)."""
-        gathered = comm.all_gather_ints(field_hashes(fingerprint), self.info.group)
-        differ = [name for i, name in enumerate(fingerprint)
-                  if not bool((gathered[:, i] == gathered[0, i]).all())]
-        if not differ:
-            return
-        values = comm.all_gather_object({k: fingerprint[k] for k in differ}, self.info.group)
-        details = "; ".join(
-            f"{k}: " + ", ".join(f"rank {r} {v[k][:80]}" for r, v in enumerate(values))
-            for k in differ)
-        raise ValueError(f"the ranks were given different {what} ({', '.join(differ)} "
-                         f"differ): {details}")
+    # -- live streams (every method on every rank alike) -----------------------------------
 
-    def open_stream(self, spec: StreamSpec) -> Stream:
-        """This rank's part of a new live stream (call on every rank alike); see
-        :mod:`apbv.engine.stream`."""
-        return Stream(self, spec)
+    def open_stream(self, stream_id: str, spec: StreamSpec) -> StreamInfo:
+        """Open a live stream under ``stream_id`` (its chat template's header is fed now);
+        see :mod:`apbv.engine.stream`."""
+        if not isinstance(stream_id, str) or not stream_id:
+            raise ValueError(f"a stream id must be a non-empty string, got {stream_id!r}")
+        if stream_id in self.streams:
+            raise ValueError(f"stream {stream_id[:64]!r} is already open")
+        stream = Stream(self.qwen, self.info, spec, kernel=self.cfg.attention.kernel)
+        self.streams[stream_id] = stream
+        return stream.describe()
+
+    def append(self, stream_id: str, frames: torch.Tensor,
+               timestamps: Sequence[float]) -> Appended:
+        """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
+        (seconds, increasing) to stream ``stream_id``
+        (:meth:`apbv.engine.stream.Stream.append`)."""
+        return self._stream(stream_id).append(frames, timestamps)
+
+    def describe_stream(self, stream_id: str) -> StreamInfo:
+        """Stream ``stream_id``'s state (no collective)."""
+        return self._stream(stream_id).describe()
+
+    def close_stream(self, stream_id: str) -> None:
+        """Free this rank's part of stream ``stream_id`` (no collective)."""
+        self._stream(stream_id)
+        self.streams.pop(stream_id).close()
+
+    def _stream(self, stream_id: str) -> Stream:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise ValueError(f"no stream {str(stream_id)[:64]!r} on rank {self.info.rank}")
+        return stream
+
+    # -- questions ---------------------------------------------------------------------------
 
     def generate(self, request: Request, on_token: Callable[[int], None] | None = None,
                  stop: Callable[[], bool] | None = None) -> Result:
         """Answer ``request`` (the same on every rank); call on every rank alike.
 
         Bad input (a missing or unreadable video, too few temporal patches for the ranks, a
-        prompt beyond the model's context) raises ValueError on every rank; any error while
-        one rank preprocesses or encodes is raised on every rank, naming that rank, before
-        the next collective of the model, so none is left waiting. ``on_token``, when given,
-        is called on this rank with each token id as soon as it is known (first included).
-        ``stop``, asked on the query rank before each decode step's token is picked, ends the
-        decode on every rank at that step when it returns True (a client gone): the result
-        holds the tokens so far, its ``finish_reason`` ``cancelled``. Asked as well after
-        preprocessing and after the vision tower, it ends the request there on every rank
-        with :class:`~apbv.engine.request.RequestCancelled`.
+        prompt beyond the model's context, a stream not open) raises ValueError on every rank;
+        any error while one rank preprocesses or encodes is raised on every rank, naming that
+        rank, before the next collective of the model, so none is left waiting.
+
+        Args:
+            request: the question and its video: a file, decoded frames, or a live stream
+                (:class:`~apbv.engine.request.StreamRef`: held KV, mode ``exact``; or fresh,
+                a one-shot prefill of the held window in the request's mode).
+            on_token: called on this rank with each token id as soon as it is known (the
+                first included).
+            stop: asked on the query rank before each decode step's token is picked; True
+                (a client gone) ends the decode on every rank at that step, the result holding
+                the tokens so far with ``finish_reason`` ``cancelled``. Asked as well after
+                preprocessing and after the vision tower, it ends the request there on every
+                rank with :class:`~apbv.engine.request.RequestCancelled`.
         """
         group = self.info.group
-        self.check_same("requests", request.fingerprint())
+        check_same("requests", request.fingerprint(), group)
         timer = StageTimer(self.info.device, group)
-        error: Exception | None = None
         with timer.stage("preprocess"):
-            try:
-                inputs = self.preprocess(request)
-            except Exception as exc:  # every error takes part in the agreement
-                error = exc
-            error = error or cancelled_here(stop, self.info, "the vision tower")
-            raise_if_any_failed(error, group)
+            inputs = self._inputs(request, stop)
+        if isinstance(inputs, HeldAsk):
+            assert isinstance(request.video, StreamRef)
+            return run_on_stream(self.qwen, self.streams[request.video.stream_id], inputs,
+                                 request, self.info, timer, on_token, stop,
+                                 graphs=self.decode_graphs)
         return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop,
                           graphs=self.decode_graphs)
+
+    def _inputs(self, request: Request,
+                stop: Callable[[], bool] | None) -> PromptInputs | HeldAsk:
+        """What this rank feeds for ``request``, the ranks agreeing on failure (and on the
+        query rank's cancel) before the model runs."""
+        group, stream, kept = self.info.group, None, None
+        if isinstance(request.video, StreamRef):
+            with agreement(group):
+                stream = asked_stream(self.streams, request, self.info.rank)
+            if request.video.fresh:
+                kept = stream.kept_vision()  # a collective
+        inputs: PromptInputs | HeldAsk
+        with agreement(group):
+            if stream is None:
+                inputs = self.preprocess(request)
+            elif kept is None:
+                inputs = held_ask(self.qwen, stream, request)
+            else:
+                inputs = window_inputs(self.qwen, stream, request, self.info, kept)
+                self.check_fits(request, len(inputs.context_ids), len(inputs.query_ids),
+                                inputs.patch_ranges[self.info.rank], stream.grid_hw,
+                                choice_ids=inputs.choice_ids)
+            cancel = cancelled_here(stop, self.info, "the vision tower")
+            if cancel is not None:
+                raise cancel
+        return inputs

@@ -11,7 +11,6 @@ naming the field instead of mixing inputs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,22 +42,30 @@ class RequestCancelled(RuntimeError):
 
 
 @dataclass(frozen=True)
-class StreamWindow:
-    """The video of a stream's fresh ask: the chunks it holds, whose vision embeddings the
-    stream kept (:meth:`apbv.engine.stream.Stream.ask` with ``fresh=True``)."""
+class StreamRef:
+    """A live stream the engine holds (:meth:`apbv.engine.engine.Engine.open_stream`), as the
+    video of a question about the frames appended so far."""
 
-    first_chunk: int
-    last_chunk: int
-    frames: int
+    stream_id: str
+    fresh: bool = False
+    """False: exact attention of the question over the stream's held KV (the request's mode
+    must be ``exact``); True: a one-shot prefill of the held window in the request's mode, from
+    the chunks' kept vision embeddings (the stream was opened with ``keep_vision``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stream_id, str) or not self.stream_id:
+            raise ValueError(f"a stream id must be a non-empty string, got {self.stream_id!r}")
+        if not isinstance(self.fresh, bool):
+            raise ValueError(f"fresh must be true or false, got {self.fresh!r}")
 
 
 @dataclass(frozen=True)
 class Request:
     """One question about one video, with every setting that decides the answer."""
 
-    video: VideoSpec | DecodedVideo | StreamWindow
+    video: VideoSpec | DecodedVideo | StreamRef
     """The video file and how to sample it (fps or nframes, pixel budgets, decoder), frames
-    already decoded and resized with their fps, or a stream's held window."""
+    already decoded and resized with their fps, or a live stream the engine holds."""
     question: str
     """Plain text: special-token strings in it are text, never control tokens."""
     mode: Mode
@@ -104,17 +111,19 @@ class Request:
 
     @classmethod
     def from_config(
-        cls, cfg: RuntimeConfig, video: str, question: str, *, mode: str | None = None,
+        cls, cfg: RuntimeConfig, video: str | StreamRef, question: str, *,
+        mode: str | None = None,
         max_new_tokens: int | None = None, choices: Sequence[str] | None = None,
         stop_texts: str | Sequence[str] = (), system: str | None = None,
     ) -> Request:
-        """The request the config describes for ``video`` and ``question``; ``mode`` and
+        """The request the config describes for ``video`` (a file, sampled as the config says,
+        or a live stream) and ``question``; ``mode`` and
         ``max_new_tokens`` replace the config's when given; ``choices`` makes it a
         closed-vocabulary request; ``stop_texts`` end a generated answer; ``system`` is the
         system turn's text."""
         att = cfg.attention
         return cls(
-            video=cfg.video.spec(video),
+            video=video if isinstance(video, StreamRef) else cfg.video.spec(video),
             question=question,
             mode=get_mode(att.mode if mode is None else mode),
             max_new_tokens=cfg.generate.max_new_tokens if max_new_tokens is None
@@ -147,7 +156,8 @@ class Request:
             elif f.name == "video":
                 for g in dataclasses.fields(value):
                     out[f"video.{g.name}"] = repr(getattr(value, g.name))
-                out["video.size"] = _file_size(value.path)
+                if isinstance(value, VideoSpec):
+                    out["video.size"] = _file_size(value.path)
             else:
                 out[f.name] = repr(value)
         return out
@@ -205,12 +215,6 @@ def _file_size(path: str) -> str:
         return f"{os.stat(path).st_size} bytes"
     except OSError:
         return "missing"
-
-
-def field_hashes(fingerprint: dict[str, str]) -> list[int]:
-    """One signed 63-bit hash per field (in the fingerprint's order), for a cheap comparison."""
-    return [int.from_bytes(hashlib.sha256(f"{k}={v}".encode()).digest()[:8], "big") >> 1
-            for k, v in fingerprint.items()]
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,17 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from apbv.serve.ops import Generate, Op
 from apbv.serve.policy import ClientError
 
 if TYPE_CHECKING:
+    from apbv.serve.api import ChatCall
+    from apbv.serve.download import Held
     from apbv.serve.replicas import Replica
 
-Predictor = Callable[[Any, dict[str, int]], float]
+Predictor = Callable[["ChatCall", dict[str, int]], float]
 """(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
 
 LEARN_RATE = 0.25
@@ -57,7 +60,12 @@ place in arrival order there (:meth:`Admission.take`)."""
 
 @dataclass(eq=False)
 class Job:
-    call: Any
+    op: Op
+    """What every rank of the replica runs: a chat request's Generate, or a live stream's
+    operation (:mod:`apbv.serve.ops`)."""
+    call: ChatCall | None
+    """The chat request it answers (deadline, download, video); None for a live stream's
+    operation."""
     predicted_s: float
     key: tuple[float, int]
     modelled_s: float = 0.0
@@ -75,8 +83,18 @@ class Job:
     """Tokens it may generate (0: no decode, as a stream's append)."""
     generated: int = 0
     """Tokens generated so far (counted by the replica while it runs)."""
-    replica: Replica = field(init=False, repr=False)
-    """The replica whose queue holds it (set when it is queued; moved jobs get their new one)."""
+    stream_id: str | None = None
+    """The live stream whose operation it is: it runs only on the ranks that hold the stream
+    (replica ``generation``), never handed to another replica; None: a chat request."""
+    generation: int = 0
+    """The replica's generation (rebuilds) whose ranks hold ``stream_id``."""
+    replica: Replica = field(init=False)
+    """The replica whose queue holds it (set by the server once admitted)."""
+
+    @property
+    def downloaded(self) -> Held | None:
+        """The stored download its video is (deleted once the job ends), or None."""
+        return None if self.call is None else self.call.downloaded
 
 
 class Admission:
@@ -110,13 +128,19 @@ class Admission:
                                                   - (now - (job.started or now)))
         return ttft_left + max(0, job.max_tokens - job.generated) * self.decode_s
 
-    def admit(self, call: Any, measured: dict[str, int], *, stream: bool = False,
-              predicted_s: float | None = None, max_tokens: int = 0) -> Job:
+    def admit(self, call: ChatCall | None, measured: dict[str, int], *, op: Op | None = None,
+              stream: bool = False, predicted_s: float | None = None, max_tokens: int = 0,
+              stream_id: str | None = None, generation: int = 0) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
-        given, as for a live-stream operation; ``max_tokens`` it may generate), or ClientError
-        (429: full; 503: its deadline cannot be met; 400: a deadline that is not a finite
-        number >= 0)."""
-        deadline = call.deadline_ms
+        given, as for a live-stream operation; ``max_tokens`` it may generate) as a job that
+        runs ``op`` (default: Generate of the call's request; a live stream's operation has no
+        ``call`` and names its ``stream_id`` and the replica ``generation`` holding it), or
+        ClientError (429: full; 503: its deadline cannot be met; 400: a deadline that is not a
+        finite number >= 0)."""
+        if op is None:
+            assert call is not None, "a job runs a chat call's request or an op"
+            op = Generate(call.request)
+        deadline = None if call is None else call.deadline_ms
         if deadline is not None and not (math.isfinite(deadline) and deadline >= 0):
             raise ClientError(400, f"deadline_ms must be a finite number >= 0, got {deadline!r}")
         if len(self.heap) >= self.max_queue:
@@ -125,7 +149,7 @@ class Admission:
         modelled = 0.0
         if predicted_s is not None:
             predicted = predicted_s
-        elif self.predictor is not None:
+        elif self.predictor is not None and call is not None:
             modelled = self.predictor(call, measured)
             predicted = modelled * self.scale
         else:
@@ -149,8 +173,9 @@ class Admission:
                                        f"predicted TTFT is {predicted * 1000:.0f} ms{learned} "
                                        f"plus {ahead * 1000:.0f} ms of work queued ahead"
                                        f"{decode}")
-        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if stream else None,
-                  max_tokens=max_tokens)
+        job = Job(op, call, predicted, key, modelled,
+                  tokens=asyncio.Queue() if stream else None, max_tokens=max_tokens,
+                  stream_id=stream_id, generation=generation)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()
         return job
@@ -168,6 +193,7 @@ class Admission:
         before its predicted first token; None when it may run."""
         if job.key[0] == math.inf or now + job.predicted_s <= job.key[0]:
             return None
+        assert job.call is not None, "only a chat request has a deadline"
         deadline, waited = job.call.deadline_ms, (now - job.enqueued) * 1000
         why = ("passed while it waited" if now > job.key[0] else
                f"would pass before its predicted TTFT of {job.predicted_s * 1000:.0f} ms")
@@ -229,7 +255,7 @@ def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor
     hw = cost.hardware(hardware)
     merge = dims.spatial_merge_size
 
-    def predict(call: Any, measured: dict[str, int]) -> float:
+    def predict(call: ChatCall, measured: dict[str, int]) -> float:
         grid = (measured["height"] // (14 * merge), measured["width"] // (14 * merge))
         return cost.predict(call.request.mode.name, dims, context_len=measured["context_len"],
                             query_len=measured["query_len"], world_size=world_size,

@@ -211,7 +211,7 @@ def _with_choices(request: Request, choices: object) -> Request:
 def check_request(request: Request, limits: Limits, processor: Any) -> dict[str, int]:
     """Duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
     ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured."""
-    from apbv.sequence import prompt_ids, split_prompt
+    from apbv.sequence import build_prompt
     from apbv.video import plan_sampling, probe
 
     video = request.video
@@ -231,10 +231,8 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
                  "pixels per sampled frame")
     t, h, w = sampling.grid_thw
     merge = getattr(processor.video_processor, "merge_size", 2)
-    context_text, query_text = split_prompt(processor, request.question, request.system)
-    context, query = prompt_ids(processor.tokenizer, context_text, query_text,
-                                request.question, t * (h // merge) * (w // merge),
-                                request.system)
+    context, query = build_prompt(processor, request.question, t * (h // merge) * (w // merge),
+                                  request.system)
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")

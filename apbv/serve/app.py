@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +43,11 @@ from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
 from apbv.serve.streams import StreamOptions, Streams
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+    from apbv.engine.request import Result
+    from apbv.serve.group import RankGroup
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -96,13 +101,14 @@ class ServerOptions:
 class Server:
     """The routes, the router and the replicas (each a rank group with its queue and worker)."""
 
-    def __init__(self, cfg: Any, groups: list[Any], processor: Any, options: ServerOptions,
+    def __init__(self, cfg: RuntimeConfig, groups: list[RankGroup], processor: Any,
+                 options: ServerOptions,
                  admissions: list[Admission] | None = None):
         self.cfg, self.processor, self.opt = cfg, processor, options
         self.metrics = Metrics()
         if admissions is None:
             admissions = [Admission(options.max_queue) for _ in groups]
-        self.replicas = [Replica(i, g, a, self.metrics, self._observe)
+        self.replicas = [Replica(i, g, a, self.metrics, self.observe)
                          for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
         for replica in self.replicas:
             replica.peers = self.replicas
@@ -128,7 +134,7 @@ class Server:
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         self.workers = [asyncio.ensure_future(r.boot()) for r in self.replicas]
         if self.streams is not None:
-            self.workers.append(asyncio.ensure_future(self.streams.sweep()))
+            self.workers.append(asyncio.ensure_future(self.streams.registry.sweep()))
         try:
             yield
         finally:
@@ -168,7 +174,7 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(
             self.checks, functools.partial(fn, *args))
 
-    def _observe(self, result: Any) -> None:
+    def observe(self, result: Result) -> None:
         self.metrics.ttft.observe(result.ttft_s)
         for stage, seconds in result.seconds.items():
             self.metrics.stage.labels(stage).observe(seconds)
@@ -178,7 +184,7 @@ class Server:
     def _drop(self, job: Job) -> bool:
         """Drop a job still waiting (its download deleted); False if it already started."""
         if job.replica.admission.drop(job):
-            discard(job.call.downloaded)
+            discard(job.downloaded)
             self.metrics.requests.labels("disconnected").inc()
             return True
         return False
@@ -188,7 +194,7 @@ class Server:
             self.metrics.requests.labels(f"refused_{status}").inc()
 
     # --- HTTP ---------------------------------------------------------------------------------
-    def _authorize(self, request: Request) -> None:
+    def authorize(self, request: Request) -> None:
         key = self.opt.api_key
         if not key:
             return
@@ -198,7 +204,7 @@ class Server:
             raise ClientError(401, "missing or wrong API key (Authorization: Bearer KEY; "
                                    "set with --api-key or APBV_API_KEY)")
 
-    async def _read_json(self, request: Request) -> Any:
+    async def read_json(self, request: Request) -> Any:
         """The request's JSON body (:mod:`apbv.serve.bodies`: application/json only, strictly
         decoded), within --max-body-bytes."""
         check_content_type(request.headers.get("content-type"))
@@ -215,8 +221,8 @@ class Server:
         return decode_json(body)
 
     async def chat(self, request: Request) -> Response:
-        self._authorize(request)
-        body = await self._read_json(request)
+        self.authorize(request)
+        body = await self.read_json(request)
         call = await self._checked(api.parse_chat, body, self.cfg, self.opt.limits,
                                    self.opt.policy, self.opt.model_name)
         if call.remote is not None:
@@ -328,7 +334,7 @@ class Server:
 
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
-            self._authorize(request)
+            self.authorize(request)
             return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
                                                 "created": 0, "owned_by": "apbv"}]}
 
@@ -344,7 +350,7 @@ class Server:
 
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
-            self._authorize(request)
+            self.authorize(request)
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 

@@ -211,6 +211,7 @@ async def _download(url: str, host: str, policy: MediaPolicy, path: str,
     import httpx
 
     store = policy.store
+    assert store is not None, "downloads are stored in the policy's media store"
     digest = hashlib.sha256()
     asked, conditions = url, store.conditions(url)
     async with httpx.AsyncClient(follow_redirects=False, verify=_tls(),

@@ -4,7 +4,7 @@ checked and resized to the stream's frame size before anything reaches a rank.
 Body of ``POST /v1/streams/{id}/frames``: ``{"frames": [base64 image, ...], "timestamps":
 [seconds, ...]}``; ``timestamps`` is optional (absent: the frames follow the stream's last one
 at ``1 / fps`` steps, the first push starting at 0); they are bounded as
-:func:`apbv.engine.stream_spec.check_timestamps` says (finite, within +-1e10 s, each after the
+:func:`apbv.engine.stream_plan.check_timestamps` says (finite, within +-1e10 s, each after the
 previous by at most an hour). Every frame of a stream has one native
 size (stated at open as ``width`` / ``height``, else fixed by the first push) and is resized to
 the stream's size with the one-shot path's resize (torchvision bicubic with antialias on the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from apbv.engine.stream_spec import check_timestamps
+from apbv.engine.stream_plan import check_timestamps
 from apbv.serve.policy import ClientError, Limits
 from apbv.video.load import resize_frames
 

@@ -5,9 +5,10 @@ one node when one holds them all, else whole nodes in rank order: :mod:`apbv.ser
 starts one :class:`RankActor` per rank, and has every actor join the process group (rank 0's
 node and a free port rank 0 picks) and load the engine once. A GPU actor runs on the device Ray
 gave it (``cuda:0`` of its own visible set), made the current device in every thread that
-runs engine work. :meth:`RankGroup.generate` hands the same
-request to every actor and returns rank 0's result; rank 0 streams each token id as soon as it
-is known (a Ray streaming generator fed by the engine's ``on_token`` hook). A request whose
+runs engine work. :meth:`RankGroup.submit` hands the same
+operation (:mod:`apbv.serve.ops`) to every actor and returns rank 0's outcome; for an answer,
+rank 0 streams each token id as soon as it is known (a Ray streaming generator fed by the
+engine's ``on_token`` hook). A request whose
 ``cancel`` event is set (its client went away) is stopped at its next decode step: rank 0, the
 query rank, takes the cancel beside the running request (the actors take two calls at once) and
 broadcasts the stop with the next token, so every rank ends together. A dead actor makes
@@ -25,15 +26,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from apbv.engine.request import RequestCancelled
+from apbv.engine.request import RequestCancelled, Result
+from apbv.serve.ops import Op, apply
 from apbv.serve.placement import group_layout, rank_device
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+    from apbv.engine.engine import Engine
 
 PING_TIMEOUT_S = 5.0
 """How long a rank's actor has to answer a ping (:meth:`RankGroup.unanswered`)."""
@@ -53,14 +59,13 @@ class RankLost(RuntimeError):
 class RankActor:
     """One engine rank (wrapped with ``ray.remote`` by :class:`RankGroup`)."""
 
-    def __init__(self, cfg: Any, rank: int, world_size: int, threads: int):
+    def __init__(self, cfg: RuntimeConfig, rank: int, world_size: int, threads: int):
         import torch
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device: torch.device = torch.device("cpu")
         """This rank's device (set by :meth:`setup` from what Ray gave the actor)."""
-        self.engine: Any = None
-        self.streams: dict[str, Any] = {}
+        self.engine: Engine | None = None
         self.cancelled: int | None = None
         """The ticket of the last request :meth:`cancel` was called for."""
         self.listener: socket.socket | None = None
@@ -136,45 +141,20 @@ class RankActor:
         late cancel of a finished request names a ticket no later request has)."""
         return None if ticket is None else lambda: self.cancelled == ticket
 
-    def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
-                 ticket: int | None = None) -> Any:
+    def run(self, op: Op, ticket: int | None = None,
+            on_token: Callable[[int], None] | None = None) -> Any:
+        """``op``'s outcome on this rank (:func:`apbv.serve.ops.apply`); ``ticket``: the
+        request :meth:`cancel` may name (its ``stop``)."""
         self._use_device()
-        result = self.engine.generate(request, on_token=on_token, stop=self._stop(ticket))
-        result.first_logits = None
-        return result
+        assert self.engine is not None, "setup() loads the engine first"
+        out = apply(op, self.engine, on_token=on_token, stop=self._stop(ticket))
+        if isinstance(out, Result):
+            out.first_logits = None  # a tensor the client never reads
+        return out
 
-    def generate_stream(self, request: Any, ticket: int | None = None) -> Iterator[Any]:
-        """Yield each token id as soon as it is known, then the Result."""
-        yield from _streamed(lambda on_token: self.generate(request, on_token, ticket))
-
-    def ask_stream(self, stream_id: str, question: str, ticket: int | None = None,
-                   **kwargs: Any) -> Iterator[Any]:
-        """A stream's ``ask``: each token id as soon as it is known, then the Result."""
-        yield from _streamed(lambda on_token: self.stream(
-            "ask", stream_id, question, on_token=on_token, stop=self._stop(ticket), **kwargs))
-
-    def stream(self, op: str, stream_id: str, *args: Any, **kwargs: Any) -> Any:
-        """One operation on this rank's part of stream ``stream_id`` (the same on every rank):
-        ``open`` (args: the StreamSpec), ``append``, ``ask``, ``describe``, ``close``."""
-        self._use_device()
-        if op == "open":
-            if stream_id in self.streams:
-                raise ValueError(f"stream {stream_id!r} is already open")
-            self.streams[stream_id] = self.engine.open_stream(*args)
-            return self.streams[stream_id].describe()
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise ValueError(f"no stream {stream_id!r} on rank {self.rank}")
-        if op == "close":
-            self.streams.pop(stream_id).close()
-            return None
-        if op == "ask":
-            result = stream.ask(*args, **kwargs)
-            result.first_logits = None
-            return result
-        if op in ("append", "describe"):
-            return getattr(stream, op)(*args, **kwargs)
-        raise ValueError(f"unknown stream operation {op!r}")
+    def run_tokens(self, op: Op, ticket: int | None = None) -> Iterator[Any]:
+        """Yield each token id of ``op``'s answer as soon as it is known, then its outcome."""
+        yield from _streamed(lambda on_token: self.run(op, ticket, on_token))
 
 
 def _streamed(work: Callable[[Callable[[int], None]], Any]) -> Iterator[Any]:
@@ -203,7 +183,7 @@ def _streamed(work: Callable[[Callable[[int], None]], Any]) -> Iterator[Any]:
 class RankGroup:
     """H rank actors in one placement group; one request at a time."""
 
-    def __init__(self, cfg: Any, world_size: int, *, gpus_per_rank: float = 0,
+    def __init__(self, cfg: RuntimeConfig, world_size: int, *, gpus_per_rank: float = 0,
                  backend: str | None = None, threads: int = 1,
                  env: dict[str, str] | None = None):
         """``gpus_per_rank``: 0 for CPU ranks, 1, or a fraction (several ranks per GPU, with
@@ -213,7 +193,7 @@ class RankGroup:
         self.threads, self.env = threads, env or {}
         self.actors: list[Any] = []
         self.pids: list[int] = []
-        self.pg: Any = None
+        self.pg: PlacementGroup | None = None
         self.tickets = itertools.count(1)
 
     def start(self) -> None:
@@ -281,19 +261,24 @@ class RankGroup:
                 lost[r] = f"did not answer within {timeout_s:g} s"
         return lost
 
-    async def generate(self, request: Any, on_token: Callable[[int], None] | None = None,
-                       cancel: asyncio.Event | None = None) -> Any:
-        """Rank 0's Result for ``request`` handed to every rank; ``on_token`` (in the event
-        loop) gets each token id from rank 0 as soon as it is known; once ``cancel`` is set,
-        the decode stops at its next step (the Result's ``finish_reason`` ``cancelled``).
+    async def submit(self, op: Op, on_token: Callable[[int], None] | None = None,
+                     cancel: asyncio.Event | None = None) -> Any:
+        """Rank 0's outcome of ``op`` handed to every rank alike. For an answer
+        (``op.answers``), ``on_token`` (in the event loop) gets each token id from rank 0 as
+        soon as it is known, and once ``cancel`` is set the decode stops at its next step (the
+        Result's ``finish_reason`` ``cancelled``).
 
-        Raises :class:`RankLost` when an actor died, the engine's ValueError when the request
-        was refused on the ranks, RuntimeError for other failures.
+        Raises :class:`RankLost` when an actor died, the engine's ValueError when the op was
+        refused on the ranks, RuntimeError for other failures.
         """
-        return await self._streaming(
-            lambda ticket: self.actors[0].generate_stream.options(
-                num_returns="streaming").remote(request, ticket),
-            [a.generate.remote(request) for a in self.actors[1:]], on_token, cancel)
+        if op.answers:
+            return await self._streaming(
+                lambda ticket: self.actors[0].run_tokens.options(
+                    num_returns="streaming").remote(op, ticket),
+                [a.run.remote(op) for a in self.actors[1:]], on_token, cancel)
+        tasks = [asyncio.ensure_future(_tagged(r, a.run.remote(op)))
+                 for r, a in enumerate(self.actors)]
+        return await self._outcome(tasks)
 
     async def _streaming(self, start: Callable[[int], Any], others: list[Any],
                          on_token: Callable[[int], None] | None,
@@ -328,24 +313,6 @@ class RankGroup:
             if watcher is not None:
                 watcher.cancel()
 
-    async def stream(self, op: str, stream_id: str, *args: Any,
-                     on_token: Callable[[int], None] | None = None,
-                     cancel: asyncio.Event | None = None, **kwargs: Any) -> Any:
-        """Rank 0's answer to one stream operation handed to every rank alike (see
-        :meth:`RankActor.stream`); failures as in :meth:`generate`. ``on_token`` and
-        ``cancel`` (``ask`` only) as in :meth:`generate`."""
-        if op == "ask":
-            return await self._streaming(
-                lambda ticket: self.actors[0].ask_stream.options(num_returns="streaming").remote(
-                    stream_id, *args, ticket=ticket, **kwargs),
-                [a.stream.remote(op, stream_id, *args, **kwargs) for a in self.actors[1:]],
-                on_token, cancel)
-        assert on_token is None and cancel is None, op
-        tasks = [asyncio.ensure_future(_tagged(r, a.stream.remote(op, stream_id, *args,
-                                                                  **kwargs)))
-                 for r, a in enumerate(self.actors)]
-        return await self._outcome(tasks)
-
     async def _outcome(self, tasks: Sequence[asyncio.Future]) -> Any:
         """The first task's result once every rank is done; RankLost when an actor died (the
         others are not waited for: they may hang in a collective), else the ranks' error."""
@@ -378,7 +345,7 @@ def describe_lost(lost: dict[int, str]) -> str:
     return "; ".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
 
 
-async def _tagged(rank: int, ref: Any) -> Any:
+async def _tagged(rank: int, ref: ray.ObjectRef) -> Any:
     try:
         return await ref
     except RayActorError as exc:

@@ -25,9 +25,12 @@ import os
 import shutil
 import socket
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.serve.policy import Limits, MediaPolicy
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -111,7 +114,7 @@ def _limits(args: argparse.Namespace) -> Limits:
     return Limits(**values)
 
 
-def _stream_options(cfg: Any, args: argparse.Namespace, path: str, use_gpu: bool,
+def _stream_options(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use_gpu: bool,
                     limits: Limits) -> Any:
     from apbv.serve.stream_budget import GIB, KVSizing, default_budget_gb
     from apbv.serve.streams import StreamOptions
@@ -165,7 +168,7 @@ def check_port_free(host: str, port: int) -> None:
                                  f"{host}): {exc.strerror or exc}") from None
 
 
-def _check_decode_graphs(cfg: Any, gpus_per_rank: float, backend: str | None,
+def _check_decode_graphs(cfg: RuntimeConfig, gpus_per_rank: float, backend: str | None,
                          world_size: int) -> None:
     """ValueError, before any rank starts, for ``decode.graphs=on`` where the ranks could not
     capture a decode step (CPU ranks, gloo between ranks; ``backend`` as
@@ -179,7 +182,7 @@ def _check_decode_graphs(cfg: Any, gpus_per_rank: float, backend: str | None,
                    backend or ("nccl" if on_gpu else "gloo"), world_size)
 
 
-def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> float:
+def _gpus_per_rank(cfg: RuntimeConfig, args: argparse.Namespace, cluster_gpus: float) -> float:
     """``--gpus-per-rank`` (checked by :func:`run_server`), or its default for a Ray cluster
     with ``cluster_gpus`` GPUs."""
     if args.gpus_per_rank is None:
@@ -192,7 +195,7 @@ def _gpus_per_rank(cfg: Any, args: argparse.Namespace, cluster_gpus: float) -> f
     return args.gpus_per_rank
 
 
-def run_server(cfg: Any, args: argparse.Namespace) -> int:
+def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     from apbv.serve.http_guard import HostRule, serve
     from apbv.serve.placement import check_gpus_per_rank, group_backend
     from apbv.serve.ray_cluster import init_ray, prepare_ray_env

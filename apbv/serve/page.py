@@ -17,12 +17,15 @@ import asyncio
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from apbv.serve.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy, resolve_media
+
+if TYPE_CHECKING:
+    from apbv.serve.app import Server
 
 MAX_LISTED = 1000
 """Entries of one listing at most (``truncated`` says when more exist)."""
@@ -65,7 +68,7 @@ def page_html() -> str:
     return resources.files("apbv.serve").joinpath("static/index.html").read_text("utf-8")
 
 
-def register(app: FastAPI, server: Any) -> None:
+def register(app: FastAPI, server: Server) -> None:
     """Add ``GET /`` and ``GET /v1/media`` to the server's app."""
     html = page_html()
 
@@ -78,5 +81,5 @@ def register(app: FastAPI, server: Any) -> None:
 
     @app.get("/v1/media")
     async def media(request: Request) -> dict:
-        server._authorize(request)
+        server.authorize(request)
         return await asyncio.to_thread(list_media, server.opt.policy)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from apbv.serve.download import MediaStore
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
 """File name suffixes taken for videos: the media listing's, and the only ones a download is
@@ -68,7 +71,7 @@ class MediaPolicy:
 
     roots: tuple[str, ...] = ()
     allow_domains: tuple[str, ...] = field(default=())
-    store: Any = field(default=None, compare=False)
+    store: MediaStore | None = field(default=None, compare=False)
     max_download_bytes: int = 512 << 20
     download_timeout_s: float = 120.0
     """Wall-clock seconds of one whole download: connect, headers and body."""

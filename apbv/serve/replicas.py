@@ -2,7 +2,7 @@
 
 A :class:`Replica` is one rank group (H actors in its own placement group) with its own bounded
 queue and one worker task that runs one request at a time on it (chat requests and live-stream
-operations, :class:`GroupOp`, alike, so a stream's append never interleaves with a request's
+operations alike, :mod:`apbv.serve.ops`, so a stream's append never interleaves with a request's
 collectives); a lost rank fails that replica's in-flight request, the replica rebuilds its
 group (status ``degraded``, no new requests while another replica is ready; ``generation``
 counts the rebuilds, since the streams the old ranks held are gone) and then serves its queue
@@ -31,13 +31,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apbv.engine.request import RequestCancelled
+from apbv.engine.request import Request, RequestCancelled, Result
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
-from apbv.serve.group import RankLost, describe_lost
+from apbv.serve.group import RankGroup, RankLost, describe_lost
 from apbv.serve.policy import ClientError
 from apbv.video import video_identity
 
@@ -52,24 +51,17 @@ STALL_FLOOR_S = 10.0
 STALL_POLL_S = 2.0
 """Seconds between the pings (each waits up to the group's ping timeout) while it runs on."""
 
-
-@dataclass(frozen=True)
-class GroupOp:
-    """A job that is not a chat request: ``run(group, on_token, cancel)`` on the replica's rank
-    group, in turn (``on_token``: the job's token queue when it was admitted to stream, else
-    None; ``cancel``: the job's cancel event)."""
-
-    run: Callable[[Any, Callable[[int], None] | None, asyncio.Event], Awaitable[Any]]
-    what: str = "stream"
-    deadline_ms: None = None
-    downloaded: None = None
+if TYPE_CHECKING:
+    from apbv.serve.api import ChatCall
+    from apbv.serve.app import Metrics
+    from apbv.serve.ops import Outcome
 
 
 class Replica:
     """One rank group, its queue and its worker."""
 
-    def __init__(self, index: int, group: Any, admission: Admission, metrics: Any,
-                 observe: Callable[[Any], None]):
+    def __init__(self, index: int, group: RankGroup, admission: Admission, metrics: Metrics,
+                 observe: Callable[[Result], None]):
         self.index, self.group, self.admission = index, group, admission
         self.metrics, self.observe = metrics, observe
         self.status = "starting"
@@ -137,29 +129,20 @@ class Replica:
             if error is not None:
                 self._finish(job, "deadline_missed", wait, None, error)
                 continue
-            if not isinstance(job.call, GroupOp):
+            if job.call is not None:
                 self.metrics.queue_wait.observe(wait)
             try:
-                if isinstance(job.call, GroupOp):
-                    result = await self._watched(job, job.call.run(
-                        self.group, None if job.tokens is None else self._counter(job),
-                        job.cancel))
-                    outcome = job.call.what
-                else:
-                    result = await self._watched(job, self.group.generate(
-                        job.call.request, self._counter(job), job.cancel))
-                    self.observe(result)
-                    if not result.vision_cache_hit:  # the case the cost model predicts
-                        self.admission.learn(job, result.ttft_s)
-                    self.admission.learn_decode(time.monotonic() - job.started - result.ttft_s,
-                                                len(result.token_ids) - 1)
-                    outcome = "cancelled" if result.finish_reason == "cancelled" else "ok"
-                    self.remember(video_identity(job.call.request.video))
+                if job.stream_id is not None and job.generation != self.generation:
+                    raise ClientError(410, f"stream {job.stream_id!r} was lost with replica "
+                                           f"{self.index}'s ranks; open a new stream")
+                result = await self._watched(job, self.group.submit(
+                    job.op, self._counter(job), job.cancel))
+                outcome = "stream" if job.call is None else self._answered(job, job.call, result)
             except RankLost as exc:
                 outcome, error = "rank_lost", ClientError(503, f"replica {self.index}: {exc}")
             except RequestCancelled as exc:  # the client went away before the first token
                 outcome, error = "cancelled", ClientError(499, f"the client went away: {exc}")
-            except ClientError as exc:  # refused by a GroupOp itself
+            except ClientError as exc:  # a live stream's operation after its ranks were lost
                 outcome, error = f"refused_{exc.status}", exc
             except ValueError as exc:
                 outcome, error = "rejected", ClientError(400, str(exc))
@@ -170,7 +153,20 @@ class Replica:
             if outcome == "rank_lost":
                 await self._rebuild()
 
-    def _finish(self, job: Job, outcome: str, wait: float, result: Any,
+    def _answered(self, job: Job, call: ChatCall, result: Result) -> str:
+        """Learn from a chat request's answer (observed, TTFT and decode rates, its video
+        remembered for routing); its outcome. A live stream's questions teach nothing here:
+        the streams router observes them."""
+        assert job.started is not None
+        self.observe(result)
+        if not result.vision_cache_hit:  # the case the cost model predicts
+            self.admission.learn(job, result.ttft_s)
+        self.admission.learn_decode(time.monotonic() - job.started - result.ttft_s,
+                                    len(result.token_ids) - 1)
+        self.remember(video_identity(call.request.video))
+        return "cancelled" if result.finish_reason == "cancelled" else "ok"
+
+    def _finish(self, job: Job, outcome: str, wait: float, result: Outcome,
                 error: ClientError | None) -> None:
         """Count, log and answer a job (its result, or ``error``), and let the queue move."""
         self.metrics.requests.labels(outcome).inc()
@@ -180,7 +176,7 @@ class Replica:
         else:
             job.future.set_exception(error)
         self.admission.done(job)
-        discard(job.call.downloaded)
+        discard(job.downloaded)
 
     @staticmethod
     def _counter(job: Job) -> Callable[[int], None]:
@@ -250,7 +246,7 @@ class Replica:
         these ranks). Returns the jobs moved (``job.replica`` is their new replica)."""
         moved = []
         for job in self.admission.waiting():
-            if isinstance(job.call, GroupOp):
+            if job.stream_id is not None:
                 continue
             peers = [r for r in self.peers if r is not self and r.status == "ready"
                      and len(r.admission) < r.admission.max_queue]
@@ -264,13 +260,13 @@ class Replica:
         return moved
 
 
-def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
+def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outcome,
                  error: ClientError | None) -> None:
     """One line per finished job: its name, replica, outcome and, for an answer, what it took."""
     head = f"{job.name} on replica {replica}: {outcome}"
     if error is not None:
         log.warning("%s (%d: %s)", head, error.status, error.message)
-    elif isinstance(job.call, GroupOp):
+    elif job.call is None or not isinstance(result, Result):  # a live stream's operation
         log.info("%s, queued %.3f s", head, wait)
     else:
         log.info("%s, %d frames, %d prompt tokens, %d new, TTFT %.3f s, queued %.3f s%s", head,
@@ -278,7 +274,7 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Any,
                  result.ttft_s, wait, ", vision cache hit" if result.vision_cache_hit else "")
 
 
-def pick(replicas: list[Replica], request: Any, affinity: bool) -> Replica:
+def pick(replicas: list[Replica], request: Request, affinity: bool) -> Replica:
     """The replica for ``request`` (see the module docstring), or 503 when none can take it."""
     usable = [r for r in replicas if r.status == "ready"] or \
         [r for r in replicas if r.status in ("degraded", "stalled")]

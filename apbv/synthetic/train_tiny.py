@@ -160,16 +160,14 @@ class Encoder:
     def __call__(self, sample, *, with_answer: bool = True) -> Encoded:
         from apbv.model.qwen2_5_vl import video_processor_kwargs
         from apbv.positions import mrope_positions
-        from apbv.sequence import prompt_ids, split_prompt
+        from apbv.sequence import build_prompt
 
         vp = self.processor.video_processor
         out = vp(videos=[sample.frames], do_resize=False, do_sample_frames=False,
                  return_tensors="pt", **video_processor_kwargs(vp))
         grid = out["video_grid_thw"]
         t, h, w = (int(x) for x in grid[0].tolist())
-        context_text, query_text = split_prompt(self.processor, sample.question)
-        context, query = prompt_ids(self.tokenizer, context_text, query_text, sample.question,
-                                    t * h * w // 4)
+        context, query = build_prompt(self.processor, sample.question, t * h * w // 4)
         prompt = torch.cat([context, query])
         positions = mrope_positions(prompt, [(t, h, w)], [2.0 / sample.fps],
                                     video_token_id=self.video_token_id, spatial_merge_size=2,

@@ -39,10 +39,13 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 VideoIdentity = tuple[str, tuple[int, int, int, int], tuple[tuple[str, Any], ...]]
 
 
-def video_identity(spec: VideoSpec) -> VideoIdentity | None:
+def video_identity(spec: object) -> VideoIdentity | None:
     """What decides the sampled frames of ``spec``, without opening the file: (resolved path,
     (st_dev, st_ino, st_size, st_mtime_ns), (name, value) of every other VideoSpec field);
-    None when the file cannot be stat'ed (loading it then raises its own error)."""
+    None when ``spec`` is no file video (decoded frames, a live stream) or the file cannot be
+    stat'ed (loading it then raises its own error)."""
+    if not isinstance(spec, VideoSpec):
+        return None
     path = os.path.realpath(spec.path)
     try:
         st = os.stat(path)

@@ -25,7 +25,7 @@ import torch
 
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
-from apbv.engine import runtime
+from apbv.engine import runner
 from apbv.engine.decode import greedy_continue, host_token, pick_token
 from apbv.engine.engine import Engine
 from apbv.engine.request import RequestCancelled
@@ -44,7 +44,7 @@ LOGPROB_TOL = 1e-4  # fp32 end to end, summed over up to 6 tokens (measured 1.3e
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     engine = Engine(cfg, info)
     after: dict = {}
-    score = runtime.score_choices
+    score = runner.score_choices
 
     def score_then_decode(qwen, first_logits, ids, next_position, cache, info, **kw):
         before = cache.lengths()
@@ -56,12 +56,12 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
                                              max_new_tokens=NEW_TOKENS, **kw)
         return out
 
-    runtime.score_choices = score_then_decode
+    runner.score_choices = score_then_decode
     try:
         scored = engine.generate(engine.request(video, QUESTION, mode="exact",
                                                 choices=CHOICES))
     finally:
-        runtime.score_choices = score
+        runner.score_choices = score
     plain = engine.generate(engine.request(video, QUESTION, mode="exact",
                                            max_new_tokens=NEW_TOKENS))
     seen: list[int] = []  # a client that goes away after 3 tokens, seen by rank 0 only

@@ -15,10 +15,11 @@ import torch
 
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
-from apbv.engine import runtime
+from apbv.engine import runner
 from apbv.engine.engine import Engine
 from apbv.engine.kvcache import RankKVCache
-from apbv.engine.stream_spec import StreamSpec
+from apbv.engine.request import Request, StreamRef
+from apbv.engine.stream_plan import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 24  # more than a stream's geometric growth leaves free after a short question
@@ -33,7 +34,7 @@ def _where(cache: RankKVCache) -> list[tuple[int, int]]:
 
 def _buffers_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     engine = Engine(cfg, info)
-    greedy = runtime.greedy_continue
+    greedy = runner.greedy_continue
     seen: list[dict[str, Any]] = []
 
     def recording(qwen, first_token, first_id, next_position, cache, *args, **kwargs):
@@ -43,17 +44,18 @@ def _buffers_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         seen.append({"moved": _where(cache) != before, "steps": len(tokens) - 1})
         return tokens, finish
 
-    runtime.greedy_continue = recording
+    runner.greedy_continue = recording
     try:
         engine.generate(engine.request(video, QUESTION, mode="exact",
                                        max_new_tokens=NEW_TOKENS))
         frames = torch.randint(0, 256, (2, 3, SIZE, SIZE), dtype=torch.uint8,
                                generator=torch.Generator().manual_seed(0))
-        stream = engine.open_stream(StreamSpec(height=SIZE, width=SIZE, fps=FPS))
-        stream.append(frames, [0.0, 1 / FPS])
-        stream.ask(QUESTION, max_new_tokens=NEW_TOKENS)
+        engine.open_stream("s", StreamSpec(height=SIZE, width=SIZE, fps=FPS))
+        engine.append("s", frames, [0.0, 1 / FPS])
+        engine.generate(Request(video=StreamRef("s"), question=QUESTION, mode="exact",
+                                max_new_tokens=NEW_TOKENS))
     finally:
-        runtime.greedy_continue = greedy
+        runner.greedy_continue = greedy
     return {"one_shot": seen[0], "stream": seen[1]}
 
 

@@ -24,7 +24,7 @@ import torch
 from apbv import comm
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
-from apbv.engine import decode, runtime
+from apbv.engine import decode, runner
 from apbv.engine.engine import Engine
 
 QUESTION = "Which colour comes after the blue one?"
@@ -71,7 +71,7 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
 
     for name in COLLECTIVES:
         patch(comm, name, counted(name))
-    patch(runtime, "greedy_continue", flag("decode"))
+    patch(runner, "greedy_continue", flag("decode"))
     patch(decode, "decode_step", flag("step", count=True))
     seen: list[int] = []
     results = {}
@@ -115,20 +115,20 @@ def test_a_decode_step_has_one_collective_per_layer(tiny_config: RuntimeConfig,
 
 def _diverging_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> str:
     engine = Engine(cfg, info)
-    pick = runtime.pick_token
+    pick = runner.pick_token
 
     def shifted(logits: torch.Tensor, group: Any) -> torch.Tensor:
         token = pick(logits, group)
         return token + 1 if info.rank == 1 else token
 
-    runtime.pick_token = shifted
+    runner.pick_token = shifted
     try:
         engine.generate(engine.request(video, QUESTION, mode="exact",
                                        max_new_tokens=NEW_TOKENS))
     except RuntimeError as exc:
         return str(exc)
     finally:
-        runtime.pick_token = pick
+        runner.pick_token = pick
     return "no error"
 
 

@@ -23,7 +23,8 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode_graph
 from apbv.engine.decode_graph import GraphStep, resolve_graphs
 from apbv.engine.engine import Engine
-from apbv.engine.stream_spec import StreamSpec
+from apbv.engine.request import Request, StreamRef
+from apbv.engine.stream_plan import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 8
@@ -85,8 +86,9 @@ def _graphs_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     assert not engine.decode_graphs and "cpu" in engine.decode_graphs_why
     frames = torch.randint(0, 256, (4, 3, SIZE, SIZE), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(0))
-    stream = engine.open_stream(StreamSpec(height=SIZE, width=SIZE, fps=FPS))
-    stream.append(frames, [i / FPS for i in range(4)])
+    engine.open_stream("s", StreamSpec(height=SIZE, width=SIZE, fps=FPS))
+    engine.append("s", frames, [i / FPS for i in range(4)])
+    stream = engine.streams["s"]
     runs = {"n": 0}
     replay = GraphStep.replay
 
@@ -100,7 +102,9 @@ def _graphs_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
             out[mode] = engine.generate(engine.request(video, QUESTION, mode=mode,
                                                        max_new_tokens=NEW_TOKENS)).token_ids
         mark = stream.cache.lengths()
-        out["stream"] = stream.ask(QUESTION, max_new_tokens=NEW_TOKENS).token_ids
+        out["stream"] = engine.generate(Request(video=StreamRef("s"), question=QUESTION,
+                                                mode="exact",
+                                                max_new_tokens=NEW_TOKENS)).token_ids
         assert stream.cache.lengths() == mark
         return out
 

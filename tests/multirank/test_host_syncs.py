@@ -25,7 +25,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.context import _current
 from apbv.distributed import DistInfo, spawn_local
-from apbv.engine import runtime
+from apbv.engine import runner
 from apbv.engine.engine import Engine
 
 QUESTION = "Which colour comes after the blue one?"
@@ -99,7 +99,7 @@ def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
 
     hooks = [h for layer in layers for h in (layer.register_forward_pre_hook(enter),
                                              layer.register_forward_hook(leave))]
-    greedy = runtime.greedy_continue
+    greedy = runner.greedy_continue
 
     def decoding(*args: Any, **kwargs: Any) -> Any:
         state["decode"] = True
@@ -110,13 +110,13 @@ def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         state["steps"] += len(tokens) - 1
         return tokens, finish
 
-    runtime.greedy_continue = decoding
+    runner.greedy_continue = decoding
     try:
         with counting(where, engine.qwen.model) as counts:
             result = engine.generate(engine.request(video, QUESTION, mode="spava",
                                                     max_new_tokens=NEW_TOKENS))
     finally:
-        runtime.greedy_continue = greedy
+        runner.greedy_continue = greedy
         for hook in hooks:
             hook.remove()
     return {"counts": dict(counts), "steps": state["steps"], "tokens": result.token_ids,

@@ -20,7 +20,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
-from apbv.engine.runtime import run_prompt
+from apbv.engine.runner import run_prompt
 from apbv.model.qwen2_5_vl import QwenVL, video_processor_kwargs
 from apbv.modes import MODE_NAMES
 from apbv.timing import StageTimer

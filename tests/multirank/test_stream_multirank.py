@@ -18,8 +18,8 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
-from apbv.engine.request import Request
-from apbv.engine.stream_spec import StreamSpec
+from apbv.engine.request import Request, StreamRef
+from apbv.engine.stream_plan import StreamSpec
 from apbv.video import DecodedVideo
 
 QUESTION = "What colour is the square at the end?"
@@ -42,28 +42,34 @@ def _one_shot(engine: Engine, frames: torch.Tensor, mode: str, **kw) -> dict:
             "choices": None if result.choices is None else [c["logprob"] for c in result.choices]}
 
 
+def _ask(engine: Engine, stream_id: str, *, fresh: bool = False, **kw):
+    """A question about the stream: over its held KV (exact), or fresh (one-shot spava)."""
+    return engine.generate(Request(video=StreamRef(stream_id, fresh), question=QUESTION,
+                                   mode="spava" if fresh else "exact", **kw))
+
+
 def _exact_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     engine = Engine(cfg, info)
     frames = _frames(44)
     stamps = [i / FPS for i in range(len(frames))]
-    stream = engine.open_stream(StreamSpec(height=SIZE, width=SIZE, fps=FPS))
+    engine.open_stream("s", StreamSpec(height=SIZE, width=SIZE, fps=FPS))
     # Pushes of 3, 1, 2, 3, 1, ... frames: odd frames wait for their pair.
     cut, sizes, i = 0, [3, 1, 2], 0
     while cut < 40:
         n = sizes[i % 3]
-        stream.append(frames[cut:cut + n], stamps[cut:cut + n])
+        engine.append("s", frames[cut:cut + n], stamps[cut:cut + n])
         cut, i = cut + n, i + 1
-    asked = stream.ask(QUESTION, max_new_tokens=NEW_TOKENS)
-    again = stream.ask(QUESTION, max_new_tokens=NEW_TOKENS)
-    scored = stream.ask(QUESTION, choices=CHOICES)
-    stream.append(frames[40:43], stamps[40:43])  # 42 whole frames, one waiting
-    later = stream.ask(QUESTION, max_new_tokens=NEW_TOKENS)
+    asked = _ask(engine, "s", max_new_tokens=NEW_TOKENS)
+    again = _ask(engine, "s", max_new_tokens=NEW_TOKENS)
+    scored = _ask(engine, "s", choices=CHOICES)
+    engine.append("s", frames[40:43], stamps[40:43])  # 42 whole frames, one waiting
+    later = _ask(engine, "s", max_new_tokens=NEW_TOKENS)
     return {
         "stream": asked.token_ids, "again": again.token_ids, "later": later.token_ids,
         "choices": [c["logprob"] for c in scored.choices],
-        "chunks": stream.describe()["chunks_held"],
-        "tokens_per_rank": stream.describe()["tokens_per_rank"],
-        "header": stream.header_len,
+        "chunks": engine.describe_stream("s").chunks_held,
+        "tokens_per_rank": engine.describe_stream("s").tokens_per_rank,
+        "header": engine.streams["s"].header_len,
         "one": _one_shot(engine, frames[:40], "exact", max_new_tokens=NEW_TOKENS),
         "one_choices": _one_shot(engine, frames[:40], "exact", choices=CHOICES),
         "one_later": _one_shot(engine, frames[:42], "exact", max_new_tokens=NEW_TOKENS),
@@ -96,28 +102,28 @@ def _window_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     engine = Engine(cfg, info)
     frames = _frames(96, seed=1)
     window = dict(height=SIZE, width=SIZE, fps=FPS, window_s=12.0, keep_vision=True)
-    rebased = engine.open_stream(StreamSpec(**window, rebase_at=60))
-    plain = engine.open_stream(StreamSpec(**window))
+    engine.open_stream("rebased", StreamSpec(**window, rebase_at=60))
+    engine.open_stream("plain", StreamSpec(**window))
     held, out = [], {}
     for i in range(0, len(frames), 2):  # 48 s of video: four times the 12 s window
         stamps = [i / FPS, (i + 1) / FPS]
-        for stream in (rebased, plain):
-            stream.append(frames[i:i + 2], stamps)
-        held.append(rebased.cache.nbytes())
+        for stream in ("rebased", "plain"):
+            engine.append(stream, frames[i:i + 2], stamps)
+        held.append(engine.streams["rebased"].cache.nbytes())
         if i == 50:  # a bad push on every rank, then different frames on the ranks
             for bad, name in ((frames[i:i + 2, :, :28], "size"),
                               (_frames(2, seed=100 + info.rank), "ranks")):
                 try:
-                    rebased.append(bad, [100.0, 100.5])
+                    engine.append("rebased", bad, [100.0, 100.5])
                 except ValueError as exc:
                     out[name] = str(exc)
     out["held"] = held
-    out["rebased"] = rebased.ask(QUESTION, max_new_tokens=NEW_TOKENS).token_ids
-    out["plain"] = plain.ask(QUESTION, max_new_tokens=NEW_TOKENS).token_ids
-    out["rebases"] = rebased.describe()["rebases"]
-    out["plain_rebases"] = plain.describe()["rebases"]
-    out["frames_held"] = rebased.describe()["frames_held"]
-    out["fresh"] = rebased.ask(QUESTION, max_new_tokens=NEW_TOKENS, fresh=True).token_ids
+    out["rebased"] = _ask(engine, "rebased", max_new_tokens=NEW_TOKENS).token_ids
+    out["plain"] = _ask(engine, "plain", max_new_tokens=NEW_TOKENS).token_ids
+    out["rebases"] = engine.describe_stream("rebased").rebases
+    out["plain_rebases"] = engine.describe_stream("plain").rebases
+    out["frames_held"] = engine.describe_stream("rebased").frames_held
+    out["fresh"] = _ask(engine, "rebased", max_new_tokens=NEW_TOKENS, fresh=True).token_ids
     kept = frames[len(frames) - out["frames_held"]:]
     out["one_spava"] = _one_shot(engine, kept, "spava", max_new_tokens=NEW_TOKENS)["tokens"]
     text = engine.qwen.text_config  # one chunk: 4 tokens' K and V in every layer, fp32

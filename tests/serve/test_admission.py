@@ -13,7 +13,7 @@ from apbv.serve.policy import ClientError
 
 
 def _call(deadline_ms: float | None = None) -> SimpleNamespace:
-    return SimpleNamespace(deadline_ms=deadline_ms)
+    return SimpleNamespace(deadline_ms=deadline_ms, request=None)
 
 
 def test_order_deadline_refusal_bound_and_drop() -> None:

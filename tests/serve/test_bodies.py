@@ -273,7 +273,7 @@ def test_a_stream_window_whose_frame_count_overflows_is_a_400():
 
     from apbv.serve.streams import StreamOptions, Streams
 
-    streams = Streams(SimpleNamespace(opt=SimpleNamespace(limits=Limits())),
+    streams = Streams(SimpleNamespace(replicas=[], opt=SimpleNamespace(limits=Limits())),
                       StreamOptions(budget_bytes=1 << 30))
     assert "window_s x fps (1e+308 x 2) overflows" in _refused(
         streams._spec, {"fps": 2, "window_s": 1e308})

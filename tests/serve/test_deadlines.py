@@ -27,7 +27,7 @@ from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
 
 
 def _call(deadline_ms: float | None = None) -> SimpleNamespace:
-    return SimpleNamespace(deadline_ms=deadline_ms, downloaded=None)
+    return SimpleNamespace(deadline_ms=deadline_ms, downloaded=None, request=None)
 
 
 def _refused(exc: pytest.ExceptionInfo, status: int, text: str) -> None:
@@ -130,7 +130,7 @@ class _Group:
         self.lost: dict[int, str] = {}
         self.generated = 0
 
-    async def generate(self, request, on_token, cancel):
+    async def submit(self, op, on_token, cancel):
         self.generated += 1
         await self.release.wait()
         if self.lost:

@@ -14,6 +14,7 @@ import ray
 import torch
 
 from apbv.serve.group import RankActor, RankGroup
+from apbv.serve.ops import Generate
 from apbv.serve.placement import check_gpus_per_rank, group_backend, group_layout, rank_device
 
 # --- the pure functions -----------------------------------------------------------------------
@@ -73,22 +74,18 @@ def test_every_thread_that_runs_engine_work_sets_the_ranks_device(monkeypatch):
                         lambda device: setattr(current, "device", torch.device(device)))
     seen: list[tuple[str, torch.device | None]] = []
 
-    class Engine:
+    class Engine:  # a request here is the name of what it stands for
         def generate(self, request, on_token=None, stop=None):
-            seen.append(("generate", getattr(current, "device", None)))
-            on_token(7)
-            return SimpleNamespace(first_logits=1)
-
-    class Stream:
-        def ask(self, question, on_token=None, stop=None):
-            seen.append(("ask", getattr(current, "device", None)))
+            seen.append((request, getattr(current, "device", None)))
+            if on_token is not None:
+                on_token(7)
             return SimpleNamespace(first_logits=1)
 
     actor = RankActor(None, 0, 2, torch.get_num_threads())
-    actor.device, actor.engine, actor.streams = torch.device("cuda", 0), Engine(), {"s": Stream()}
-    assert list(actor.generate_stream("request"))[0] == 7
-    list(actor.ask_stream("s", "question"))
-    worker = threading.Thread(target=actor.generate, args=("request", lambda t: None))
+    actor.device, actor.engine = torch.device("cuda", 0), Engine()
+    assert list(actor.run_tokens(Generate("generate")))[0] == 7
+    list(actor.run_tokens(Generate("ask")))  # a stream's question is a request too
+    worker = threading.Thread(target=actor.run, args=(Generate("generate"),))
     worker.start()
     worker.join(timeout=10)
     assert seen == [("generate", torch.device("cuda", 0)), ("ask", torch.device("cuda", 0)),

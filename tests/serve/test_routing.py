@@ -57,16 +57,18 @@ def test_cache_affinity_then_least_loaded_then_degraded(tmp_path: Path):
 
 
 def test_a_rebuilding_replica_hands_its_waiting_chat_requests_to_ready_ones():
-    from apbv.serve.replicas import GroupOp
+    from apbv.serve.ops import DescribeStream
 
     async def scenario() -> None:
         a, b, c = replicas = _replicas(3)
         for r in replicas:
             r.peers = replicas
-        calls = [SimpleNamespace(deadline_ms=None, name=n) for n in ("first", "second", "third")]
-        op = GroupOp(run=None)  # a live stream's operation: its stream lived on a's ranks
+        calls = [SimpleNamespace(deadline_ms=None, name=n, request=None)
+                 for n in ("first", "second", "third")]
+        op = DescribeStream("s")  # a live stream's operation: its stream lived on a's ranks
         a.admission.max_queue = 4  # b and c take 2 each
-        jobs = [a.admission.admit(calls[0], {}), a.admission.admit(op, {}),
+        jobs = [a.admission.admit(calls[0], {}),
+                a.admission.admit(None, {}, op=op, stream_id="s"),
                 a.admission.admit(calls[1], {}), a.admission.admit(calls[2], {})]
         b.admission.running = object()  # b runs one: c is the least loaded at first
         a.status = "degraded"
@@ -76,7 +78,7 @@ def test_a_rebuilding_replica_hands_its_waiting_chat_requests_to_ready_ones():
         assert a.admission.waiting() == [jobs[1]]  # the stream operation stays
         assert [j.call.name for j in c.admission.waiting()] == ["first", "third"]
         assert await c.admission.next() is jobs[0]
-        late = b.admission.admit(SimpleNamespace(deadline_ms=None), {})
+        late = b.admission.admit(SimpleNamespace(deadline_ms=None, request=None), {})
         assert b.admission.waiting() == [jobs[2], late]  # arrival order across replicas
         c.status = b.status = "degraded"
         assert b.hand_over() == []  # no ready peer with room: they wait for the rebuild

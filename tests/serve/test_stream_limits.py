@@ -18,27 +18,27 @@ pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
 from apbv.capture import Capture, Source  # noqa: E402
-from apbv.engine.stream_spec import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
+from apbv.engine.stream_plan import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.frames import parse_push  # noqa: E402
 from apbv.serve.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.stream_budget import KVSizing  # noqa: E402
-from tests.serve.test_stream_bookkeeping import _add, _streams  # noqa: E402
+from tests.serve.test_stream_bookkeeping import _add, _asked, _streams  # noqa: E402
 
 
 async def _kept_while(streams, name: str, seconds: float) -> bool:
     """Whether stream ``name`` is still open after ``seconds`` of the sweep running."""
-    sweeper = asyncio.create_task(streams.sweep())
+    sweeper = asyncio.create_task(streams.registry.sweep())
     await asyncio.sleep(seconds)
     sweeper.cancel()
-    return name in streams.live
+    return name in streams.registry.live
 
 
 async def _closed_after(streams, name: str, limit_s: float = 3.0) -> float:
     """Seconds until the sweep closes stream ``name`` (at most ``limit_s``)."""
     start = time.monotonic()
-    sweeper = asyncio.create_task(streams.sweep())
-    while name in streams.live and time.monotonic() - start < limit_s:
+    sweeper = asyncio.create_task(streams.registry.sweep())
+    while name in streams.registry.live and time.monotonic() - start < limit_s:
         await asyncio.sleep(0.02)
     sweeper.cancel()
     return time.monotonic() - start
@@ -52,7 +52,7 @@ def test_a_queued_or_running_operation_stops_the_idle_clock():
         streams, replica = _streams(idle_s=0.2)
         replica.admission = Admission(8)  # no dispatcher: the job waits until we end it
         live = _add(streams, replica, "s", idle_for=5.0)  # last touched long ago
-        job = streams._admit(live, "ask", "What is shown?")
+        job = streams.registry.admit(live, _asked("What is shown?"))
         queued = await _kept_while(streams, "s", 0.8)  # 8 sweeps, 4x the idle limit
         replica.admission.heap.clear()
         replica.admission.running = job  # now it runs
@@ -72,12 +72,12 @@ def test_a_request_being_handled_or_a_dropped_job_and_the_idle_clock():
         streams, replica = _streams(idle_s=0.2)
         replica.admission = Admission(8)
         live = _add(streams, replica, "s", idle_for=5.0)
-        done = streams._busy(live)  # a push's body being parsed
+        done = streams.registry.busy(live)  # a push's body being parsed
         handled = await _kept_while(streams, "s", 0.6)
         done()
         after_request = await _closed_after(streams, "s")
         live = _add(streams, replica, "t", idle_for=5.0)
-        job = streams._admit(live, "ask", "What is shown?", stream=True)
+        job = streams.registry.admit(live, _asked("What is shown?"), stream=True)
         assert await _kept_while(streams, "t", 0.4)
         assert replica.admission.drop(job)  # what the SSE writer does for a gone client
         return handled, after_request, await _closed_after(streams, "t")
@@ -102,7 +102,7 @@ def test_a_failed_capture_is_the_streams_top_level_error():
         while not live.capture.stats()["ended"]:
             assert time.monotonic() < deadline, "the capture did not end"
             time.sleep(0.01)
-        out = streams._summary(live)
+        out = streams.registry.summary(live)
     finally:
         live.capture.close()
     assert out["capture"]["error"].endswith("failed while decoding: Invalid data")

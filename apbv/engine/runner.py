@@ -1,9 +1,12 @@
 """One preprocessed request through the model on this rank: vision, embeddings, positions,
-prefill, first token, decode.
+prefill, first token, decode; and the rules every answer shares.
 
 ``run_prompt`` starts from what preprocessing produced (token ids of the whole prompt, the
 video's patch grid, and this rank's pixel rows only) and returns the :class:`Result` with
 per-stage timings. It is the same on every rank; ranks differ only in the data they hold.
+A question over a live stream's held KV ends the same way (:mod:`apbv.engine.stream_ask`):
+:func:`check_context` is the one context-fit rule, :func:`finish_answer` the first token and
+decode, :func:`build_result` the one :class:`Result` builder.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from apbv import comm
 from apbv.distributed import DistInfo
+from apbv.engine.agree import agreement, cancelled_here
 from apbv.engine.decode import (
     choice_table,
     decode_reserve,
@@ -25,43 +28,27 @@ from apbv.engine.decode import (
 )
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
-from apbv.engine.request import PromptInputs, Request, RequestCancelled, Result, cut_at_stop
+from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
-from apbv.plan import QUERY_RANK
 from apbv.positions import mrope_positions
 from apbv.timing import TTFT_STAGES, StageTimer
 
 
-class RequestFailed(RuntimeError):
-    """Another rank's non-ValueError failure, raised on the ranks where nothing went wrong."""
-
-
-def raise_if_any_failed(error: Exception | None, group: dist.ProcessGroup | None) -> None:
-    """Agree on failure (a collective): re-raise this rank's ``error``, or on the other ranks
-    an error naming the rank that failed and its message (ValueError when it was one; a
-    :class:`RequestCancelled` as it is)."""
-    failure = comm.first_failure(error, group)
-    if failure is None:
-        return
-    if error is not None:
-        raise error
-    rank, kind, message = failure
-    if kind == RequestCancelled.__name__:
-        raise RequestCancelled(message)
-    text = f"the request failed on rank {rank}: {kind}: {message}"
-    raise ValueError(text) if kind == "ValueError" else RequestFailed(text)
-
-
-def cancelled_here(stop: Callable[[], bool] | None, info: DistInfo,
-                   where: str) -> RequestCancelled | None:
-    """The query rank's cancel at an agreement point (``where``: what it spares), for
-    :func:`raise_if_any_failed`; None elsewhere, or while ``stop`` is false."""
-    if stop is not None and info.rank == QUERY_RANK and stop():
-        return RequestCancelled(f"cancelled before {where}")
-    return None
+def check_context(request: Request, context_len: int, query_len: int,
+                  choice_ids: list[list[int]] | None, limit: int) -> None:
+    """ValueError unless the prompt (``context_len`` + ``query_len`` tokens, or positions)
+    plus ``request.max_new_tokens`` (with choices, ``choice_ids``: the longest choice's
+    tokens) fits the model's context of ``limit`` positions (both named in the message)."""
+    reserve, what = decode_reserve(request.max_new_tokens, choice_ids)
+    total = context_len + query_len + reserve
+    if total > limit:
+        raise ValueError(
+            f"the prompt ({context_len + query_len} tokens) plus {what} "
+            f"({reserve}) is {total} tokens, beyond the model's context of "
+            f"{limit}: sample fewer frames or pixels, or lower {what}")
 
 
 def run_prompt(
@@ -92,8 +79,8 @@ def run_prompt(
 
     with torch.inference_mode():
         with timer.stage("vision"):
-            error, local_video = None, inputs.vision_embeds  # set: a vision cache hit
-            try:
+            local_video = inputs.vision_embeds  # set: a vision cache hit
+            with agreement(group):  # reached on every rank, hit or miss
                 if local_video is None:
                     if inputs.frame_chunks is not None:  # vision.pipeline: decoded here
                         local_video = qwen.encode_frames(inputs.frame_chunks)
@@ -105,10 +92,9 @@ def run_prompt(
                         * span.tokens_per_patch, (local_video.shape, patch_range)
                     if inputs.vision_store is not None:
                         inputs.vision_store(local_video)
-            except Exception as exc:  # e.g. out of memory on this rank only
-                error = exc
-            error = error or cancelled_here(stop, info, "the prefill")
-            raise_if_any_failed(error, group)  # reached on every rank, hit or miss
+                cancel = cancelled_here(stop, info, "the prefill")
+                if cancel is not None:
+                    raise cancel
             assert local_video is not None
             cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):
@@ -140,23 +126,41 @@ def run_prompt(
         on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
-    seconds = timer.max_over_ranks(group)
+    return build_result(
+        qwen, request, info, timer, cache, logits, tokens, choices, finish, mode=mode.name,
+        frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
+        anchor_len=plan.anchor_len, passing_len=plan.passing_len,
+        embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
+        vision_cache_hit=cache_hit)
+
+
+def build_result(
+    qwen: QwenVL, request: Request, info: DistInfo, timer: StageTimer, cache: RankKVCache,
+    logits: torch.Tensor, tokens: list[int], choices: list[dict] | None, finish: str, *,
+    mode: str, frames: int, context_len: int, query_len: int, anchor_len: int = 0,
+    passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
+    vision_cache_hit: bool = False,
+) -> Result:
+    """The :class:`Result` of an answered request (every rank; two small collectives: the
+    stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
+    ``choices`` table and ``finish`` reason, the prompt's last ``logits``, and what ran."""
+    seconds = timer.max_over_ranks(info.group)
     return Result(
         answer=answer_text(qwen, tokens, choices, request.stop_texts),
         token_ids=tokens,
         ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
         seconds=seconds,
-        mode=mode.name,
+        mode=mode,
         world_size=info.world_size,
-        frames=inputs.num_frames,
-        context_len=plan.context_len,
-        query_len=plan.query_len,
-        anchor_len=plan.anchor_len,
-        passing_len=plan.passing_len,
-        embedding_bytes=moved if mode.vit_split else 0,
-        allgather_bytes=allgather,
-        kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), group)),
-        vision_cache_hit=cache_hit,
+        frames=frames,
+        context_len=context_len,
+        query_len=query_len,
+        anchor_len=anchor_len,
+        passing_len=passing_len,
+        embedding_bytes=embedding_bytes,
+        allgather_bytes=allgather_bytes,
+        kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), info.group)),
+        vision_cache_hit=vision_cache_hit,
         first_logits=logits,
         choices=choices,
         finish_reason=finish,

@@ -1,6 +1,15 @@
-"""What a live stream is, before any rank holds it: its spec (frame size, sampling rate,
-window), the bookkeeping of its chunks and stats, and the timestamp rule pushed frames follow
-(checked by the server and by the engine on every rank alike)."""
+"""What a live stream is, before any rank holds it, and its chunk bookkeeping: pure arithmetic
+every rank does alike, with no tensor and no collective (tested for all ranks in one process,
+as :mod:`apbv.plan` is).
+
+- :class:`StreamSpec` (frame size, sampling rate, window), :class:`Chunk`, the stats;
+- :func:`check_timestamps`: the rule pushed frames follow (checked by the server and by the
+  engine on every rank alike);
+- :func:`pick_owner`: the rank a new chunk goes to; :func:`row_start`: where a chunk's rows
+  start in its owner's cache; :func:`evictions`: how many of the oldest chunks the window
+  drops; :func:`patch_indices`: the temporal patch index of each new patch;
+  :func:`check_room`: whether a chunk still fits the model's context.
+"""
 
 from __future__ import annotations
 
@@ -126,3 +135,96 @@ class StreamStats:
     """Positions taken off every cached position by re-basing so far."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Per stage, summed over appends (slowest rank per append)."""
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What one :meth:`apbv.engine.engine.Engine.append` did (identical on every rank)."""
+
+    chunk: int | None
+    """The new chunk's index; None when no whole temporal patch was complete."""
+    owner: int | None
+    """The rank that keeps its KV (None: no chunk)."""
+    tokens: int
+    """Its video tokens."""
+    evicted: int
+    """Chunks the window dropped after it."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage (vision, transfer, prefill), the slowest rank."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream's state for clients (:meth:`apbv.engine.engine.Engine.describe_stream`;
+    identical on every rank)."""
+
+    frames_appended: int
+    frames_held: int
+    chunks_held: int
+    chunks_evicted: int
+    seconds_held: float
+    """From the first held frame to one frame past the newest (0 when nothing is held)."""
+    video_tokens_per_rank: list[int]
+    tokens_per_rank: list[int]
+    """Every token each rank holds (the chat template's header on the query rank too)."""
+    rebases: int
+    position_shift: int
+    seconds: dict[str, float]
+    """Per stage, summed over appends (slowest rank per append)."""
+
+
+def pick_owner(tokens: Sequence[int]) -> int:
+    """The rank a new chunk goes to: the one holding the fewest ``tokens`` (per rank; ties
+    to the lowest rank), so memory stays balanced."""
+    return min(range(len(tokens)), key=lambda r: (tokens[r], r))
+
+
+def row_start(chunks: Sequence[Chunk], chunk: Chunk, header_len: int, query_rank: int) -> int:
+    """Where ``chunk``'s rows start in its owner's cache: after the header (on
+    ``query_rank``, which holds it) and the held ``chunks`` before it with the same owner."""
+    start = header_len if chunk.owner == query_rank else 0
+    for c in chunks:
+        if c is chunk:
+            return start
+        if c.owner == chunk.owner:
+            start += c.tokens
+    raise AssertionError(f"chunk {chunk.index} is not held")
+
+
+def evictions(chunks: Sequence[Chunk], spec: StreamSpec, world_size: int) -> int:
+    """How many of the oldest ``chunks`` the window drops (the newest always stays): while
+    the newest ends ``window_s`` or more after the oldest's end, or the video tokens pass
+    ``window_tokens`` per rank on average."""
+    video, n = sum(c.tokens for c in chunks), 0
+    while len(chunks) - n > 1:
+        oldest, newest = chunks[n], chunks[-1]
+        too_old = spec.window_s is not None and newest.end_s - oldest.end_s >= spec.window_s
+        too_many = spec.window_tokens is not None and video > spec.window_tokens * world_size
+        if not (too_old or too_many):
+            break
+        video -= oldest.tokens
+        n += 1
+    return n
+
+
+def patch_indices(starts: Sequence[float], t0: float, seconds_per_patch: float,
+                  next_patch: int) -> list[int]:
+    """Temporal patch index of each new patch (first-frame timestamps ``starts``, seconds):
+    its time since the stream's first frame ``t0`` in patches, rounded, and always after the
+    previous patch (the first: at least ``next_patch``)."""
+    out, prev = [], next_patch - 1
+    for t in starts:
+        g = max(round((t - t0) / seconds_per_patch), prev + 1)
+        out.append(g)
+        prev = g
+    return out
+
+
+def check_room(held: int, tokens: int, limit: int) -> None:
+    """ValueError when a chunk of ``tokens`` on top of the ``held`` tokens would pass the
+    model's context of ``limit`` tokens."""
+    if held + tokens > limit:
+        raise ValueError(
+            f"the stream holds {held} tokens and a chunk of {tokens} would pass the "
+            f"model's context of {limit}: open the stream with a window (window_s or "
+            f"window_tokens)")

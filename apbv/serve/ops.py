@@ -1,0 +1,101 @@
+"""The one typed operation that crosses Ray: what the front end asks every rank of a group.
+
+Each operation is a frozen dataclass handed to every rank alike; :func:`apply` runs it on one
+rank's :class:`~apbv.engine.engine.Engine`. A chat request and a question about a live stream
+are both :class:`Generate` (the stream is the request's video); the others open, feed,
+describe and close a live stream by id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+    from apbv.engine.engine import Engine
+    from apbv.engine.request import Request, Result
+    from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
+
+    Outcome: TypeAlias = Result | Appended | StreamInfo | None
+    """What an op returns (:func:`apply`)."""
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Answer ``request`` (a one-shot video or a live stream's)."""
+
+    request: Request
+    answers: ClassVar[bool] = True
+    """Rank 0 streams its tokens as they come and takes a cancel."""
+    what: ClassVar[str] = "generate"
+    """What the server's log calls it."""
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens it may generate (admission's decode time)."""
+        return self.request.max_new_tokens
+
+
+@dataclass(frozen=True)
+class OpenStream:
+    stream_id: str
+    spec: StreamSpec
+    answers: ClassVar[bool] = False
+    what: ClassVar[str] = "open"
+    max_tokens: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class Append:
+    """Frames (uint8 (F, 3, H, W) at the stream's size) and their timestamps (seconds)."""
+
+    stream_id: str
+    frames: torch.Tensor
+    timestamps: tuple[float, ...]
+    answers: ClassVar[bool] = False
+    what: ClassVar[str] = "append"
+    max_tokens: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class CloseStream:
+    stream_id: str
+    answers: ClassVar[bool] = False
+    what: ClassVar[str] = "close"
+    max_tokens: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class DescribeStream:
+    stream_id: str
+    answers: ClassVar[bool] = False
+    what: ClassVar[str] = "describe"
+    max_tokens: ClassVar[int] = 0
+
+
+Op = Generate | OpenStream | Append | CloseStream | DescribeStream
+
+
+def apply(op: Op, engine: Engine, on_token: Callable[[int], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> Outcome:
+    """Run ``op`` on this rank's ``engine`` (every rank alike): a Result (Generate), the
+    Appended record (Append), the StreamInfo (OpenStream, DescribeStream) or None
+    (CloseStream). ``on_token`` and ``stop`` as in
+    :meth:`Engine.generate <apbv.engine.engine.Engine.generate>` (Generate only)."""
+    match op:
+        case Generate(request):
+            return engine.generate(request, on_token=on_token, stop=stop)
+        case OpenStream(stream_id, spec):
+            return engine.open_stream(stream_id, spec)
+        case Append(stream_id, frames, timestamps):
+            return engine.append(stream_id, frames, timestamps)
+        case CloseStream(stream_id):
+            engine.close_stream(stream_id)
+            return None
+        case DescribeStream(stream_id):
+            return engine.describe_stream(stream_id)
+    raise ValueError(f"unknown operation {type(op).__name__}; allowed: Generate, OpenStream, "
+                     "Append, CloseStream, DescribeStream")

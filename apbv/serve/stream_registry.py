@@ -1,0 +1,313 @@
+"""The open live streams of one server: where each lives, its memory budget, its queue of
+operations on the ranks, its capture feeder and its idle clock (the HTTP routes are
+:mod:`apbv.serve.streams`).
+
+Each open stream lives on one replica (the least loaded ready one with room in its budget,
+:meth:`StreamRegistry.place`); its ranks' engines hold their part of it under the stream's id.
+Every operation that touches the ranks (:mod:`apbv.serve.ops`) is a job in that replica's
+queue (:meth:`StreamRegistry.admit`), so it runs alone on the group, in turn with chat
+requests. A stream lost with its replica's ranks (a rank died and the group was rebuilt)
+answers 410 and frees its budget; a stream no client touched for ``--stream-idle-s`` is
+closed (:meth:`StreamRegistry.sweep`), its idle clock counting only while none of its
+operations is queued or running. A stream with a ``source`` is fed by a task that takes
+frames from its :class:`apbv.capture.Capture` (:meth:`StreamRegistry.feed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from apbv.capture import Capture, Source, stream_frame_size
+from apbv.engine.stream_plan import StreamSpec
+from apbv.serve import stream_budget
+from apbv.serve.admission import Job
+from apbv.serve.ops import Append, CloseStream, Op, OpenStream
+from apbv.serve.policy import ClientError, Limits
+from apbv.serve.replicas import Replica
+
+
+@dataclass
+class StreamOptions:
+    budget_bytes: int
+    """Per-rank KV bytes all streams of one replica may reserve (--stream-memory-gb)."""
+    max_streams: int = 8
+    idle_s: float = 600.0
+    end_after_s: float | None = 10.0
+    """A source ends after this long without news (--stream-end-after-s; None: never)."""
+    sizing: stream_budget.KVSizing | None = None
+
+
+@dataclass(eq=False)
+class LiveStream:
+    id: str
+    replica: Replica
+    generation: int
+    spec: StreamSpec
+    """With the frame size once known (before that, 28x28 stands in)."""
+    sized: bool
+    pixels: tuple[int | None, int | None]
+    reserved: int
+    native: tuple[int, int] | None = None
+    opened_on_ranks: bool = False
+    source: str | None = None
+    capture: Capture | None = None
+    feeder: asyncio.Task | None = None
+    opened: float = field(default_factory=time.monotonic)
+    used: float = field(default_factory=time.monotonic)
+    """When a client last touched the stream or one of its operations ended (monotonic s)."""
+    busy: int = 0
+    """Client requests on the stream now being handled."""
+    jobs: set[Job] = field(default_factory=set)
+    """Its operations admitted to the replica's queue and not yet ended: with ``busy``, the
+    idle clock runs only while there are none."""
+    frames_pushed: int = 0
+    pushes: int = 0
+    asks: int = 0
+    last_ts: float | None = None
+    last_push_wall: float | None = None
+    error: str | None = None
+    closing: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a push from its parse to its append, so pushes keep their order."""
+
+
+class StreamRegistry:
+    """The open streams of one server (``live``, by id) and their budget, over ``replicas``
+    (the server's list) under the server's ``limits``."""
+
+    def __init__(self, replicas: list[Replica], limits: Limits, options: StreamOptions):
+        self.replicas, self.limits, self.opt = replicas, limits, options
+        self.live: dict[str, LiveStream] = {}
+
+    def held(self, replica: Replica) -> int:
+        return sum(s.reserved for s in self.live.values() if s.replica is replica)
+
+    def get(self, stream_id: str) -> LiveStream:
+        live = self.live.get(stream_id)
+        if live is None or live.closing:
+            raise ClientError(404, f"no open stream {stream_id[:64]!r}")
+        if live.generation != live.replica.generation:
+            self.forget(live)
+            raise ClientError(410, f"stream {stream_id!r} was lost: a rank of replica "
+                                   f"{live.replica.index} died and its group was rebuilt; open "
+                                   "a new stream")
+        live.used = time.monotonic()
+        return live
+
+    @staticmethod
+    def busy(live: LiveStream) -> Callable[[], None]:
+        """Stop ``live``'s idle clock while a client request on it is handled, until the
+        returned function is called (once); the clock starts again from that moment."""
+        live.busy += 1
+
+        def done() -> None:
+            live.busy -= 1
+            live.used = time.monotonic()
+        return done
+
+    def forget(self, live: LiveStream) -> None:
+        self.live.pop(live.id, None)
+        if live.feeder is not None:
+            live.feeder.cancel()
+        if live.capture is not None:
+            live.capture.close()
+
+    def admit(self, live: LiveStream, op: Op, *, stream: bool = False) -> Job:
+        """Queue ``op`` for every rank of the stream's replica, in turn with every other job
+        there; ``stream``: the job's token queue gets the answer's ids as they come. A job that
+        fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
+        place and memory budget), whoever awaits it."""
+        replica, generation = live.replica, live.generation
+
+        def forget_if_lost(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is not None \
+                    and replica.generation != generation:
+                self.forget(live)
+
+        job = replica.admission.admit(None, {}, op=op, stream=stream, predicted_s=0.0,
+                                      max_tokens=op.max_tokens, stream_id=live.id,
+                                      generation=generation)
+        job.replica, job.name = replica, f"{live.id} {op.what}"
+
+        def ended(_: asyncio.Future) -> None:  # the idle clock starts again from here
+            live.jobs.discard(job)
+            live.used = time.monotonic()
+
+        live.jobs.add(job)  # queued or running: the stream is in use
+        job.future.add_done_callback(ended)
+        job.future.add_done_callback(forget_if_lost)
+        return job
+
+    async def run(self, live: LiveStream, op: Op) -> Any:
+        """``op`` on every rank of the stream's replica (:meth:`admit`): (its outcome, the
+        seconds it waited)."""
+        return await self.admit(live, op).future
+
+    def need(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
+        limits = self.limits
+        if sized:
+            pixels = spec.height * spec.width
+        else:
+            pixels = min(max_pixels or limits.max_pixels_per_frame, limits.max_pixels_per_frame)
+        sizing = self.opt.sizing
+        assert sizing is not None
+        return sizing.need(max(1, pixels // (28 * 28)), spec.fps, spec.window_s,
+                           spec.window_tokens)
+
+    def place(self, need: int) -> Replica:
+        if len(self.live) >= self.opt.max_streams:
+            raise ClientError(429, f"{len(self.live)} streams are open, the limit is "
+                                   f"{self.opt.max_streams} (--max-streams): close one first")
+        usable = [r for r in self.replicas if r.status == "ready"]
+        if not usable:
+            raise ClientError(503, "no engine group is ready; retry shortly")
+        replica = min(usable, key=lambda r: (self.held(r), r.load, r.index))
+        stream_budget.check_fits(need, self.held(replica), self.opt.budget_bytes,
+                                 sum(s.replica is replica for s in self.live.values()))
+        return replica
+
+    def size_of(self, live: LiveStream, native: tuple[int, int]) -> tuple[int, int]:
+        """The stream's frame size for frames of the ``native`` (H, W) size."""
+        limits = self.limits
+        try:
+            size = stream_frame_size(native[0], native[1], min_pixels=live.pixels[0],
+                               max_pixels=live.pixels[1])
+        except ValueError as exc:
+            raise ClientError(400, str(exc)) from None
+        limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
+                     "max-pixels-per-frame", "pixels per resized frame")
+        return size
+
+    def fix_size(self, live: LiveStream, size: tuple[int, int]) -> None:
+        """The first frames fix the frame size: the spec and the reservation with it."""
+        spec = dataclasses.replace(live.spec, height=size[0], width=size[1])
+        need = self.need(spec, True, None)
+        if need > live.reserved:
+            replica = live.replica
+            stream_budget.check_fits(need - live.reserved, self.held(replica),
+                                     self.opt.budget_bytes,
+                                     sum(s.replica is replica for s in self.live.values()))
+        live.spec, live.sized, live.reserved = spec, True, need
+
+    async def append(self, live: LiveStream, frames: torch.Tensor, stamps: list[float]) -> dict:
+        if not live.opened_on_ranks:
+            await self.run(live, OpenStream(live.id, live.spec))
+            live.opened_on_ranks = True
+        result, _ = await self.run(live, Append(live.id, frames, tuple(stamps)))
+        live.frames_pushed += len(stamps)
+        live.pushes += 1
+        live.last_ts = stamps[-1]
+        live.last_push_wall = time.monotonic()
+        return {"appended": len(stamps), "chunk": result.chunk, "owner": result.owner,
+                "tokens": result.tokens, "evicted": result.evicted}
+
+    async def feed(self, live: LiveStream) -> None:
+        """Move frames from the stream's capture to its ranks until the capture ends."""
+        cap, limit = live.capture, self.limits.max_frames_per_push
+        assert cap is not None, "only a stream with a source is fed"
+        try:
+            while True:
+                frames = await asyncio.to_thread(cap.take, limit, timeout=0.5)
+                if frames:
+                    if not live.sized:
+                        height, width = frames[0].image.shape[1:]
+                        self.fix_size(live, (height, width))
+                    batch = torch.stack([f.image for f in frames])
+                    while True:
+                        try:
+                            await self.append(live, batch, [f.timestamp for f in frames])
+                            break
+                        except ClientError as exc:
+                            if exc.status != 429:  # the queue is full: try again shortly
+                                raise
+                            await asyncio.sleep(0.25)
+                elif cap.stats()["ended"]:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # kept for GET; the stream stays open for asks
+            live.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+
+    async def close(self, live: LiveStream) -> None:
+        """Close on every rank, then free the budget (a full queue leaves it open)."""
+        if live.feeder is not None:
+            live.feeder.cancel()
+        live.closing = True  # no new operation from here on
+        try:
+            if live.opened_on_ranks and live.generation == live.replica.generation:
+                await self.run(live, CloseStream(live.id))
+        except ClientError as exc:
+            if exc.status == 429:
+                live.closing = False
+                raise
+        self.forget(live)
+
+    def summary(self, live: LiveStream) -> dict[str, Any]:
+        now = time.monotonic()
+        out = {
+            "id": live.id, "replica": live.replica.index,
+            "spec": {**dataclasses.asdict(live.spec),
+                     "height": live.spec.height if live.sized else None,
+                     "width": live.spec.width if live.sized else None},
+            "native_size": None if live.native is None else
+            {"height": live.native[0], "width": live.native[1]},
+            "source": live.source, "open_s": now - live.opened,
+            "frames_pushed": live.frames_pushed, "pushes": live.pushes, "asks": live.asks,
+            "last_timestamp": live.last_ts,
+            "since_last_frame_s": None if live.last_push_wall is None
+            else now - live.last_push_wall,
+            "frames_dropped": 0, "ingest_lag_s": 0.0, "error": live.error,
+            **stream_budget.describe(live.reserved, self.opt.budget_bytes),
+        }
+        if live.capture is not None:
+            capture = live.capture.stats()
+            out.update(frames_dropped=capture["frames_dropped"],
+                       ingest_lag_s=capture["ingest_lag_s"], capture=capture)
+            if out["error"] is None and capture["error"] is not None:
+                out["error"] = f"the source failed: {capture['error']}"  # it takes no more
+        return out
+
+    def idle(self, live: LiveStream) -> bool:
+        """No request on ``live`` handled and no operation of it queued or running, and none
+        for ``idle_s`` seconds."""
+        dropped = {job for job in live.jobs if not job.future.done()
+                   and not queued_or_running(job)}
+        if dropped:  # taken out of the queue unrun (its client went away): ended now
+            live.jobs -= dropped
+            live.used = time.monotonic()
+        return live.busy == 0 and not live.jobs and \
+            time.monotonic() - live.used > self.opt.idle_s
+
+    async def sweep(self) -> None:
+        """Close the streams idle for ``idle_s`` seconds (forever): untouched by any client,
+        and none of their operations queued or running meanwhile."""
+        while True:
+            await asyncio.sleep(min(5.0, self.opt.idle_s / 2))
+            for live in [s for s in self.live.values() if self.idle(s)]:
+                if not self.idle(live) or self.live.get(live.id) is not live:
+                    continue  # used, or closed, while an earlier one was being closed
+                try:
+                    await self.close(live)
+                except ClientError:
+                    pass  # lost with its ranks, or the queue is full: forgotten anyway
+
+def queued_or_running(job: Job) -> bool:
+    """Whether ``job`` waits in its replica's queue or runs there (False once it ended, or
+    was taken out of the queue unrun)."""
+    admission = job.replica.admission
+    return admission.running is job or any(j is job for _, j in admission.heap)
+
+
+def start_capture(source: Source, spec: StreamSpec, sized: bool,
+                   pixels: tuple[int | None, int | None]) -> Capture:
+    size = (spec.height, spec.width) if sized else None
+    return Capture(source, fps=spec.fps, size=size,
+                           min_pixels=None if sized else pixels[0],
+                           max_pixels=None if sized else pixels[1])
