@@ -33,6 +33,7 @@ from apbv.engine.routing import (
     route_embeddings,
     transfer_bytes,
 )
+from apbv.engine.sampling import GREEDY, Sampling
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import QUERY_RANK
@@ -137,10 +138,12 @@ def run_prompt(
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
+    logprobs = [] if request.sampling.logprobs is not None and rank == QUERY_RANK else None
     tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs,
+        sampling=request.sampling, logprobs=logprobs)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     seconds = timer.max_over_ranks(group)
@@ -163,6 +166,7 @@ def run_prompt(
         first_logits=logits,
         choices=choices,
         finish_reason=finish,
+        logprobs=logprobs,
     )
 
 
@@ -171,7 +175,8 @@ def finish_answer(
     info: DistInfo, timer: StageTimer, *, choices: tuple[str, ...] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (), graphs: bool = False,
+    stop_texts: Sequence[str] = (), graphs: bool = False, sampling: Sampling = GREEDY,
+    logprobs: list[dict] | None = None,
 ) -> tuple[list[int], list[dict] | None, str]:
     """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
     the per-choice table of :class:`Result`, and why the answer ended (its
@@ -180,12 +185,15 @@ def finish_answer(
     scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
     position after the prompt. ``graphs``: greedy decode replays a captured step
     (``decode.graphs``, resolved by the engine: :mod:`apbv.engine.decode_graph`).
+    ``sampling`` picks the tokens (greedy by default); ``logprobs``, a list given on the query
+    rank, gets each generated token's :meth:`~apbv.engine.sampling.Sampling.record`.
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
     """
     with timer.stage("first_token"):
-        first_token = pick_token(logits, info.group)  # stays on the device for decode
+        # stays on the device for decode
+        first_token = pick_token(logits, info.group, sampling)
         first = host_token(first_token)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
@@ -197,13 +205,15 @@ def finish_answer(
         for token in best if on_token is not None else ():  # the chosen answer's tokens
             on_token(token)
         return best, choice_table(choices, choice_ids, logprobs), "stop"
+    if logprobs is not None:
+        logprobs.append(sampling.record(logits, first))
     if on_token is not None:
         on_token(first)
     with timer.stage("decode"):
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
                                          on_token=on_token, stop=stop, stop_texts=stop_texts,
-                                         graphs=graphs)
+                                         graphs=graphs, sampling=sampling, logprobs=logprobs)
     return tokens, None, finish
 
 

@@ -72,6 +72,8 @@ class Job:
     """Tokens it may generate (0: no decode, as a stream's append)."""
     generated: int = 0
     """Tokens generated so far (counted by the replica while it runs)."""
+    token_times: list[float] = field(default_factory=list)
+    """time.monotonic() of each token's arrival (the replica's ``on_token``)."""
 
 
 class Admission:
@@ -105,10 +107,11 @@ class Admission:
                                                   - (now - (job.started or now)))
         return ttft_left + max(0, job.max_tokens - job.generated) * self.decode_s
 
-    def admit(self, call: Any, measured: dict[str, int], *, stream: bool = False,
+    def admit(self, call: Any, measured: dict[str, int], *, sse: bool = False,
               predicted_s: float | None = None, max_tokens: int = 0) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
-        given, as for a live-stream operation; ``max_tokens`` it may generate), or ClientError
+        given, as for a live-stream operation; ``max_tokens`` it may generate; ``sse``: its
+        tokens are handed to its ``tokens`` queue as they come), or ClientError
         (429: full; 503: its deadline cannot be met; 400: a deadline that is not a finite
         number >= 0)."""
         deadline = call.deadline_ms
@@ -144,7 +147,7 @@ class Admission:
                                        f"predicted TTFT is {predicted * 1000:.0f} ms{learned} "
                                        f"plus {ahead * 1000:.0f} ms of work queued ahead"
                                        f"{decode}")
-        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if stream else None,
+        job = Job(call, predicted, key, modelled, tokens=asyncio.Queue() if sse else None,
                   max_tokens=max_tokens)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()

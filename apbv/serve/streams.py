@@ -159,7 +159,7 @@ class Streams:
                     and replica.generation != generation:
                 self._forget(live)
 
-        job = replica.admission.admit(GroupOp(run), {}, stream=stream, predicted_s=0.0,
+        job = replica.admission.admit(GroupOp(run), {}, sse=stream, predicted_s=0.0,
                                       max_tokens=kwargs.get("max_new_tokens", 0))
         job.replica, job.name = replica, f"{live.id} {op}"
 
