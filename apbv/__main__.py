@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import argparse
+import builtins
+import functools
 import json
 import os
 import sys
@@ -76,6 +78,8 @@ def _config_from_args(args: argparse.Namespace) -> Any:
 
 
 def _print_result(result: Any, *, as_json: bool) -> None:
+    """The result for people (on stderr with ``as_json``: stdout then holds only the JSON)."""
+    print = functools.partial(builtins.print, file=sys.stderr if as_json else sys.stdout)
     print(f"answer: {result.answer!r}")
     for choice in result.choices or ():
         print(f"  choice {choice['text']!r}: p={choice['prob']:.4f} "
@@ -87,7 +91,7 @@ def _print_result(result: Any, *, as_json: bool) -> None:
     print(f"video embeddings moved: {result.embedding_bytes} bytes "
           f"(an all-gather would move {result.allgather_bytes})")
     if as_json:
-        print(json.dumps(result.to_json()))
+        builtins.print(json.dumps(result.to_json()))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -184,6 +188,9 @@ def _plan(args: argparse.Namespace) -> int:
     predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
     dims = None
     if args.preset is not None:
+        if cost.preset_name(args.preset) != args.preset:  # the configs' spelling: accepted
+            print(f"note: model preset {args.preset!r} read as "
+                  f"{cost.preset_name(args.preset)!r}", file=sys.stderr)
         dims = cost.preset_dims(args.preset)
     elif args.model:
         dims = cost.model_dims(cost.read_config(args.model))
@@ -337,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     video.add_argument("--width", type=int, default=224)
     video.add_argument("--height", type=int, default=224)
     video.add_argument("--seed", type=int, default=0)
+    video.add_argument("--needle", metavar="COLOUR",
+                       help="a needle video the trained tiny model answers about: noise with "
+                            "one flash of COLOUR (red, green, blue, yellow, cyan, magenta, "
+                            "white, black); --seconds and --seed apply")
 
     ev = sub.add_parser("eval", help="LongVideoBench or VNBench accuracy (run under torchrun); "
                                      "resumable")
@@ -411,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="captured frames waiting at most (then the oldest are dropped)")
     watch.add_argument("--json", action="store_true", help="one JSON line per event")
 
+    batch = sub.add_parser("batch", help="answer an OpenAI batch file of chat requests with "
+                                         "one model load (resumable; run under torchrun)")
+    _add_config_args(batch, default_preset="tiny_cpu")
+    from apbv.batch import add_batch_args
+
+    add_batch_args(batch)
+
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server over H Ray rank actors")
     _add_config_args(serve, default_preset="tiny_cpu")
     from apbv.serve.main import add_serve_args
@@ -423,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
             from apbv.serve.main import run_server
 
             return run_server(_config_from_args(args), args)
+        if args.command == "batch":
+            from apbv.batch import main as batch_main
+
+            return batch_main(args, _config_from_args(args))
         if args.command == "generate":
             return _generate(args)
         if args.command == "plan":
@@ -459,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
             command = "python -m apbv " + " ".join(
                 a for a in (argv if argv is not None else sys.argv[1:]))
             print(train(cfg, args.out, overwrite=args.overwrite, command=command))
+            return 0
+        if args.command == "make-test-video" and args.needle:
+            from apbv.needle_video import write_needle_video
+
+            print(write_needle_video(args.out, args.needle, seconds=args.seconds,
+                                     seed=args.seed))
             return 0
         if args.command == "make-test-video":
             from apbv.synthetic import write_test_video
