@@ -340,6 +340,17 @@ def resolve_preset(name_or_path: str) -> Path:
                      "(or a path to a .toml file)")
 
 
+def _model_path_from(preset: Path, data: dict[str, Any]) -> None:
+    """A preset's relative ``model.path`` made absolute from the preset's directory when it
+    names a directory there (a checkpoint kept beside its preset); else it stays relative to
+    the current directory."""
+    model = data.get("model")
+    path = model.get("path") if isinstance(model, dict) else None
+    if isinstance(path, str) and path and not Path(path).is_absolute() and \
+            (preset.parent / path).is_dir():
+        model["path"] = str((preset.parent / path).resolve())
+
+
 def load_config(preset: str | None = None, overrides: list[str] = ()) -> RuntimeConfig:
     """Defaults, then the preset's values, then ``section.key=value`` overrides.
 
@@ -350,6 +361,7 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Runtime
     if preset:
         with open(resolve_preset(preset), "rb") as f:
             data = tomllib.load(f)
+        _model_path_from(resolve_preset(preset), data)
     video = data.get("video")
     if isinstance(video, dict) and "nframes" in video and "fps" not in video:
         video["fps"] = None

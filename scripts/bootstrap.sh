@@ -10,11 +10,18 @@ want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1) $to
 if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   exit 0
 fi
-echo "[apbv] setting up .venv (first run takes a few minutes) ..." >&2
+echo "[apbv] setting up .venv (first run takes a few minutes; a line per package) ..." >&2
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 log=.venv/install.log
+# pip's whole output goes to the log; a line per package it fetches or installs to stderr
+set +e
 # shellcheck disable=SC2086  # torch_spec holds several requirements
-if ! { .venv/bin/pip install $torch_spec && .venv/bin/pip install -e ".[test]"; } >"$log" 2>&1; then
+{ .venv/bin/pip install $torch_spec && .venv/bin/pip install -e ".[test]"; } 2>&1 | tee "$log" |
+  { grep --line-buffered -E '^(Collecting|Installing collected packages|Successfully installed)' |
+    sed -u 's/^/[apbv] /' >&2; true; }
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
   tail -n 40 "$log" >&2
   echo "[apbv] installation failed; full log in $log" >&2
   exit 1

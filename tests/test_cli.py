@@ -73,14 +73,15 @@ def test_generate_single_process_json(capsys, tiny_model_dir, short_video) -> No
             "--video", str(short_video), "--question", "What is shown?",
             "--max-new-tokens", "3", "--mode", "exact", "--json"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    result = json.loads(out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    out = captured.out  # --json: the JSON line only, the human lines on stderr
+    result = json.loads(out)
     assert result["mode"] == "exact" and result["world_size"] == 1
     assert 1 <= len(result["token_ids"]) <= 3 and isinstance(result["answer"], str)
     assert result["ttft_s"] == pytest.approx(sum(
         result["seconds"][s] for s in ("preprocess", "vision", "transfer", "prefill",
                                        "first_token")))
-    assert "TTFT" in out and "answer:" in out
+    assert "TTFT" in captured.err and "answer:" in captured.err
 
 
 def test_generate_errors_exit_2(capsys, tmp_path, short_video) -> None:

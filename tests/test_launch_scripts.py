@@ -82,7 +82,8 @@ def test_generate_refuses_a_python_without_torch(tmp_path):
 
 @pytest.mark.parametrize("script,verb", [("slurm/generate_1node.sbatch", "generate"),
                                          ("slurm/generate_2node.sbatch", "generate"),
-                                         ("slurm/eval_1node.sbatch", "eval")])
+                                         ("slurm/eval_1node.sbatch", "eval"),
+                                         ("slurm/batch_1node.sbatch", "batch")])
 def test_torchrun_jobs_use_the_venv_the_head_ip_and_a_port_per_job(fake_cluster, tmp_path,
                                                                     script, verb):
     env, venv = fake_cluster

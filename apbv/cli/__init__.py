@@ -5,6 +5,8 @@ their default, and ``run(args) -> int`` (the exit status). Registering imports n
 (torch, transformers, ray, fastapi): ``run`` imports what it needs, so ``--help`` is quick.
 """
 
-COMMANDS = ("generate", "demo", "plan", "tools", "eval", "attention_demo", "watch", "serve")
+COMMANDS = (
+    "generate", "demo", "plan", "tools", "eval", "attention_demo", "watch", "batch", "serve",
+)
 """The modules of :mod:`apbv.cli` that register subcommands, in help order (``tools``: the
 make-* tools and train-tiny; ``eval`` also registers make-eval-fixtures)."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import builtins
+import functools
 import json
+import sys
 from typing import Any
 
 from apbv.cli.common import add_config_args, config_from_args, distributed, require_model
@@ -26,7 +29,9 @@ def register(sub: Any) -> None:
 
 
 def print_result(result: Any, *, as_json: bool) -> None:
-    """The answer, its TTFT and stage times, and the bytes moved, as rank 0 prints them."""
+    """The answer, its TTFT and stage times, and the bytes moved, as rank 0 prints them (on
+    stderr with ``as_json``: stdout then holds only the JSON)."""
+    print = functools.partial(builtins.print, file=sys.stderr if as_json else sys.stdout)
     print(f"answer: {result.answer!r}")
     for choice in result.choices or ():
         print(f"  choice {choice['text']!r}: p={choice['prob']:.4f} "
@@ -38,7 +43,7 @@ def print_result(result: Any, *, as_json: bool) -> None:
     print(f"video embeddings moved: {result.embedding_bytes} bytes "
           f"(an all-gather would move {result.allgather_bytes})")
     if as_json:
-        print(json.dumps(result.to_json()))
+        builtins.print(json.dumps(result.to_json()))
 
 
 def run(args: argparse.Namespace) -> int:

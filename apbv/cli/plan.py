@@ -4,6 +4,7 @@ the predicted TTFT of every mode (:mod:`apbv.cost`)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from apbv.cli.common import add_plan_args
@@ -55,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
     dims = None
     if args.preset is not None:
+        if cost.preset_name(args.preset) != args.preset:  # the configs' spelling: accepted
+            print(f"note: model preset {args.preset!r} read as "
+                  f"{cost.preset_name(args.preset)!r}", file=sys.stderr)
         dims = cost.preset_dims(args.preset)
     elif args.model:
         dims = cost.model_dims(cost.read_config(args.model))

@@ -32,6 +32,10 @@ def register(sub: Any) -> None:
     video.add_argument("--width", type=int, default=224)
     video.add_argument("--height", type=int, default=224)
     video.add_argument("--seed", type=int, default=0)
+    video.add_argument("--needle", metavar="COLOUR",
+                       help="a needle video the trained tiny model answers about: noise with "
+                            "one flash of COLOUR (red, green, blue, yellow, cyan, magenta, "
+                            "white, black); --seconds and --seed apply")
     video.set_defaults(run=run)
 
 
@@ -53,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(train(cfg, args.out, overwrite=args.overwrite, command=command))
         return 0
     assert args.command == "make-test-video", args.command
+    if args.needle:
+        from apbv.synthetic.needle_video import write_needle_video
+
+        print(write_needle_video(args.out, args.needle, seconds=args.seconds, seed=args.seed))
+        return 0
     from apbv.synthetic.videos import write_test_video
 
     frames = round(args.seconds * args.fps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,10 +251,23 @@ def checkpoint_dims(model_dir: str | Path) -> ModelDims:
     return model_dims(read_config(model_dir), video_start=template_video_start(model_dir))
 
 
+def preset_name(name: str) -> str:
+    """The :data:`MODEL_PRESETS` name of ``name``, which may also be spelled as the config
+    presets spell the model (``qwen2_5_vl_7b``, or a config's name, ``qwen2_5_vl_7b_8gpu``);
+    ValueError naming the allowed names."""
+    if name in MODEL_PRESETS:
+        return name
+    spelled = re.sub(r"(\d)-(\d)", r"\1.\2",
+                     re.sub(r"_\d+gpu$", "", name.strip().lower()).replace("_", "-"))
+    if spelled in MODEL_PRESETS:
+        return spelled
+    raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(MODEL_PRESETS)} (or "
+                     "the configs' spelling, e.g. qwen2_5_vl_7b_8gpu)")
+
+
 def preset_dims(name: str) -> ModelDims:
-    if name not in MODEL_PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(MODEL_PRESETS)}")
-    return MODEL_PRESETS[name]
+    """The sizes of model preset ``name`` (:func:`preset_name`: either spelling)."""
+    return MODEL_PRESETS[preset_name(name)]
 
 
 def video_grid(frames: int, height: int, width: int, *, patch_size: int = 14,

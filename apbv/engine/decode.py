@@ -28,6 +28,7 @@ from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
+from apbv.engine.sampling import GREEDY, Sampling
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
@@ -95,12 +96,13 @@ DIVERGED = -2
 
 
 @torch.inference_mode()
-def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Greedy choice on the query rank, broadcast to every rank: a (1,) int64 tensor on the
-    logits' device, never read back here (see :func:`host_token`). For the prompt's first
-    token, whose logits only the query rank computes whole; decode steps need no broadcast
-    (:func:`step_token`)."""
-    return comm.broadcast(torch.argmax(logits).view(1), src=QUERY_RANK, group=group)
+def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
+               sampling: Sampling = GREEDY) -> torch.Tensor:
+    """The query rank's choice (greedy, or ``sampling``'s draw of step 0), broadcast to every
+    rank: a (1,) int64 tensor on the logits' device, never read back here (see
+    :func:`host_token`). For the prompt's first token, whose logits only the query rank
+    computes whole; decode steps need no broadcast (:func:`step_token`)."""
+    return comm.broadcast(sampling.pick(logits, 0), src=QUERY_RANK, group=group)
 
 
 def step_signal(device: torch.device) -> torch.Tensor:
@@ -110,12 +112,15 @@ def step_signal(device: torch.device) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def step_token(logits: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+def step_token(logits: torch.Tensor, received: torch.Tensor, sampling: Sampling = GREEDY,
+               step: int = 1) -> torch.Tensor:
     """A decode step's token, picked on every rank alike from its (vocab,) ``logits`` and the
-    (H, 2) signals of :func:`step_signal` that its all-gather brought: the greedy choice,
-    :data:`STOP` when the query rank's stop flag is set, :data:`DIVERGED` when the ranks fed
-    different tokens. A (1,) int64 tensor on the logits' device, computed there."""
-    token = torch.argmax(logits).view(1)
+    (H, 2) signals of :func:`step_signal` that its all-gather brought: the greedy choice (or
+    ``sampling``'s draw for token number ``step``, seeded by the step alone, so every rank
+    draws the same), :data:`STOP` when the query rank's stop flag is set, :data:`DIVERGED`
+    when the ranks fed different tokens. A (1,) int64 tensor on the logits' device, computed
+    there."""
+    token = sampling.pick(logits, step)
     token.masked_fill_(received[QUERY_RANK, 0] > 0, STOP)
     return token.masked_fill_((received[:, 1] != received[0, 1]).any(), DIVERGED)
 
@@ -160,6 +165,8 @@ def greedy_continue(
     stop: Callable[[], bool] | None = None,
     stop_texts: Sequence[str] = (),
     graphs: bool = False,
+    sampling: Sampling = GREEDY,
+    logprobs: list[dict] | None = None,
 ) -> tuple[list[int], str]:
     """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
     the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
@@ -174,7 +181,10 @@ def greedy_continue(
     are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
     fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
     steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
-    rank alike), the cache's reservation taking the new rows in place.
+    rank alike), the cache's reservation taking the new rows in place; only for greedy
+    ``sampling`` without log-probabilities. ``sampling`` picks each token (every rank draws
+    the same); with ``logprobs`` (a list, on the query rank) each new token's
+    :meth:`Sampling.record` is appended to it.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
@@ -184,7 +194,7 @@ def greedy_continue(
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
     signal = step_signal(token.device)
     graph = None
-    if graphs:  # imported here: decode_graph builds on this module
+    if graphs and sampling.plain:  # imported here: decode_graph builds on this module
         from apbv.engine.decode_graph import GraphStep
 
         assert info.rank != QUERY_RANK or cache.room() >= max_new_tokens - 1, (
@@ -209,7 +219,8 @@ def greedy_continue(
         else:
             fed = token
             mark = cache.lengths() if graph is not None else ()  # where a fallback goes back to
-            token, logits = _eager_step(qwen, fed, positions, signal, ctx)
+            token, logits = _eager_step(qwen, fed, positions, signal, ctx, sampling,
+                                        len(tokens))
             if graph is not None:  # the first step: the captured one must agree with it
                 graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
                 if graph is None:  # its row's KV is the graph's: redo the step eagerly
@@ -225,20 +236,22 @@ def greedy_continue(
                 f"the ranks fed different tokens to decode step {len(tokens) - 1} (their "
                 "logits differed: a kernel that is not deterministic, or ranks on different "
                 "hardware or dtypes); greedy decode needs every rank to pick the same token")
+        if logprobs is not None:
+            logprobs.append(sampling.record(logits, tokens[-1]))
         if on_token is not None:
             on_token(tokens[-1])
     return tokens, reason
 
 
 def _eager_step(qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
-                signal: torch.Tensor,
-                ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor and
-    logits."""
+                signal: torch.Tensor, ctx: DecodeContext, sampling: Sampling = GREEDY,
+                step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor (token
+    number ``step``, picked by ``sampling``) and logits."""
     ctx.signal = signal
     logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
     assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
-    return step_token(logits, ctx.received), logits
+    return step_token(logits, ctx.received, sampling, step), logits
 
 
 def _try_graph(graph: Any, qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,

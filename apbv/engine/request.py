@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from apbv.engine.sampling import GREEDY, Sampling
 from apbv.modes import Mode, get_mode
 from apbv.plan import Plan, Range, check_int
 from apbv.video import DecodedVideo, VideoSpec
@@ -86,6 +87,9 @@ class Request:
     system: str | None = None
     """The system turn's text (a chat request's system message), plain text like the question;
     None: the chat template's default system turn."""
+    sampling: Sampling = GREEDY
+    """How each generated token is picked (greedy by default: evaluation and closed
+    vocabularies always are) and whether its log-probabilities are reported."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -102,6 +106,12 @@ class Request:
         if self.choices is not None:
             object.__setattr__(self, "choices", check_choices(self.choices))
         object.__setattr__(self, "stop_texts", check_stop_texts(self.stop_texts, self.choices))
+        if not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
+        if self.choices is not None and self.sampling != GREEDY:
+            raise ValueError("a request with choices scores them exactly; it samples nothing "
+                             "and reports no per-token logprobs: leave temperature at 0 and "
+                             "logprobs unset")
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"the system text must be a string or None, got "
                              f"{type(self.system).__name__}")
@@ -283,6 +293,9 @@ class Result:
     finish_reason: str = "stop"
     """Why the answer ended: ``stop`` (EOS, a stop text, or the choices scored), ``length``
     (max_new_tokens) or ``cancelled`` (the caller's ``stop`` callable)."""
+    logprobs: list[dict[str, Any]] | None = None
+    """With ``Request.sampling.logprobs``: per generated token, its
+    :meth:`~apbv.engine.sampling.Sampling.record` (from the query rank's fp32 logits)."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -30,9 +30,11 @@ from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
+from apbv.engine.sampling import GREEDY, Sampling
 from apbv.layout import shard
 from apbv.model.qwen2_5_vl import QwenVL
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
+from apbv.plan import QUERY_RANK
 from apbv.positions import mrope_positions
 from apbv.timing import TTFT_STAGES, StageTimer
 
@@ -120,10 +122,13 @@ def run_prompt(
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
+    wants = request.sampling.logprobs is not None and rank == QUERY_RANK
+    logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs,
+        sampling=request.sampling, logprobs=logprobs)
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     return build_result(
@@ -131,7 +136,7 @@ def run_prompt(
         frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
-        vision_cache_hit=cache_hit)
+        vision_cache_hit=cache_hit, logprobs=logprobs)
 
 
 def build_result(
@@ -139,11 +144,12 @@ def build_result(
     logits: torch.Tensor, tokens: list[int], choices: list[dict] | None, finish: str, *,
     mode: str, frames: int, context_len: int, query_len: int, anchor_len: int = 0,
     passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
-    vision_cache_hit: bool = False,
+    vision_cache_hit: bool = False, logprobs: list[dict] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
     stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
-    ``choices`` table and ``finish`` reason, the prompt's last ``logits``, and what ran."""
+    ``choices`` table, ``finish`` reason and ``logprobs`` (query rank), the prompt's last
+    ``logits``, and what ran."""
     seconds = timer.max_over_ranks(info.group)
     return Result(
         answer=answer_text(qwen, tokens, choices, request.stop_texts),
@@ -164,6 +170,7 @@ def build_result(
         first_logits=logits,
         choices=choices,
         finish_reason=finish,
+        logprobs=logprobs,
     )
 
 
@@ -172,7 +179,8 @@ def finish_answer(
     info: DistInfo, timer: StageTimer, *, choices: Sequence[str] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (), graphs: bool = False,
+    stop_texts: Sequence[str] = (), graphs: bool = False, sampling: Sampling = GREEDY,
+    logprobs: list[dict] | None = None,
 ) -> tuple[list[int], list[dict] | None, str]:
     """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
     the per-choice table of :class:`Result`, and why the answer ended (its
@@ -181,31 +189,36 @@ def finish_answer(
     scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
     position after the prompt. ``graphs``: greedy decode replays a captured step
     (``decode.graphs``, resolved by the engine: :mod:`apbv.engine.decode_graph`).
+    ``sampling`` picks the tokens (greedy by default); ``logprobs``, a list given on the query
+    rank, gets each generated token's :meth:`~apbv.engine.sampling.Sampling.record`.
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
     """
     with timer.stage("first_token"):
-        first_token = pick_token(logits, info.group)  # stays on the device for decode
+        # stays on the device for decode
+        first_token = pick_token(logits, info.group, sampling)
         first = host_token(first_token)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
         single = all(len(c) == 1 for c in choice_ids)
         with timer.stage("first_token" if single else "decode"):
-            logprobs = score_choices(qwen, logits, choice_ids, next_position, cache, info,
-                                     kernel=kernel)
-        best = choice_ids[max(range(len(choice_ids)), key=lambda i: logprobs[i])]
+            scores = score_choices(qwen, logits, choice_ids, next_position, cache, info,
+                                   kernel=kernel)
+        best = choice_ids[max(range(len(choice_ids)), key=lambda i: scores[i])]
         if on_token is not None:  # the chosen answer's tokens
             for token in best:
                 on_token(token)
-        return best, choice_table(choices, choice_ids, logprobs), "stop"
+        return best, choice_table(choices, choice_ids, scores), "stop"
+    if logprobs is not None:
+        logprobs.append(sampling.record(logits, first))
     if on_token is not None:
         on_token(first)
     with timer.stage("decode"):
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
                                          on_token=on_token, stop=stop, stop_texts=stop_texts,
-                                         graphs=graphs)
+                                         graphs=graphs, sampling=sampling, logprobs=logprobs)
     return tokens, None, finish
 
 

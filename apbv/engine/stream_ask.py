@@ -115,6 +115,8 @@ def run_on_stream(
     reserve, _ = decode_reserve(request.max_new_tokens, held.choice_ids)
     mark = cache.lengths()
     start = stream.max_position + 1
+    wants = request.sampling.logprobs is not None and info.rank == QUERY_RANK
+    logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     try:
         with torch.inference_mode():
             if info.rank == QUERY_RANK:  # the owner of the question's and answer's rows
@@ -127,9 +129,9 @@ def run_on_stream(
             qwen, logits, start + len(rows), cache, info, timer, choices=request.choices,
             choice_ids=held.choice_ids, max_new_tokens=request.max_new_tokens,
             kernel=stream.kernel, on_token=on_token, stop=stop, stop_texts=request.stop_texts,
-            graphs=graphs)
+            graphs=graphs, sampling=request.sampling, logprobs=logprobs)
     finally:
         cache.truncate(mark)
     return build_result(qwen, request, info, timer, cache, logits, tokens, table, finish,
                         mode=HELD_MODE, frames=stream.frames_held,
-                        context_len=sum(stream.tokens), query_len=len(rows))
+                        context_len=sum(stream.tokens), query_len=len(rows), logprobs=logprobs)

@@ -33,6 +33,24 @@ class ResultLog:
         sample id twice, or rows of another task or mode, or with(out) the comparison against
         exact attention when this run is not (resuming into them would mix runs).
         """
+        def check(row: Row) -> None:
+            if row.get("task") != task or row.get("mode") != mode:
+                raise ValueError(f"{self.path} holds results of task {row.get('task')} in mode "
+                                 f"{row.get('mode')}, not {task} in mode {mode}; pass another "
+                                 f"output file")
+            if ("exact" in row) != compare:
+                raise ValueError(f"{self.path} holds results {'without' if compare else 'with'} "
+                                 f"the comparison against exact attention, unlike this run; "
+                                 f"pass another output file")
+
+        return self.read_rows("id", check)
+
+    def read_rows(self, key: str, check: Any = None,
+                  what: str = "sample ids") -> tuple[list[Row], str | None]:
+        """The rows already written (each a JSON object holding ``key``, its value unique, or
+        ValueError naming the ``what`` found twice;
+        ``check(row)`` raises ValueError for a row of another run), and a note when a
+        half-written last line was cut off (the file is truncated before it)."""
         if not self.path.exists():
             return [], None
         data = self.path.read_bytes()
@@ -45,26 +63,20 @@ class ResultLog:
                 row = json.loads(line)
             except ValueError:
                 row = None
-            if not isinstance(row, dict) or "id" not in row:
+            if not isinstance(row, dict) or key not in row:
                 if number == len(lines) and not tail:
                     tail = line
                     break
                 raise ValueError(f"{self.path} line {number} is not a result row; the file is "
                                  f"damaged (move it away to start over)")
-            if row.get("task") != task or row.get("mode") != mode:
-                raise ValueError(f"{self.path} holds results of task {row.get('task')} in mode "
-                                 f"{row.get('mode')}, not {task} in mode {mode}; pass another "
-                                 f"output file")
-            if ("exact" in row) != compare:
-                raise ValueError(f"{self.path} holds results {'without' if compare else 'with'} "
-                                 f"the comparison against exact attention, unlike this run; "
-                                 f"pass another output file")
+            if check is not None:
+                check(row)
             rows.append(row)
             kept += len(line) + 1
-        ids = [r["id"] for r in rows]
+        ids = [r[key] for r in rows]
         if len(set(ids)) != len(ids):
-            twice = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"{self.path} has sample ids more than once: {', '.join(twice)}")
+            twice = sorted({str(i) for i in ids if ids.count(i) > 1})
+            raise ValueError(f"{self.path} has {what} more than once: {', '.join(twice)}")
         if not tail:
             return rows, None
         os.truncate(self.path, kept)

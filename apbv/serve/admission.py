@@ -83,6 +83,8 @@ class Job:
     """Tokens it may generate (0: no decode, as a stream's append)."""
     generated: int = 0
     """Tokens generated so far (counted by the replica while it runs)."""
+    token_times: list[float] = field(default_factory=list)
+    """time.monotonic() of each token's arrival (the replica's ``on_token``)."""
     stream_id: str | None = None
     """The live stream whose operation it is: it runs only on the ranks that hold the stream
     (replica ``generation``), never handed to another replica; None: a chat request."""
@@ -129,12 +131,13 @@ class Admission:
         return ttft_left + max(0, job.max_tokens - job.generated) * self.decode_s
 
     def admit(self, call: ChatCall | None, measured: dict[str, int], *, op: Op | None = None,
-              stream: bool = False, predicted_s: float | None = None, max_tokens: int = 0,
+              sse: bool = False, predicted_s: float | None = None, max_tokens: int = 0,
               stream_id: str | None = None, generation: int = 0) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
-        given, as for a live-stream operation; ``max_tokens`` it may generate) as a job that
-        runs ``op`` (default: Generate of the call's request; a live stream's operation has no
-        ``call`` and names its ``stream_id`` and the replica ``generation`` holding it), or
+        given, as for a live-stream operation; ``max_tokens`` it may generate; ``sse``: its
+        tokens are handed to its ``tokens`` queue as they come) as a job that runs ``op``
+        (default: Generate of the call's request; a live stream's operation has no ``call``
+        and names its ``stream_id`` and the replica ``generation`` holding it), or
         ClientError (429: full; 503: its deadline cannot be met; 400: a deadline that is not a
         finite number >= 0)."""
         if op is None:
@@ -174,7 +177,7 @@ class Admission:
                                        f"plus {ahead * 1000:.0f} ms of work queued ahead"
                                        f"{decode}")
         job = Job(op, call, predicted, key, modelled,
-                  tokens=asyncio.Queue() if stream else None, max_tokens=max_tokens,
+                  tokens=asyncio.Queue() if sse else None, max_tokens=max_tokens,
                   stream_id=stream_id, generation=generation)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()

@@ -1,5 +1,9 @@
 """The HTTP front end: FastAPI routes, API key, the bounded admission queue, metrics.
 
+The metrics keep vLLM's names under an ``apbv:`` prefix with a ``model_name`` label (a vLLM
+dashboard reads them), beside apbv's own per-stage and per-replica ones; ``/metrics`` is open
+(as vLLM's and SGLang's: keep it behind the network's firewall) unless ``protect_metrics``.
+
 One :class:`Server` owns the replicas (:mod:`apbv.serve.replicas`: R rank groups, each with a
 bounded queue and one worker): requests are validated here (media policy, limits; remote media
 downloaded on the event loop, the files probed on the server's own request threads, which no
@@ -16,7 +20,9 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -34,10 +40,11 @@ from prometheus_client import (
     generate_latest,
 )
 
-from apbv.engine.request import cut_at_stop
+from apbv import package_version
 from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
+from apbv.serve.detok import IncrementalText
 from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
@@ -50,12 +57,39 @@ if TYPE_CHECKING:
     from apbv.serve.group import RankGroup
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Seconds between two generated tokens (vLLM's inter-token buckets, and longer ones)."""
+
+log = logging.getLogger("apbv.serve")
+IGNORED_SHOWN = 32
+"""Ignored fields named in the log and the header at most (the response lists them all)."""
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "apbv") -> None:
         self.registry = CollectorRegistry()
+        self.model_name = model_name
         r = self.registry
+        label = ["model_name"]
+        # vLLM's metrics, under apbv: (a chat request's, from its admission on)
+        self.request_ttft = Histogram("apbv:time_to_first_token_seconds", "Time to first "
+                                      "token, queue included", label, buckets=BUCKETS,
+                                      registry=r)
+        self.e2e = Histogram("apbv:e2e_request_latency_seconds", "Admission to the last token",
+                             label, buckets=BUCKETS, registry=r)
+        self.request_queue = Histogram("apbv:request_queue_time_seconds", "Time queued before "
+                                       "the ranks", label, buckets=BUCKETS, registry=r)
+        self.itl = Histogram("apbv:inter_token_latency_seconds", "Time between two generated "
+                             "tokens", label, buckets=TOKEN_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("apbv:prompt_tokens", "Prompt tokens of answered "
+                                     "requests", label, registry=r)
+        self.generation_tokens = Counter("apbv:generation_tokens", "Generated tokens", label,
+                                         registry=r)
+        self.num_running = Gauge("apbv:num_requests_running", "Requests on the ranks", label,
+                                 registry=r)
+        self.num_waiting = Gauge("apbv:num_requests_waiting", "Requests queued", label,
+                                 registry=r)
+        # apbv's own
         self.ttft = Histogram("apbv_ttft_seconds", "Time to first token", buckets=BUCKETS,
                               registry=r)
         self.queue_wait = Histogram("apbv_queue_wait_seconds", "Time queued before the ranks",
@@ -82,6 +116,27 @@ class Metrics:
                               "per replica (deadline admission's decode time)", ["replica"],
                               registry=r)
 
+    def observe_request(self, job: Job, result: Any) -> None:
+        """A chat request's vLLM metrics, once it is answered: its times from its admission
+        (``job.enqueued``), the gaps between its tokens' arrivals, its token counts."""
+        name, now = self.model_name, time.monotonic()
+        started = job.started if job.started is not None else now
+        times = job.token_times
+        first = times[0] if times else started + result.ttft_s
+        self.request_queue.labels(name).observe(started - job.enqueued)
+        self.request_ttft.labels(name).observe(first - job.enqueued)
+        self.e2e.labels(name).observe(now - job.enqueued)
+        for before, after in zip(times, times[1:], strict=False):
+            self.itl.labels(name).observe(after - before)
+        self.prompt_tokens.labels(name).inc(result.context_len + result.query_len)
+        self.generation_tokens.labels(name).inc(len(result.token_ids))
+
+    def count_load(self, replicas: list[Replica]) -> None:
+        """Set the running and waiting gauges from the replicas' queues."""
+        self.num_running.labels(self.model_name).set(
+            sum(r.admission.running is not None for r in replicas))
+        self.num_waiting.labels(self.model_name).set(sum(len(r.admission) for r in replicas))
+
 
 @dataclass
 class ServerOptions:
@@ -96,6 +151,8 @@ class ServerOptions:
     """The Host headers requests may carry (--host, --port, --allow-host); None: any."""
     read_timeout_s: float | None = None
     """Seconds a request body may take to arrive after its head (--read-timeout-s)."""
+    protect_metrics: bool = False
+    """``/metrics`` asks for the API key too (--protect-metrics); else it is open."""
 
 
 class Server:
@@ -105,7 +162,7 @@ class Server:
                  options: ServerOptions,
                  admissions: list[Admission] | None = None):
         self.cfg, self.processor, self.opt = cfg, processor, options
-        self.metrics = Metrics()
+        self.metrics = Metrics(options.model_name)
         if admissions is None:
             admissions = [Admission(options.max_queue) for _ in groups]
         self.replicas = [Replica(i, g, a, self.metrics, self.observe)
@@ -231,17 +288,27 @@ class Server:
             measured = await self._checked(api.check_request, call.request, self.opt.limits,
                                            self.processor)
             replica = pick(self.replicas, call.request, self.affinity)
-            job = replica.admission.admit(call, measured, stream=call.stream,
+            job = replica.admission.admit(call, measured, sse=call.sse,
                                           max_tokens=call.request.max_new_tokens)
         except BaseException:
             discard(call.downloaded)
             raise
         cid = api.completion_id()
         job.replica, job.name = replica, cid
-        if call.stream:
-            return self.sse(job, cid, request, call.model, call.request.stop_texts)
+        headers = {}
+        if call.ignored:  # accepted, not acted on (as vLLM): said in a header and the log
+            named = [name[:100] for name in call.ignored[:IGNORED_SHOWN]]
+            log.warning("%s: ignored the request field(s) %s", cid, named)
+            headers["X-Ignored-Fields"] = json.dumps(named)
+        if call.sse:
+            response = self.sse(job, cid, request, call.model, call.request.stop_texts,
+                                include_usage=call.include_usage)
+            response.headers.update(headers)
+            return response
         result, wait = await self._wait(job, request)
-        return JSONResponse(api.completion(call, cid, result, wait, replica.index))
+        self.metrics.observe_request(job, result)
+        return JSONResponse(api.completion(call, cid, result, wait, replica.index,
+                                           self.processor.tokenizer), headers=headers)
 
     async def _wait(self, job: Job, request: Request) -> tuple[Any, float]:
         """The job's outcome; a client gone while its job is still queued drops the job, and
@@ -256,80 +323,104 @@ class Server:
                 job.cancel.set()
 
     def sse(self, job: Job, cid: str, request: Request, model: str,
-            stop_texts: tuple[str, ...] = (), **apbv: Any) -> StreamingResponse:
-        """The answer of a job admitted to stream, as chat.completion.chunk server-sent
+            stop_texts: tuple[str, ...] = (), include_usage: bool = False,
+            **apbv: Any) -> StreamingResponse:
+        """The answer of a job admitted with ``sse``, as chat.completion.chunk server-sent
         events (text that may begin one of ``stop_texts`` is held back until it is known not
-        to); ``apbv`` adds fields to the last chunk's ``apbv`` block."""
-        return StreamingResponse(self._sse(job, cid, request, model, stop_texts, apbv),
-                                 media_type="text/event-stream")
+        to); ``apbv`` adds fields to the last chunk's ``apbv`` block; ``include_usage``: the
+        usage follows in its own event with no choices."""
+        return StreamingResponse(self._sse(job, cid, request, model, stop_texts, include_usage,
+                                           apbv), media_type="text/event-stream")
 
     async def _sse(self, job: Job, cid: str, request: Request, model: str,
-                   stop_texts: tuple[str, ...], extra: dict[str, Any]) -> AsyncIterator[bytes]:
+                   stop_texts: tuple[str, ...], include_usage: bool,
+                   extra: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The events of :meth:`sse`. A client that leaves ends the generator (its job
+        dropped or cancelled): nothing is raised past it, so nothing is logged as an error."""
         tokenizer = self.processor.tokenizer
-        ids: list[int] = []
-        sent = ""
+        sent: list[str] = []
 
         def event(payload: dict) -> bytes:
             return f"data: {json.dumps(payload)}\n\n".encode()
 
-        yield event(api.chunk(model, cid, {"role": "assistant", "content": ""}))
         waiter = asyncio.ensure_future(self._wait(job, request))
         try:
-            async for piece in self._deltas(job, waiter, ids, tokenizer, stop_texts):
-                sent += piece
-                yield event(api.chunk(model, cid, {"content": piece}))
-            result, wait = await waiter
-        except ClientError as exc:
-            yield event({"error": {"message": exc.message, "code": exc.status}})
+            yield event(api.chunk(model, cid, {"role": "assistant", "content": ""}))
+            try:
+                async for piece in self._deltas(job, waiter, tokenizer, stop_texts):
+                    sent.append(piece)
+                    yield event(api.chunk(model, cid, {"content": piece}))
+                result, wait = await waiter
+            except ClientError as exc:
+                yield event(error_body(exc.status, exc.message, exc.param))
+                yield b"data: [DONE]\n\n"
+                return
+            if isinstance(job.call, api.ChatCall):
+                self.metrics.observe_request(job, result)
+            text = "".join(sent)
+            if result.answer.startswith(text) and len(result.answer) > len(text):
+                yield event(api.chunk(model, cid, {"content": result.answer[len(text):]}))
+            yield event(api.chunk(model, cid, {}, result.finish_reason,
+                                  api.logprobs(result, tokenizer),
+                                  apbv={**api.apbv_block(result, wait, job.replica.index),
+                                        **extra}))
+            if include_usage:
+                yield event(api.usage_chunk(model, cid, result))
             yield b"data: [DONE]\n\n"
-            return
         finally:  # the client went away: a job still waiting is dropped, a running one stopped
             if job.started is None:
                 self._drop(job)
             if not job.future.done():
                 job.cancel.set()
-        if result.answer.startswith(sent) and len(result.answer) > len(sent):
-            yield event(api.chunk(model, cid, {"content": result.answer[len(sent):]}))
-        yield event(api.chunk(model, cid, {}, result.finish_reason,
-                              usage=api.usage(result),
-                              apbv={**api.apbv_block(result, wait, job.replica.index),
-                                    **extra}))
-        yield b"data: [DONE]\n\n"
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()  # retrieved: asyncio logs no "never retrieved" error
 
     @staticmethod
-    async def _deltas(job: Job, waiter: asyncio.Future, ids: list[int], tokenizer: Any,
+    async def _deltas(job: Job, waiter: asyncio.Future, tokenizer: Any,
                       stop_texts: tuple[str, ...]) -> AsyncIterator[str]:
-        """New text as tokens arrive (held back while it ends inside a UTF-8 sequence, or
-        with what could begin a stop text; nothing from the first stop text on)."""
-        sent = ""
-        hold = max(map(len, stop_texts), default=1) - 1
+        """New text as tokens arrive (:class:`~apbv.serve.detok.IncrementalText`: the same
+        work per token however long the answer; held back while it ends inside a UTF-8
+        sequence or with what could begin a stop text; nothing from the first stop text
+        on)."""
+        text = IncrementalText(tokenizer, stop_texts)
+        assert job.tokens is not None, "a job streams its tokens only when admitted with sse"
         while True:
             assert job.tokens is not None, "a streamed job has a token queue"
             getter = asyncio.ensure_future(job.tokens.get())
-            await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
+            try:
+                await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
+            finally:  # also when the client left meanwhile: no task is left pending
+                got = getter.done()
+                if not got:
+                    getter.cancel()
+            if not got:
+                while not job.tokens.empty():  # tokens put before the outcome was set
+                    piece = text.add(job.tokens.get_nowait())
+                    if piece:
+                        yield piece
                 return
-            ids.append(getter.result())
-            text, stopped = cut_at_stop(tokenizer.decode(ids, skip_special_tokens=True),
-                                        stop_texts)
-            if not stopped and hold:
-                text = text[:len(text) - hold]
-            if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
-                yield text[len(sent):]
-                sent = text
+            piece = text.add(getter.result())
+            if piece:
+                yield piece
 
     def _routes(self) -> FastAPI:
-        app = FastAPI(title="apbv", docs_url=None, redoc_url=None, openapi_url=None,
-                      lifespan=self.lifespan)
+        app = FastAPI(title="apbv", version=package_version(), docs_url="/docs",
+                      redoc_url=None, openapi_url="/openapi.json", lifespan=self.lifespan)
 
         @app.exception_handler(ClientError)
         async def client_error(_: Request, exc: ClientError) -> JSONResponse:
             self._count_refused(exc.status)
-            return JSONResponse(error_body(exc.status, exc.message), status_code=exc.status)
+            return JSONResponse(error_body(exc.status, exc.message, exc.param),
+                                status_code=exc.status)
 
-        @app.post("/v1/chat/completions")
+        @app.post("/v1/chat/completions", openapi_extra={"requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": api.ChatBody.model_json_schema()}}}})
         async def chat(request: Request) -> Response:
+            """An OpenAI chat completion about one video (the body's schema: ChatBody); the
+            body is read and checked by the server itself (strict JSON, --max-body-bytes)."""
             return await self.chat(request)
 
         @app.get("/v1/models")
@@ -337,6 +428,10 @@ class Server:
             self.authorize(request)
             return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
                                                 "created": 0, "owned_by": "apbv"}]}
+
+        @app.get("/version")
+        async def version() -> dict:
+            return {"version": package_version()}
 
         @app.get("/health")
         async def health() -> JSONResponse:
@@ -350,7 +445,9 @@ class Server:
 
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
-            self.authorize(request)
+            if self.opt.protect_metrics:
+                self.authorize(request)
+            self.metrics.count_load(self.replicas)
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 

@@ -23,6 +23,8 @@ when it is a known video suffix (:data:`apbv.serve.policy.VIDEO_SUFFIXES`).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import hashlib
 import os
@@ -256,6 +258,39 @@ async def _download(url: str, host: str, policy: MediaPolicy, path: str,
     out.flush()
     return store.admit(path, digest.hexdigest(), stored_suffix(asked), asked,
                        {k: v for k, v in validators.items() if v})
+
+
+DATA_SUFFIXES = {"video/mp4": ".mp4", "video/x-matroska": ".mkv", "video/webm": ".webm",
+                 "video/quicktime": ".mov", "video/x-msvideo": ".avi", "video/x-m4v": ".m4v"}
+"""The media types a ``data:`` URL may carry, with the suffix its file is stored with."""
+
+
+def store_data_url(url: str, policy: MediaPolicy) -> Held:
+    """The video inlined in ``url`` (``data:video/<type>;base64,<bytes>``, one of
+    :data:`DATA_SUFFIXES`), stored in the policy's store like a download (by content, the
+    same byte limit: 413 naming ``--max-download-mb``) and held for the request; ClientError
+    400 naming what is wrong. Its file then goes through the same checks as any video."""
+    store = policy.store
+    if store is None:
+        raise ClientError(400, "data: URLs are off: the server has no download directory")
+    head, comma, payload = url.partition(",")
+    kind, _, encoding = head[len("data:"):].partition(";")
+    if not comma or encoding.lower() != "base64" or kind.lower() not in DATA_SUFFIXES:
+        raise ClientError(400, f"a data: URL must be data:<type>;base64,<bytes> with a type in "
+                               f"{sorted(DATA_SUFFIXES)}, got {head[:80]!r}")
+    if len(payload) * 3 // 4 > policy.max_download_bytes:
+        raise _limit_error(len(payload) * 3 // 4, policy, "inlined in the data: URL is")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ClientError(400, f"the data: URL's base64 payload is malformed: {exc}") from None
+    fd, path = tempfile.mkstemp(prefix="part-", dir=store.directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        return store.admit(path, hashlib.sha256(data).hexdigest(), DATA_SUFFIXES[kind.lower()])
+    finally:
+        _unlink(path)
 
 
 def _unlink(path: str) -> None:

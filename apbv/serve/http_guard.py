@@ -32,10 +32,11 @@ SHUTDOWN_MESSAGE = "the server is shutting down; retry on its next start"
 log = logging.getLogger("apbv.serve")
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """The JSON error every refusal answers with (OpenAI's shape)."""
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON error every refusal answers with (OpenAI's shape; ``param``: the request
+    field at fault, or None)."""
     return {"error": {"message": message, "type": "invalid_request" if status < 500
-                      else "server_error", "code": status}}
+                      else "server_error", "param": param, "code": status}}
 
 
 def split_host(value: str) -> tuple[str, int | None]:

@@ -77,8 +77,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting at most")
     p.add_argument("--api-key", default=os.environ.get("APBV_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: env APBV_API_KEY)")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="/metrics asks for the API key too (default: open, as vLLM's; keep "
+                        "the port behind a firewall)")
     p.add_argument("--vision-cache-gb", type=float,
-                   help="per-rank vision-embedding cache in GiB (cache.vision_gb; 0 = off)")
+                   help="per-rank vision-embedding cache in GiB (cache.vision_gb; 0 = off; "
+                        "default: a share of a rank's memory left after the model and the "
+                        "largest admitted request, printed at start-up)")
     p.add_argument("--hardware", help="cost-model preset for deadline admission (default: cpu "
                                       "on CPU ranks, h200 on GPUs)")
     p.add_argument("--served-model-name", help="model id of /v1/models (default: the "
@@ -258,18 +263,26 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     domains = tuple(h.lower() for h in args.allow_media_domain)
     download_dir = None
     try:
-        if domains:  # private (mode 0700), removed on the way out
-            download_dir = tempfile.mkdtemp(prefix="apbv-media-", dir=args.download_dir)
+        # private (mode 0700), removed on the way out: downloads and data: URLs' videos
+        download_dir = tempfile.mkdtemp(prefix="apbv-media-", dir=args.download_dir)
         gpus_per_rank = _gpus_per_rank(cfg, args, ray.cluster_resources().get("GPU", 0))
         use_gpu = gpus_per_rank > 0
         backend = group_backend(cfg.parallel.backend, gpus_per_rank)
         _check_decode_graphs(cfg, gpus_per_rank, backend, args.world_size)
+        limits = _limits(args)
+        if args.vision_cache_gb is None:  # on by default, sized from the rank's spare memory
+            from apbv.serve.vision_budget import default_vision_gb, ranks_on_this_host
+
+            gb, why = default_vision_gb(cfg, limits, args.world_size,
+                                        ranks_on_this_host(args.world_size, args.replicas),
+                                        use_gpu)
+            cfg = dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, vision_gb=gb))
+            logging.getLogger("apbv.serve").info("%s", why)
         groups = [RankGroup(cfg, args.world_size, gpus_per_rank=gpus_per_rank, backend=backend,
                             threads=args.threads_per_rank, env=env)
                   for _ in range(args.replicas)]
         hardware = args.hardware or ("h200" if use_gpu else "cpu")
         predictor = cost_predictor(path, args.world_size, hardware)
-        limits = _limits(args)
         decode_s = cost_decode_prior(path, args.world_size, hardware, limits.max_prompt_tokens)
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
@@ -280,7 +293,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                                int(args.max_download_mb * 2**20), args.download_timeout_s,
                                args.max_downloads),
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
-            read_timeout_s=args.read_timeout_s)
+            read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor, decode_s) for _ in groups])
         logging.getLogger("apbv.serve").info(

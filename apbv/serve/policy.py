@@ -24,12 +24,14 @@ stored with."""
 
 
 class ClientError(Exception):
-    """A request the server refuses: ``status`` (4xx, or 503 for admission) and the message."""
+    """A request the server refuses: ``status`` (4xx, or 503 for admission), the message, and
+    the request field at fault (``param``, OpenAI's name; None when no one field is)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 @dataclass(frozen=True)

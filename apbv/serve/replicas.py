@@ -184,6 +184,7 @@ class Replica:
         and hands them to its token queue when it streams."""
         def on_token(token: int) -> None:
             job.generated += 1
+            job.token_times.append(time.monotonic())
             if job.tokens is not None:
                 job.tokens.put_nowait(token)
         return on_token

@@ -119,9 +119,9 @@ class StreamRegistry:
         if live.capture is not None:
             live.capture.close()
 
-    def admit(self, live: LiveStream, op: Op, *, stream: bool = False) -> Job:
+    def admit(self, live: LiveStream, op: Op, *, sse: bool = False) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
-        there; ``stream``: the job's token queue gets the answer's ids as they come. A job that
+        there; ``sse``: the job's token queue gets the answer's ids as they come. A job that
         fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
@@ -131,7 +131,7 @@ class StreamRegistry:
                     and replica.generation != generation:
                 self.forget(live)
 
-        job = replica.admission.admit(None, {}, op=op, stream=stream, predicted_s=0.0,
+        job = replica.admission.admit(None, {}, op=op, sse=sse, predicted_s=0.0,
                                       max_tokens=op.max_tokens, stream_id=live.id,
                                       generation=generation)
         job.replica, job.name = replica, f"{live.id} {op.what}"

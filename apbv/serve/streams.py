@@ -209,7 +209,7 @@ class Streams:
         live.asks += 1
         model, cid = self.server.opt.model_name, api.completion_id()
         if streamed:
-            job = self.registry.admit(live, Generate(ask), stream=True)
+            job = self.registry.admit(live, Generate(ask), sse=True)
             job.future.add_done_callback(
                 lambda f: None if f.cancelled() or f.exception() else
                 self.server.observe(f.result()[0]))

@@ -117,8 +117,8 @@ def _diverging_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> str:
     engine = Engine(cfg, info)
     pick = runner.pick_token
 
-    def shifted(logits: torch.Tensor, group: Any) -> torch.Tensor:
-        token = pick(logits, group)
+    def shifted(logits: torch.Tensor, group: Any, *sampling: Any) -> torch.Tensor:
+        token = pick(logits, group, *sampling)
         return token + 1 if info.rank == 1 else token
 
     runner.pick_token = shifted

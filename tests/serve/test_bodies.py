@@ -128,8 +128,8 @@ def test_chat_fields_are_checked_by_type(chat, fields: dict, text: str):
 
 
 def test_chat_stream_is_a_boolean(chat):
-    assert chat(stream=True).stream is True
-    assert chat(stream=False).stream is False and chat().stream is False
+    assert chat(stream=True).sse is True
+    assert chat(stream=False).sse is False and chat().sse is False
     assert chat(temperature=0.0, n=1, model="m", top_p=1, user="u").request is not None
 
 

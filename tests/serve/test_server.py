@@ -229,7 +229,7 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
          "'..'"),
         (dict(messages=_messages((media / "escape.mp4").as_uri())), 403, "symlinks followed"),
         (dict(messages=_messages("http://example.com/v.mp4")), 400, "remote media is off"),
-        (dict(messages=_messages(clip), temperature=0.7), 400, "temperature 0.7"),
+        (dict(messages=_messages(clip), temperature=2.5), 400, "temperature must be a number"),
         (dict(messages=_messages(clip), extra_body={"nframes": 24}), 400,
          "sampled frames is 24, over the limit of 16 (--max-frames)"),
         (dict(messages=_messages(clip), max_tokens=5000), 400, "5000, over the limit of 1024"),

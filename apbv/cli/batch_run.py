@@ -1,0 +1,229 @@
+"""Offline batch: an OpenAI batch file of chat requests answered with one model load.
+
+    apbv batch -i requests.jsonl -o results.jsonl --model DIR --media-root DIR
+    torchrun --nproc-per-node 4 -m apbv batch -i requests.jsonl -o results.jsonl ...
+
+Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``
+(OpenAI's batch format); the body is read exactly as the server reads it
+(:func:`apbv.serve.api.parse_chat`: the same fields, limits and media policy: local
+``file://`` videos under ``--media-root`` and ``data:`` videos; no downloads). Each output line
+is ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``, the
+body a chat.completion (or the error the server would have answered). The input is checked
+whole before the model loads (a malformed line names its number).
+
+Resumable like ``apbv eval`` (:mod:`apbv.eval.store`): rows are appended one fsynced line at a
+time under an exclusive lock on ``OUT.lock``; a run on an existing output skips the
+``custom_id``\\ s it holds, retries those that failed (``--no-retry-failed`` keeps them), and
+refuses when the settings stored beside it (``OUT_settings.json``: the model, the attention and
+video settings, the limits) differ from this run's. A sampled request without a ``seed`` gets
+one from its ``custom_id``, so every rank and every resumed run draws the same answer.
+Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+BATCH_URL = "/v1/chat/completions"
+
+
+def read_requests(path: str | Path) -> list[dict[str, Any]]:
+    """The input file's request lines (blank lines skipped), or ValueError naming the first
+    line that is no request, or a ``custom_id`` given twice."""
+    out, seen = [], {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path} line {number} is not JSON: {exc}") from None
+            if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str) or \
+                    not item["custom_id"] or not isinstance(item.get("body"), dict):
+                raise ValueError(f"{path} line {number} must be an object with a non-empty "
+                                 f"string custom_id and an object body")
+            if item.get("method", "POST") != "POST" or item.get("url", BATCH_URL) != BATCH_URL:
+                raise ValueError(f"{path} line {number}: only POST {BATCH_URL} is supported, "
+                                 f"got {item.get('method')!r} {str(item.get('url'))[:100]!r}")
+            if item["custom_id"] in seen:
+                raise ValueError(f"{path} line {number}: custom_id {item['custom_id'][:100]!r} "
+                                 f"was given on line {seen[item['custom_id']]} already")
+            seen[item["custom_id"]] = number
+            out.append(item)
+    return out
+
+
+def seeded(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with a seed from ``custom_id`` when it samples without one (the same on every
+    rank and every resumed run)."""
+    if body.get("temperature") and body.get("seed") is None:
+        digest = hashlib.sha256(custom_id.encode()).digest()
+        return {**body, "seed": int.from_bytes(digest[:8], "big") >> 1}
+    return body
+
+
+def batch_settings(cfg: Any, limits: Any, world_size: int) -> dict[str, Any]:
+    """What decides a row's answer, stored beside the output and checked on resume."""
+    from apbv.eval.settings import file_digest
+
+    model = Path(cfg.model.path).resolve()
+    return json.loads(json.dumps({
+        "model.path": str(model), "model.config_sha256": file_digest(model / "config.json"),
+        "model.dtype": cfg.model.dtype, "attention": asdict(cfg.attention),
+        "video": asdict(cfg.video), "generate.max_new_tokens": cfg.generate.max_new_tokens,
+        "limits": asdict(limits), "world_size": world_size}, default=str))
+
+
+def settings_path(out: Path) -> Path:
+    """``OUT_settings.json`` beside the output ``OUT.jsonl``."""
+    return out.with_name(out.stem + "_settings.json")
+
+
+def _check_settings(path: Path, settings: dict[str, Any]) -> None:
+    """Store ``settings`` at ``path``, or ValueError when the stored ones differ."""
+    if path.exists():
+        stored = json.loads(path.read_text())
+        differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+        if differ:
+            raise ValueError(f"{path} was written with other settings ({', '.join(differ)} "
+                             f"differ); resume with the same ones, or pass another -o")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], out: Path,
+              media_roots: tuple[str, ...], *, retry_failed: bool = True,
+              progress: TextIO = sys.stderr, limits: Any = None) -> int:
+    """Answer ``requests`` (:func:`read_requests`) into ``out`` with ``engine`` (every rank
+    calls it alike; rank 0 writes); returns the number of failed rows in ``out``."""
+    from apbv.eval.store import OutputLock, ResultLog
+    from apbv.serve import api
+    from apbv.serve.download import MediaStore, discard
+    from apbv.serve.http_guard import error_body
+    from apbv.serve.policy import ClientError, Limits, MediaPolicy
+
+    limits = limits or Limits()
+    writer = info.rank == 0
+    log, lock = ResultLog(out), OutputLock(out)
+    if writer:
+        lock.acquire()
+    try:
+        done: dict[str, dict] = {}
+        if writer:
+            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size))
+            rows, note = log.read_rows("custom_id", what="custom_ids")
+            if note:
+                print(f"batch: {note}", file=progress)
+            kept = [r for r in rows if not retry_failed or _ok(r)]
+            if len(kept) != len(rows):
+                log.rewrite(kept)
+            done = {r["custom_id"]: r for r in kept}
+        done = _agree(set(done), info)
+        todo = [item for item in requests if item["custom_id"] not in done]
+        if writer:
+            print(f"batch: {len(requests)} requests, {len(requests) - len(todo)} done before, "
+                  f"{len(todo)} to run", file=progress)
+        with tempfile.TemporaryDirectory(prefix="apbv-batch-media-") as media:
+            policy = MediaPolicy(media_roots, store=MediaStore(media, 0))
+            processor = engine.qwen.processor
+            started = time.monotonic()
+            for n, item in enumerate(todo, 1):
+                cid, call = item["custom_id"], None
+                try:
+                    call = api.parse_chat(seeded(cid, item["body"]), cfg, limits, policy,
+                                          api_model(item["body"], cfg))
+                    api.check_request(call.request, limits, processor)
+                    result = engine.generate(call.request)
+                    status, body = 200, api.completion(call, _completion_id(cid), result, 0.0,
+                                                       tokenizer=processor.tokenizer)
+                except ClientError as exc:
+                    status, body = exc.status, error_body(exc.status, exc.message, exc.param)
+                except ValueError as exc:  # the engine's refusal, raised on every rank
+                    status, body = 400, error_body(400, str(exc))
+                finally:
+                    discard(call.downloaded if call is not None else None)
+                if writer:
+                    log.append({"id": f"batch_req_{_digest(cid)}", "custom_id": cid,
+                                "response": {"status_code": status,
+                                             "request_id": _completion_id(cid), "body": body},
+                                "error": None})
+                    print(f"batch: {n}/{len(todo)} {cid[:60]} {status} "
+                          f"({time.monotonic() - started:.1f} s)", file=progress, flush=True)
+        failed = 0
+        if writer:
+            rows, _ = log.read_rows("custom_id", what="custom_ids")
+            failed = sum(not _ok(r) for r in rows)
+            print(f"batch: {len(rows)} rows in {out}, {failed} failed", file=progress)
+        return failed
+    finally:
+        log.close()
+        if writer:
+            lock.release()
+
+
+def api_model(body: dict[str, Any], cfg: Any) -> str:
+    """The model name a body may give: the checkpoint directory's name (as ``serve``'s
+    default ``--served-model-name``), or whatever the body says when it names one."""
+    name = Path(cfg.model.path.rstrip("/")).name
+    given = body.get("model")
+    return given if isinstance(given, str) and given else name
+
+
+def _ok(row: dict[str, Any]) -> bool:
+    return (row.get("response") or {}).get("status_code") == 200
+
+
+def _digest(custom_id: str) -> str:
+    return hashlib.sha256(custom_id.encode()).hexdigest()[:24]
+
+
+def _completion_id(custom_id: str) -> str:
+    return "chatcmpl-" + _digest(custom_id)
+
+
+def _agree(done: set[str], info: Any) -> set[str]:
+    """Rank 0's ``done`` on every rank (the rows only rank 0 read)."""
+    if info.world_size == 1:
+        return done
+    from apbv import comm
+
+    return set(comm.broadcast_object(sorted(done), src=0, group=info.group))
+
+
+def main(args: Any, cfg: Any) -> int:
+    """``apbv batch``: the command line's entry (``args``: -i, -o, --media-root,
+    --no-retry-failed)."""
+    from apbv import import_extra
+
+    for module, package in (("pydantic", "fastapi"), ("uvicorn", "uvicorn")):
+        import_extra(module, package=package, extra="serve",
+                     purpose="apbv batch (it reads each body as the server does)")
+    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.engine.engine import Engine
+
+    if not cfg.model.path:
+        raise ValueError("no model: pass --model DIR or set model.path in the config")
+    from apbv.serve.policy import Limits
+
+    requests = read_requests(args.input)  # checked whole before the model loads
+    roots = tuple(args.media_root) or (str(Path(args.input).resolve().parent),)
+    backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    out, limits = Path(args.output), Limits()
+    try:
+        if info.rank == 0:  # refused settings: before the model loads
+            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size))
+        failed = run_batch(cfg, info, Engine(cfg, info), requests, out, roots,
+                           retry_failed=args.retry_failed, limits=limits)
+    finally:
+        destroy_distributed()
+    return 1 if failed else 0

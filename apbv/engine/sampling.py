@@ -1,0 +1,111 @@
+"""How a request picks its tokens: greedy, or sampled with a seed; and the log-probabilities
+it reports.
+
+A :class:`Sampling` travels inside the :class:`~apbv.engine.request.Request`, so every rank
+holds the same one. Sampling never draws from a shared random state: the token of step ``k``
+(0: the first token) is drawn with a generator seeded from (``seed``, ``k``) alone, so a rank
+that computes the same logits draws the same token, whichever rank it is and whatever ran
+before, and two requests with the same seed give the same answer. The first token's logits
+exist whole on the query rank only, which picks it and broadcasts it (as for greedy); every
+decode step's logits are the same on every rank, which each pick the token themselves (the
+decode's signal check still fails loudly on ranks that ever disagree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MAX_TEMPERATURE = 2.0
+"""The highest temperature accepted (OpenAI's limit)."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token that ``logprobs`` may ask for (OpenAI's limit)."""
+MAX_SEED = 2**63 - 1
+_STEP_MIX = 0x9E3779B97F4A7C15
+"""Odd 64-bit constant spreading the step number over the generator's seed."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Token choice of one request: temperature 0 (the default) is greedy."""
+
+    temperature: float = 0.0
+    """Logits are divided by it before the softmax; 0: greedy (argmax), 0 .. 2."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of likeliest tokens whose probability reaches it,
+    in (0, 1]."""
+    top_k: int = 0
+    """Sample among the ``top_k`` likeliest tokens only; 0 (or -1, vLLM's spelling): all."""
+    seed: int = 0
+    """Seeds the draw of every step (with the step's number), 0 .. 2**63 - 1."""
+    logprobs: int | None = None
+    """Report each chosen token's log-probability and that many likeliest alternatives
+    (0 .. 20); None: none reported."""
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or \
+                not 0 <= t <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in 0 .. {MAX_TEMPERATURE:g}, "
+                             f"got {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be an integer >= 1, or 0 or -1 for all tokens, got "
+                             f"{self.top_k!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or \
+                not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer in 0 .. 2**63 - 1, got {self.seed!r}")
+        n = self.logprobs
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int)
+                              or not 0 <= n <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"top_logprobs must be an integer in 0 .. {MAX_TOP_LOGPROBS}, "
+                             f"got {n!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def plain(self) -> bool:
+        """Greedy without log-probabilities: what a captured decode step computes."""
+        return self.greedy and self.logprobs is None
+
+    @torch.inference_mode()
+    def pick(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """The token of step ``step`` (0: the first) from (vocab,) ``logits``: a (1,) int64
+        tensor on the logits' device (never read back here)."""
+        if self.greedy:
+            return torch.argmax(logits).view(1)
+        scaled = logits.float() / self.temperature
+        if self.top_k > 0 and self.top_k < scaled.numel():
+            kth = torch.topk(scaled, self.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, -math.inf)
+        if self.top_p < 1:
+            ordered, order = torch.sort(scaled, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs  # mass of the likelier tokens
+            ordered = ordered.masked_fill(before >= self.top_p, -math.inf)
+            scaled = torch.full_like(scaled, -math.inf).scatter_(0, order, ordered)
+        generator = torch.Generator(device=logits.device)
+        generator.manual_seed((self.seed + step * _STEP_MIX) % 2**64)
+        return torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator)
+
+    @torch.inference_mode()
+    def record(self, logits: torch.Tensor, token: int) -> dict[str, Any]:
+        """``token``'s log-probability under the (vocab,) ``logits`` (the model's own
+        distribution, before temperature and truncation, in fp32) and the ``logprobs``
+        likeliest tokens': {"id", "logprob", "top": [[id, logprob], ...]}."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(logp, self.logprobs or 0) if self.logprobs else None
+        return {"id": token, "logprob": float(logp[token]),
+                "top": [] if top is None else
+                [[int(i), float(v)] for v, i in zip(top.values.tolist(), top.indices.tolist(),
+                                                    strict=True)]}
+
+
+GREEDY = Sampling()
