@@ -337,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     video.add_argument("--width", type=int, default=224)
     video.add_argument("--height", type=int, default=224)
     video.add_argument("--seed", type=int, default=0)
+    video.add_argument("--camera", choices=("h264", "h265"), help="camera-like footage in this "
+                       "codec instead (see apbv.video.footage; e.g. --fps 30 --width 1920 "
+                       "--height 1080)")
+    video.add_argument("--gop-seconds", type=float, help="with --camera (default 2)")
+    video.add_argument("--bframes", type=int, help="with --camera (default 0)")
+    video.add_argument("--vfr", action="store_true", help="with --camera: variable frame rate")
 
     ev = sub.add_parser("eval", help="LongVideoBench or VNBench accuracy (run under torchrun); "
                                      "resumable")
@@ -459,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
             command = "python -m apbv " + " ".join(
                 a for a in (argv if argv is not None else sys.argv[1:]))
             print(train(cfg, args.out, overwrite=args.overwrite, command=command))
+            return 0
+        if args.command == "make-test-video" and (args.camera or args.vfr or (
+                args.gop_seconds, args.bframes) != (None, None)):
+            from apbv.video.footage import camera_video_cli
+
+            print(camera_video_cli(args))
             return 0
         if args.command == "make-test-video":
             from apbv.synthetic import write_test_video

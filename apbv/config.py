@@ -29,6 +29,7 @@ from apbv.model.vision_attention import VISION_ATTENTION, VISION_ROTARY
 from apbv.model.vision_blocks import VISION_NORM
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
+from apbv.video import DECODE_MODES as VIDEO_DECODE_MODES
 from apbv.video import VideoSpec
 from apbv.video.patches import PREPROCESS
 
@@ -134,6 +135,11 @@ class VideoConfig:
     """With resized_height: a fixed frame size instead of the pixel settings."""
     backend: str = "decord"
     """Decoder: decord or pyav (chosen explicitly, never a silent fallback)."""
+    decode: str = "needed"
+    """How PyAV walks the file: needed (skip the frames nothing refers to unless sampled; no
+    decode at the end of the file at open) or all (the earlier reader); the same frames."""
+    decode_threads: int | None = None
+    """Decoder threads per rank (unset: the cores divided by the ranks)."""
     resize_device: str = "cpu"
     """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
@@ -143,6 +149,8 @@ class VideoConfig:
     def __post_init__(self) -> None:
         _one_of("video.backend", self.backend, VIDEO_BACKENDS)
         _one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
+        _one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
+        _integer("video.decode_threads", self.decode_threads, 1)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         _number("video.fps", self.fps)
@@ -173,7 +181,8 @@ class VideoConfig:
                          min_pixels=self.min_pixels, max_pixels=self.max_pixels,
                          total_pixels=self.total_pixels, video_start=self.video_start,
                          video_end=self.video_end, resized_height=self.resized_height,
-                         resized_width=self.resized_width, backend=self.backend)
+                         resized_width=self.resized_width, backend=self.backend,
+                         decode=self.decode, decode_threads=self.decode_threads)
 
 
 @dataclass

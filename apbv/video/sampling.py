@@ -20,6 +20,9 @@ from apbv.plan import Range, check_int
 BACKENDS = ("decord", "pyav")
 """The decoders :class:`VideoSpec` accepts."""
 
+DECODE_MODES = ("needed", "all")
+"""How PyAV walks a file (:attr:`VideoSpec.decode`); the sampled frames are the same."""
+
 TEMPORAL_PATCH_SIZE = 2
 """Frames per temporal patch of Qwen2.5-VL's vision tower (qwen-vl-utils' FRAME_FACTOR)."""
 
@@ -91,6 +94,15 @@ class VideoSpec:
     of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
     resized_width: int | None = None
     """With resized_height: see there."""
+    decode: str = "needed"
+    """One of :data:`DECODE_MODES`. ``needed`` (PyAV): each run of sampled frames starts at the
+    keyframe before it and stops at its last frame (the rest of that keyframe interval is
+    never decoded), frames nothing refers to are skipped unless sampled, and the open checks
+    truncation from the packet index without decoding the last frame. ``all``: every coded
+    frame from the keyframe on, and the last frame at open (the earlier reader; for
+    comparisons). decord decodes the same way in both."""
+    decode_threads: int | None = None
+    """Decoder threads; None: the process's cores divided by the ranks (at least 1)."""
     follow_symlinks: bool = True
     """False: open the file without following a symbolic link anywhere on ``path`` (a link is
     an error), and decode the file so opened whatever the path is swapped for meanwhile (the
@@ -107,6 +119,10 @@ class VideoSpec:
             raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if self.decode_threads is not None:
+            check_int("decode_threads", self.decode_threads, 1)
         if self.fps is not None and self.nframes is not None:
             raise ValueError(
                 f"fps and nframes are mutually exclusive (got fps={self.fps!r}, "
