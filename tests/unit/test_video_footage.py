@@ -138,3 +138,15 @@ def test_decode_settings_are_checked() -> None:
         VideoConfig(decode="fast")
     spec = VideoConfig(decode="all", decode_threads=2).spec("x.mp4")
     assert (spec.decode, spec.decode_threads) == ("all", 2)
+
+
+def test_plan_video_prints_decode_work_per_rank(clips, capsys) -> None:
+    from apbv.__main__ import main
+
+    assert main(["plan", "--video", str(clips.pframes), "--world-size", "2",
+                 "--hardware", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "60 frames at 30 fps (2.0 s), 160x96, 2 keyframes" in out, out
+    # 2 fps of 60 frames at 30 fps: 4 sampled frames, 2 per rank, in separate intervals.
+    assert "rank 0: 2 sampled frames" in out and "rank 1: 2 sampled frames" in out, out
+    assert out.count("predicted frame work") == 4, out
