@@ -140,6 +140,9 @@ class VideoConfig:
     decode at the end of the file at open) or all (the earlier reader); the same frames."""
     decode_threads: int | None = None
     """Decoder threads per rank (unset: the cores divided by the ranks)."""
+    snap_to_keyframes: float | None = None
+    """Seconds (opt-in, approximate): a sampled frame within this of a keyframe takes the
+    keyframe instead (decoded alone); unset: exact sampling."""
     resize_device: str = "cpu"
     """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
@@ -151,6 +154,7 @@ class VideoConfig:
         _one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         _one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
         _integer("video.decode_threads", self.decode_threads, 1)
+        _number("video.snap_to_keyframes", self.snap_to_keyframes)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         _number("video.fps", self.fps)
@@ -182,7 +186,8 @@ class VideoConfig:
                          total_pixels=self.total_pixels, video_start=self.video_start,
                          video_end=self.video_end, resized_height=self.resized_height,
                          resized_width=self.resized_width, backend=self.backend,
-                         decode=self.decode, decode_threads=self.decode_threads)
+                         decode=self.decode, decode_threads=self.decode_threads,
+                         snap_to_keyframes=self.snap_to_keyframes)
 
 
 @dataclass

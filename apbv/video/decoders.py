@@ -61,11 +61,13 @@ class _Reader:
     def close(self) -> None:
         pass
 
-    def _make_meta(self, total_frames: int, fps: float, last_frame: Any) -> VideoMeta:
+    def _make_meta(self, total_frames: int, fps: float, last_frame: Any,
+                   keyframes: Sequence[int] | None = None) -> VideoMeta:
         if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
             raise ValueError(f"video {self.path!r} reports an invalid frame rate {fps!r}")
         height, width = int(last_frame.shape[0]), int(last_frame.shape[1])
-        return VideoMeta(total_frames, float(fps), height, width)
+        keys = None if keyframes is None else tuple(int(k) for k in keyframes)
+        return VideoMeta(total_frames, float(fps), height, width, keys)
 
 
 class _DecordReader(_Reader):
@@ -92,7 +94,7 @@ class _DecordReader(_Reader):
                 path, f"its index lists {total} frames but the last one cannot be decoded "
                 f"({_decoder_message(err)})"
             ) from err
-        self.meta = self._make_meta(total, fps, last)
+        self.meta = self._make_meta(total, fps, last, self._vr.get_key_indices())
 
     @staticmethod
     def _to_numpy(batch: Any) -> Any:
@@ -186,9 +188,10 @@ class _PyAVReader(_Reader):
         if self._needed:  # every packet is complete (checked above): no decode at the end
             context = stream.codec_context
             size = SimpleNamespace(shape=(context.height, context.width))
-            self.meta = self._make_meta(len(pts), fps, size)
+            self.meta = self._make_meta(len(pts), fps, size, self.keyframes)
         else:
-            self.meta = self._make_meta(len(pts), fps, self._frame(len(pts) - 1))
+            self.meta = self._make_meta(len(pts), fps, self._frame(len(pts) - 1),
+                                        self.keyframes)
 
     @property
     def keyframes(self) -> tuple[int, ...]:

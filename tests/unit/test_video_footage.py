@@ -150,3 +150,33 @@ def test_plan_video_prints_decode_work_per_rank(clips, capsys) -> None:
     # 2 fps of 60 frames at 30 fps: 4 sampled frames, 2 per rank, in separate intervals.
     assert "rank 0: 2 sampled frames" in out and "rank 1: 2 sampled frames" in out, out
     assert out.count("predicted frame work") == 4, out
+
+
+def test_snap_to_keyframes_samples_keyframes_and_says_which_moved(clips) -> None:
+    """At 2 fps of 30 fps with a keyframe every second, a tolerance of 0.5 s moves every
+    sample but the last (frame 89, 1 s after a keyframe) onto a keyframe: far fewer frames
+    decoded, and the moves are listed; without the keyframe index (a VideoMeta built by
+    hand) it is refused by name."""
+    from apbv.video import VideoMeta, plan_sampling
+
+    exact = VideoSpec(clips.bframes, fps=2.0, backend="pyav", **SMALL)
+    snapped = VideoSpec(clips.bframes, fps=2.0, backend="pyav", snap_to_keyframes=0.5, **SMALL)
+    meta = probe(exact)
+    assert meta.keyframes == (0, 30, 60)
+    before, after = plan_sampling(exact, meta), plan_sampling(snapped, meta)
+    assert before.moved == () and len(after.indices) == len(before.indices)
+    assert set(after.indices) == {0, 30, 60, 89}
+    assert after.moved and all(before.indices[p] == i for p, i, _ in after.moved)
+    work = []
+    for spec in (exact, snapped):
+        reader = _open(spec)
+        try:
+            reader.read(plan_sampling(spec, reader.meta).indices)
+            work.append(reader.frames_decoded)
+        finally:
+            reader.close()
+    assert work[1] < work[0] / 2, work
+    with pytest.raises(ValueError, match="snap_to_keyframes needs the file's keyframe index"):
+        plan_sampling(snapped, VideoMeta(90, 30.0, 96, 160))
+    with pytest.raises(ValueError, match="video.snap_to_keyframes must be a number"):
+        VideoConfig(snap_to_keyframes="1s")

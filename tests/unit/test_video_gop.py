@@ -11,6 +11,7 @@ from apbv.video.gop import (
     shared_intervals,
     walked_frames,
 )
+from apbv.video.sampling import snap_to_keyframes
 
 
 def _sampled(total: int, n: int) -> list[int]:
@@ -67,3 +68,16 @@ def test_aligned_split_removes_every_shared_interval_when_it_can() -> None:
         assert shared_intervals(keys, indices, patch_ranges(45, world)) > 0, world
         assert shared_intervals(keys, indices,
                                 keyframe_aligned_ranges(keys, indices, world)) == 0, world
+
+
+def test_snap_to_keyframes_moves_only_within_the_tolerance() -> None:
+    keys = (0, 60, 120)
+    indices = [0, 14, 15, 31, 45, 89, 90, 91, 130]
+    out, moved = snap_to_keyframes(indices, keys, 15)
+    # 15 frames of tolerance: 14 and 15 go to 0, 45 to 60; 90 is a tie (30 from 60 and 120).
+    assert out == [0, 0, 0, 31, 60, 89, 90, 91, 120]
+    assert moved == ((1, 14, 0), (2, 15, 0), (4, 45, 60), (8, 130, 120))
+    assert out == sorted(out)
+    tie, _ = snap_to_keyframes([90], keys, 30)
+    assert tie == [60]  # the earlier keyframe on a tie
+    assert snap_to_keyframes(indices, keys, 0.5) == (indices, ())
