@@ -30,6 +30,7 @@ from apbv.model.vision_blocks import VISION_NORM
 from apbv.modes import MODE_NAMES
 from apbv.video import BACKENDS as VIDEO_BACKENDS
 from apbv.video import DECODE_MODES as VIDEO_DECODE_MODES
+from apbv.video import DEVICE_BACKENDS as VIDEO_DEVICE_BACKENDS
 from apbv.video import VideoSpec
 from apbv.video.patches import PREPROCESS
 
@@ -134,7 +135,8 @@ class VideoConfig:
     resized_width: int | None = None
     """With resized_height: a fixed frame size instead of the pixel settings."""
     backend: str = "decord"
-    """Decoder: decord or pyav (chosen explicitly, never a silent fallback)."""
+    """Decoder: decord or pyav (chosen explicitly, never a silent fallback), or nvdec (the
+    GPU's hardware decoder through torchcodec; CUDA ranks with torchcodec installed)."""
     decode: str = "needed"
     """How PyAV walks the file: needed (skip the frames nothing refers to unless sampled; no
     decode at the end of the file at open) or all (the earlier reader); the same frames."""
@@ -150,7 +152,7 @@ class VideoConfig:
     only)."""
 
     def __post_init__(self) -> None:
-        _one_of("video.backend", self.backend, VIDEO_BACKENDS)
+        _one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
         _one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         _one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
         _integer("video.decode_threads", self.decode_threads, 1)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from apbv.video.nofollow import fd_path, open_nofollow
-from apbv.video.sampling import VideoMeta, VideoSpec, _import
+from apbv.video.sampling import BACKENDS, VideoMeta, VideoSpec, _import
 
 
 def _decoder_message(err: BaseException) -> str:
@@ -265,6 +265,54 @@ class _PyAVReader(_Reader):
             self._container = None
 
 
+class _NvdecReader(_Reader):
+    """NVIDIA's hardware decoder through torchcodec's CUDA decoder (``backend="nvdec"``):
+    frames are decoded on ``device`` and stay there (uint8 (k, H, W, 3) views of its
+    (k, 3, H, W) batches). Frame i is the i-th frame in presentation order (torchcodec's exact
+    seek mode, as decord and PyAV). The truncation check decodes the last frame, as the host
+    decoders' earlier check did. Not bit-equal to the host decoders (the colour conversion
+    differs); written for GPU hosts, not run on a CPU machine."""
+
+    def __init__(self, path: str, source: str) -> None:
+        try:
+            from torchcodec.decoders import VideoDecoder
+        except Exception as err:  # ImportError, or its FFmpeg/CUDA libraries failing to load
+            raise ValueError(
+                f"backend='nvdec' needs torchcodec with CUDA support and the host's FFmpeg and "
+                f"CUDA libraries (allowed backends without them: {', '.join(BACKENDS)}): "
+                f"{_decoder_message(err)}") from err
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nvdec' needs a CUDA device; this process sees none "
+                             f"(use one of {', '.join(BACKENDS)})")
+        self.path = path
+        try:
+            device = f"cuda:{torch.cuda.current_device()}"  # the rank's own GPU
+            self._decoder = VideoDecoder(source, device=device, seek_mode="exact")
+            info = self._decoder.metadata
+            total, fps = int(info.num_frames or 0), info.average_fps
+        except Exception as err:
+            raise _unreadable(path, "nvdec", err) from err
+        if total < 1:
+            raise ValueError(f"video {path!r} has no video frames")
+        try:
+            last = self.read([total - 1])[0]
+        except ValueError as err:
+            raise _truncated(path, f"its index lists {total} frames but the last one cannot "
+                             f"be decoded ({err})") from err
+        self.meta = self._make_meta(total, float(fps or float("nan")), last)
+
+    def read(self, indices: Sequence[int]) -> torch.Tensor:
+        try:
+            batch = self._decoder.get_frames_at(indices=list(indices)).data
+        except Exception as err:
+            raise _truncated(self.path, f"decoding frames {indices[0]}..{indices[-1]} failed "
+                             f"({_decoder_message(err)})") from err
+        return batch.permute(0, 2, 3, 1)
+
+    def close(self) -> None:
+        self._decoder = None
+
+
 def _check_file(path: str) -> None:
     if not os.path.exists(path):
         raise ValueError(f"video file {path!r} does not exist")
@@ -304,6 +352,8 @@ def _reader(spec: VideoSpec, source: str, world_size: int = 1) -> _Reader:
     same on every rank) is read by PyAV, or refused saying so when PyAV is not installed."""
     threads = decode_threads(spec, world_size)
     needed = spec.decode == "needed"
+    if spec.backend == "nvdec":
+        return _NvdecReader(spec.path, source)
     if spec.backend == "pyav":
         return _PyAVReader(spec.path, source, needed, threads)
     try:

@@ -18,7 +18,12 @@ from apbv.extras import import_extra
 from apbv.plan import Range, check_int
 
 BACKENDS = ("decord", "pyav")
-"""The decoders :class:`VideoSpec` accepts."""
+"""The host decoders :class:`VideoSpec` accepts (the CPU's, and the bit-parity reference)."""
+
+DEVICE_BACKENDS = ("nvdec",)
+"""Decoders on the rank's GPU :class:`VideoSpec` also accepts: ``nvdec`` is NVIDIA's hardware
+decoder through torchcodec's CUDA decoder (frames stay on the device; not bit-equal to the
+host decoders; written for GPU hosts and not run on a CPU machine)."""
 
 DECODE_MODES = ("needed", "all")
 """How PyAV walks a file (:attr:`VideoSpec.decode`); the sampled frames are the same."""
@@ -86,7 +91,8 @@ class VideoSpec:
     video_end: float | None = None
     """End of the clip in seconds (None: the last frame)."""
     backend: str = "decord"
-    """Decoder: one of :data:`BACKENDS`. There is no fallback from one to the other."""
+    """Decoder: one of :data:`BACKENDS` or :data:`DEVICE_BACKENDS`. There is no fallback from
+    one to another."""
     image_patch_size: int = 14
     """ViT patch size; frames are resized to multiples of ``image_patch_size * 2``."""
     resized_height: int | None = None
@@ -121,8 +127,9 @@ class VideoSpec:
         object.__setattr__(self, "path", path)
         if not isinstance(self.follow_symlinks, bool):
             raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend not in BACKENDS + DEVICE_BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS} or {DEVICE_BACKENDS[0]!r} "
+                             f"(a GPU's), got {self.backend!r}")
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         if self.decode_threads is not None:

@@ -180,3 +180,20 @@ def test_snap_to_keyframes_samples_keyframes_and_says_which_moved(clips) -> None
         plan_sampling(snapped, VideoMeta(90, 30.0, 96, 160))
     with pytest.raises(ValueError, match="video.snap_to_keyframes must be a number"):
         VideoConfig(snap_to_keyframes="1s")
+
+
+def test_nvdec_is_refused_by_name_where_it_cannot_run(clips) -> None:
+    """backend='nvdec' is accepted as a setting; opening a file without torchcodec's CUDA
+    decoder (or without a GPU) fails naming what is missing and the host decoders."""
+    try:
+        import torchcodec  # noqa: F401
+        if torch.cuda.is_available():
+            pytest.skip("torchcodec and a GPU are here: the GPU check covers nvdec")
+    except Exception:
+        pass
+    assert VideoConfig(backend="nvdec").spec("x.mp4").backend == "nvdec"
+    with pytest.raises(ValueError, match=r"backend='nvdec' needs .*decord, pyav"):
+        probe(VideoSpec(clips.pframes, backend="nvdec"))
+    with pytest.raises(ValueError, match=r"backend must be one of \('decord', 'pyav'\) or "
+                                         r"'nvdec'"):
+        VideoSpec("x.mp4", backend="gpu")
