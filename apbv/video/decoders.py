@@ -117,11 +117,11 @@ class _PyAVReader(_Reader):
     """Frame-accurate random access: frame i is the packet with the i-th smallest pts (as in
     decord); decoding seeks to the keyframe before a target unless it is already on the way.
 
-    ``needed`` (:attr:`VideoSpec.decode`): a target in a later keyframe interval than the last
-    one is reached by a seek (the rest of the interval is not decoded), and packets whose frame
-    is not expected (:meth:`expect`) are decoded with ``skip_frame=NONREF``: the decoder drops
-    them when no other frame refers to them, which leaves every other frame bit for bit as it
-    was. ``threads``: the decoder's thread count (0: FFmpeg's choice)."""
+    ``needed`` (:attr:`VideoSpec.decode`): packets whose frame is not expected (:meth:`expect`)
+    are decoded with ``skip_frame=NONREF``: the decoder drops them when no other frame refers
+    to them, which leaves every other frame bit for bit as it was; and the open reads the size
+    from the stream instead of decoding the last frame. ``threads``: the decoder's thread
+    count (0: FFmpeg's choice)."""
 
     def __init__(self, path: str, source: str, needed: bool = True, threads: int = 0) -> None:
         av = _import("av", "av", "backend='pyav'")
@@ -179,7 +179,6 @@ class _PyAVReader(_Reader):
         self._last_pts: int | None = None
         self._last_pos: int | None = None
         self._last_array: Any = None
-        self._gop: int | None = None  # the keyframe pts of the interval being decoded
         self.frames_decoded = 0
         """Frames the decoder produced so far (the work: skipped frames are not counted)."""
         self._wanted: set[int] = set()
@@ -225,14 +224,11 @@ class _PyAVReader(_Reader):
         k = bisect.bisect_right(self._keys, target) - 1
         key = self._keys[k] if k >= 0 else self._pts[0]
         last = self._last_pts
-        # needed: a later keyframe interval is sought, not decoded into
-        ahead = self._gop if self._needed and self._gop is not None else last
         try:
-            if self._decoder is None or last is None or last >= target or key > ahead:
+            if self._decoder is None or last is None or last >= target or key > last:
                 self._container.seek(key, backward=True, any_frame=False, stream=self._stream)
                 self._decoder = self._decode()
                 self._last_pts = None
-                self._gop = key
             for frame in self._decoder:
                 if frame.pts is None:
                     raise ValueError(f"video {self.path!r} decodes frames without timestamps; "

@@ -101,12 +101,12 @@ class VideoSpec:
     resized_width: int | None = None
     """With resized_height: see there."""
     decode: str = "needed"
-    """One of :data:`DECODE_MODES`. ``needed`` (PyAV): each run of sampled frames starts at the
-    keyframe before it and stops at its last frame (the rest of that keyframe interval is
-    never decoded), frames nothing refers to are skipped unless sampled, and the open checks
-    truncation from the packet index without decoding the last frame. ``all``: every coded
-    frame from the keyframe on, and the last frame at open (the earlier reader; for
-    comparisons). decord decodes the same way in both."""
+    """One of :data:`DECODE_MODES`. Both modes seek to the keyframe before a sampled frame
+    unless the decoder is already on its way there and stop at the last sampled frame.
+    ``needed`` (PyAV): the frames nothing refers to are skipped unless sampled, and the open
+    checks truncation from the packet index without decoding the last frame. ``all``: every
+    coded frame on the way, and the last frame at open (the earlier reader; for comparisons).
+    decord decodes the same way in both."""
     decode_threads: int | None = None
     """Decoder threads; None: the process's cores divided by the ranks (at least 1)."""
     snap_to_keyframes: float | None = None
