@@ -48,7 +48,14 @@ MAX_TIMEOUT_S = 86400.0
 KERNEL_BACKENDS = ("flash", "sdpa", "reference")
 """``attention.kernel``: the attention kernels of :mod:`apbv.attention.kernels`."""
 VIDEO_BACKENDS = ("decord", "pyav")
-"""``video.backend``: the decoders :class:`apbv.video.VideoSpec` accepts."""
+"""``video.backend``: the host decoders :class:`apbv.video.VideoSpec` accepts (the CPU's, and
+the bit-parity reference)."""
+VIDEO_DEVICE_BACKENDS = ("nvdec",)
+"""``video.backend`` on the rank's GPU: ``nvdec`` is NVIDIA's hardware decoder through
+torchcodec's CUDA decoder (frames stay on the device; not bit-equal to the host decoders;
+written for GPU hosts and not run on a CPU machine)."""
+VIDEO_DECODE_MODES = ("needed", "all")
+"""``video.decode``: how PyAV walks a file; the sampled frames are the same."""
 PREPROCESS = ("levels", "fused", "processor")
 """``vision.preprocess``: frames to patch rows by :mod:`apbv.video.patches`, as pixel levels
 (``levels``) or as the processor's float rows (``fused``), or by the HF video processor."""
@@ -115,7 +122,16 @@ class VideoConfig:
     resized_width: int | None = None
     """With resized_height: a fixed frame size instead of the pixel settings."""
     backend: str = "decord"
-    """Decoder: decord or pyav (chosen explicitly, never a silent fallback)."""
+    """Decoder: decord or pyav (chosen explicitly, never a silent fallback), or nvdec (the
+    GPU's hardware decoder through torchcodec; CUDA ranks with torchcodec installed)."""
+    decode: str = "needed"
+    """How PyAV walks the file: needed (skip the frames nothing refers to unless sampled; no
+    decode at the end of the file at open) or all (the earlier reader); the same frames."""
+    decode_threads: int | None = None
+    """Decoder threads per rank (unset: the cores divided by the ranks)."""
+    snap_to_keyframes: float | None = None
+    """Seconds (opt-in, approximate): a sampled frame within this of a keyframe takes the
+    keyframe instead (decoded alone); unset: exact sampling."""
     resize_device: str = "cpu"
     """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
@@ -123,8 +139,11 @@ class VideoConfig:
     only)."""
 
     def __post_init__(self) -> None:
-        one_of("video.backend", self.backend, VIDEO_BACKENDS)
+        one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
         one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
+        one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
+        integer("video.decode_threads", self.decode_threads, 1)
+        number("video.snap_to_keyframes", self.snap_to_keyframes, optional=True)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         number("video.fps", self.fps, optional=True)
@@ -157,7 +176,9 @@ class VideoConfig:
                          min_pixels=self.min_pixels, max_pixels=self.max_pixels,
                          total_pixels=self.total_pixels, video_start=self.video_start,
                          video_end=self.video_end, resized_height=self.resized_height,
-                         resized_width=self.resized_width, backend=self.backend)
+                         resized_width=self.resized_width, backend=self.backend,
+                         decode=self.decode, decode_threads=self.decode_threads,
+                         snap_to_keyframes=self.snap_to_keyframes)
 
 
 @dataclass

@@ -30,6 +30,8 @@ full and zigzag_ring compare rows of one variant.
 Videos: synthetic, ``--frames`` frames at 2 fps for each ``--resolution`` (frames are sampled
 whole, so a WxH video gives (W/28)*(H/28) tokens per 2 frames). Output: JSON lines
 (``--out``), a markdown table and a PNG plot of TTFT and speedup against prompt tokens.
+``--footage camera``: 1080p camera-like footage instead, the earlier PyAV reader against
+``video.decode=needed`` side by side (``benchmarks/footage_ttft.py``; ``--out``: its .md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 import torch
 from common import STOCK_TOWER, add_model_args, model_dir, pyplot, save_figure
+from footage_ttft import add_footage_args, run_footage
 
 from apbv.config import RuntimeConfig, VisionConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
@@ -270,7 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="collective timeout (s)")
     parser.add_argument("--out", default="benchmarks/results/ttft_cpu",
                         help="output stem: writes STEM.jsonl, STEM.md and STEM.png")
+    add_footage_args(parser)
     args = parser.parse_args(argv)
+    if args.footage:  # camera footage, the earlier reader against the new one
+        print(run_footage(args))
+        return
     for name in ("modes", "old_modes", "pipelined_modes"):  # comma-separated -> a list
         setattr(args, name, [mode for mode in getattr(args, name).split(",") if mode])
     unknown = set(args.modes + args.old_modes + args.pipelined_modes) - set(MODE_NAMES)

@@ -21,7 +21,7 @@
 #
 # APBV_DRY_RUN=1 runs the same script on the CPU whatever the machine has (device cpu, H=2, a
 # smaller needle video; the CUDA-only parts say why they are skipped), so it cannot rot.
-# GPU_CHECK_STEPS (default "1 2 3") runs some of the steps only.
+# GPU_CHECK_STEPS (default "1 2 3 4") runs some of the steps only.
 #
 #   bash scripts/gpu_check.sh              # CALIBRATION=... sets the calibration file
 set -uo pipefail
@@ -57,7 +57,7 @@ if [ "${APBV_DRY_RUN:-0}" = 1 ]; then
     cuda=0 nocuda="dry run"
 fi
 
-steps=" ${GPU_CHECK_STEPS:-1 2 3} "
+steps=" ${GPU_CHECK_STEPS:-1 2 3 4} "
 step() { [[ "$steps" == *" $1 "* ]] || { echo "gpu_check: step $1 not chosen (GPU_CHECK_STEPS)"; false; }; }
 
 echo "== 1. tests/gpu"
@@ -99,5 +99,15 @@ else
         --world-sizes "${MULTIRANK_SIZES:-2}" \
         --parts "${MULTIRANK_PARTS:-op,engine,serve,nccl,graphs}" \
         --tokens 2048 || status=1
+fi
+echo "== 4. NVDEC against PyAV on camera footage (benchmarks/nvdec_check.py)"
+if ! step 4; then
+    :
+elif [ "$cuda" = 1 ]; then
+    timeout 300 "$PY" benchmarks/nvdec_check.py --seconds 20
+    case $? in 0) ;; 2) echo "gpu_check: NVDEC unavailable here (above): not counted" ;;
+        *) status=1 ;; esac
+else
+    echo "gpu_check: NVDEC skipped: $nocuda"
 fi
 exit $status

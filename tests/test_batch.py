@@ -46,7 +46,7 @@ def _answers(out: Path) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def requests_file(tmp_path_factory: pytest.TempPathFactory, short_video: Path) -> Path:
-    from apbv.synthetic import write_test_video
+    from apbv.synthetic.videos import write_test_video
 
     root = tmp_path_factory.mktemp("batch")
     shutil.copy(short_video, root / "a.mp4")

@@ -25,6 +25,8 @@ def register(sub: Any) -> None:
                                        "qwen2.5-vl-3b or qwen2.5-vl-7b")
     plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
                                          "h200-ib, cpu or a calibration JSON file")
+    plan.add_argument("--video", help="a video file: print its decode work per rank (keyframe "
+                      "structure; predicted seconds with --hardware) and stop")
     plan.add_argument("--frames", type=int, help="sampled video frames: the context is then "
                                                  "this video's prompt (replaces --context-len)")
     plan.add_argument("--height", type=int, help="frame height in pixels (with --frames; "
@@ -53,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from apbv.modes import get_mode
     from apbv.plan import make_plan
 
+    if args.video is not None:
+        from apbv.cost.footage import footage_lines
+
+        hw = None if args.hardware is None else cost.hardware(args.hardware)
+        print("\n".join(footage_lines(args.video, args.world_size, hw)))
+        return 0
     predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
     dims = None
     if args.preset is not None:

@@ -36,6 +36,12 @@ def register(sub: Any) -> None:
                        help="a needle video the trained tiny model answers about: noise with "
                             "one flash of COLOUR (red, green, blue, yellow, cyan, magenta, "
                             "white, black); --seconds and --seed apply")
+    video.add_argument("--camera", choices=("h264", "h265"), help="camera-like footage in this "
+                       "codec instead (see apbv.video.footage; e.g. --fps 30 --width 1920 "
+                       "--height 1080)")
+    video.add_argument("--gop-seconds", type=float, help="with --camera (default 2)")
+    video.add_argument("--bframes", type=int, help="with --camera (default 0)")
+    video.add_argument("--vfr", action="store_true", help="with --camera: variable frame rate")
     video.set_defaults(run=run)
 
 
@@ -57,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
         print(train(cfg, args.out, overwrite=args.overwrite, command=command))
         return 0
     assert args.command == "make-test-video", args.command
+    if args.camera or args.vfr or (args.gop_seconds, args.bframes) != (None, None):
+        from apbv.video.footage import camera_video_cli
+
+        print(camera_video_cli(args))
+        return 0
     if args.needle:
         from apbv.synthetic.needle_video import write_needle_video
 

@@ -53,6 +53,8 @@ from apbv.video.load import (
 )
 from apbv.video.sampling import (
     BACKENDS,
+    DECODE_MODES,
+    DEVICE_BACKENDS,
     TEMPORAL_PATCH_SIZE,
     DecodedVideo,
     RankFrames,
@@ -63,8 +65,9 @@ from apbv.video.sampling import (
 )
 
 __all__ = [
-    "BACKENDS", "TEMPORAL_PATCH_SIZE", "DecodedVideo", "RankFrames", "Sampling", "VideoIdentity",
-    "VideoMeta", "decoded_rank_frames",
+    "BACKENDS", "DECODE_MODES", "DEVICE_BACKENDS",
+    "TEMPORAL_PATCH_SIZE", "DecodedVideo", "RankFrames", "Sampling",
+    "VideoIdentity", "VideoMeta", "decoded_rank_frames",
     "VideoSpec", "load_all_frames", "load_rank_frames", "plan_sampling", "probe",
     "video_identity",
 ]

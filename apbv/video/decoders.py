@@ -10,13 +10,13 @@ import math
 import os
 import re
 from collections.abc import Iterator, Sequence
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
 
 from apbv.video.nofollow import fd_path, open_nofollow
-from apbv.video.sampling import VideoMeta, VideoSpec, _import
+from apbv.video.sampling import BACKENDS, VideoMeta, VideoSpec, _import
 
 
 def _decoder_message(err: BaseException) -> str:
@@ -51,25 +51,31 @@ class _Reader:
     path: str
     meta: VideoMeta
 
+    def expect(self, indices: Sequence[int]) -> None:
+        """Announce every frame the coming :meth:`read` calls ask for (ascending), so a
+        decoder that skips frames keeps those it will be asked for later."""
+
     def read(self, indices: Sequence[int]) -> torch.Tensor:
         raise NotImplementedError
 
     def close(self) -> None:
         pass
 
-    def _make_meta(self, total_frames: int, fps: float, last_frame: Any) -> VideoMeta:
+    def _make_meta(self, total_frames: int, fps: float, last_frame: Any,
+                   keyframes: Sequence[int] | None = None) -> VideoMeta:
         if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
             raise ValueError(f"video {self.path!r} reports an invalid frame rate {fps!r}")
         height, width = int(last_frame.shape[0]), int(last_frame.shape[1])
-        return VideoMeta(total_frames, float(fps), height, width)
+        keys = None if keyframes is None else tuple(int(k) for k in keyframes)
+        return VideoMeta(total_frames, float(fps), height, width, keys)
 
 
 class _DecordReader(_Reader):
-    def __init__(self, path: str, source: str) -> None:
+    def __init__(self, path: str, source: str, threads: int = 0) -> None:
         decord = _import("decord", "decord", "backend='decord'")
         self.path = path
         try:
-            self._vr = decord.VideoReader(source)
+            self._vr = decord.VideoReader(source, num_threads=threads)
             total = len(self._vr)
             fps = self._vr.get_avg_fps()
         except Exception as err:  # decord raises DECORDError/RuntimeError with C++ messages
@@ -88,7 +94,7 @@ class _DecordReader(_Reader):
                 path, f"its index lists {total} frames but the last one cannot be decoded "
                 f"({_decoder_message(err)})"
             ) from err
-        self.meta = self._make_meta(total, fps, last)
+        self.meta = self._make_meta(total, fps, last, self._vr.get_key_indices())
 
     @staticmethod
     def _to_numpy(batch: Any) -> Any:
@@ -109,12 +115,20 @@ class _DecordReader(_Reader):
 
 class _PyAVReader(_Reader):
     """Frame-accurate random access: frame i is the packet with the i-th smallest pts (as in
-    decord); decoding seeks to the keyframe before a target unless it is already on the way."""
+    decord); decoding seeks to the keyframe before a target unless it is already on the way.
 
-    def __init__(self, path: str, source: str) -> None:
+    ``needed`` (:attr:`VideoSpec.decode`): packets whose frame is not expected (:meth:`expect`)
+    are decoded with ``skip_frame=NONREF``: the decoder drops them when no other frame refers
+    to them, which leaves every other frame bit for bit as it was; and the open reads the size
+    from the stream instead of decoding the last frame. ``threads``: the decoder's thread
+    count (0: FFmpeg's choice)."""
+
+    def __init__(self, path: str, source: str, needed: bool = True, threads: int = 0) -> None:
         av = _import("av", "av", "backend='pyav'")
         self.path = path
         self._av = av
+        self._needed = needed
+        self._threads = threads
         try:
             self._container = av.open(source)
         except Exception as err:
@@ -134,6 +148,7 @@ class _PyAVReader(_Reader):
         if stream is None:
             raise ValueError(f"video {path!r} has no video stream")
         stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = self._threads
         self._stream = stream
         pts: list[int] = []
         keys: list[int] = []
@@ -164,10 +179,42 @@ class _PyAVReader(_Reader):
         self._last_pts: int | None = None
         self._last_pos: int | None = None
         self._last_array: Any = None
+        self.frames_decoded = 0
+        """Frames the decoder produced so far (the work: skipped frames are not counted)."""
+        self._wanted: set[int] = set()
         rate = stream.average_rate
         fps = float(rate) if rate else float("nan")
-        last = self._frame(len(pts) - 1)
-        self.meta = self._make_meta(len(pts), fps, last)
+        if self._needed:  # every packet is complete (checked above): no decode at the end
+            context = stream.codec_context
+            size = SimpleNamespace(shape=(context.height, context.width))
+            self.meta = self._make_meta(len(pts), fps, size, self.keyframes)
+        else:
+            self.meta = self._make_meta(len(pts), fps, self._frame(len(pts) - 1),
+                                        self.keyframes)
+
+    @property
+    def keyframes(self) -> tuple[int, ...]:
+        """Frame indices (into the sorted pts) of the keyframes, ascending."""
+        return tuple(bisect.bisect_left(self._pts, key) for key in self._keys)
+
+    def expect(self, indices: Sequence[int]) -> None:
+        self._wanted.update(self._pts[i] for i in indices)
+
+    def _decode(self) -> Iterator[Any]:
+        """Frames from the current position on, counted in :attr:`frames_decoded`. needed:
+        the packets of unexpected frames are decoded with ``skip_frame=NONREF`` (dropped
+        when nothing refers to them), the expected ones in full."""
+        context = self._stream.codec_context
+        if not self._needed:
+            for frame in self._container.decode(self._stream):
+                self.frames_decoded += 1
+                yield frame
+            return
+        for packet in self._container.demux(self._stream):
+            context.skip_frame = "DEFAULT" if packet.pts in self._wanted else "NONREF"
+            for frame in context.decode(packet):
+                self.frames_decoded += 1
+                yield frame
 
     def _frame(self, pos: int) -> Any:
         """Frame ``pos`` as a (H, W, 3) uint8 numpy array."""
@@ -180,7 +227,7 @@ class _PyAVReader(_Reader):
         try:
             if self._decoder is None or last is None or last >= target or key > last:
                 self._container.seek(key, backward=True, any_frame=False, stream=self._stream)
-                self._decoder = self._container.decode(self._stream)
+                self._decoder = self._decode()
                 self._last_pts = None
             for frame in self._decoder:
                 if frame.pts is None:
@@ -204,6 +251,7 @@ class _PyAVReader(_Reader):
     def read(self, indices: Sequence[int]) -> torch.Tensor:
         import numpy as np
 
+        self.expect(indices)
         return torch.as_tensor(np.stack([self._frame(i) for i in indices]))
 
     def close(self) -> None:
@@ -213,6 +261,54 @@ class _PyAVReader(_Reader):
             self._container = None
 
 
+class _NvdecReader(_Reader):
+    """NVIDIA's hardware decoder through torchcodec's CUDA decoder (``backend="nvdec"``):
+    frames are decoded on ``device`` and stay there (uint8 (k, H, W, 3) views of its
+    (k, 3, H, W) batches). Frame i is the i-th frame in presentation order (torchcodec's exact
+    seek mode, as decord and PyAV). The truncation check decodes the last frame, as the host
+    decoders' earlier check did. Not bit-equal to the host decoders (the colour conversion
+    differs); written for GPU hosts, not run on a CPU machine."""
+
+    def __init__(self, path: str, source: str) -> None:
+        try:
+            from torchcodec.decoders import VideoDecoder
+        except Exception as err:  # ImportError, or its FFmpeg/CUDA libraries failing to load
+            raise ValueError(
+                f"backend='nvdec' needs torchcodec with CUDA support and the host's FFmpeg and "
+                f"CUDA libraries (allowed backends without them: {', '.join(BACKENDS)}): "
+                f"{_decoder_message(err)}") from err
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nvdec' needs a CUDA device; this process sees none "
+                             f"(use one of {', '.join(BACKENDS)})")
+        self.path = path
+        try:
+            device = f"cuda:{torch.cuda.current_device()}"  # the rank's own GPU
+            self._decoder = VideoDecoder(source, device=device, seek_mode="exact")
+            info = self._decoder.metadata
+            total, fps = int(info.num_frames or 0), info.average_fps
+        except Exception as err:
+            raise _unreadable(path, "nvdec", err) from err
+        if total < 1:
+            raise ValueError(f"video {path!r} has no video frames")
+        try:
+            last = self.read([total - 1])[0]
+        except ValueError as err:
+            raise _truncated(path, f"its index lists {total} frames but the last one cannot "
+                             f"be decoded ({err})") from err
+        self.meta = self._make_meta(total, float(fps or float("nan")), last)
+
+    def read(self, indices: Sequence[int]) -> torch.Tensor:
+        try:
+            batch = self._decoder.get_frames_at(indices=list(indices)).data
+        except Exception as err:
+            raise _truncated(self.path, f"decoding frames {indices[0]}..{indices[-1]} failed "
+                             f"({_decoder_message(err)})") from err
+        return batch.permute(0, 2, 3, 1)
+
+    def close(self) -> None:
+        self._decoder = None
+
+
 def _check_file(path: str) -> None:
     if not os.path.exists(path):
         raise ValueError(f"video file {path!r} does not exist")
@@ -220,31 +316,47 @@ def _check_file(path: str) -> None:
         raise ValueError(f"video path {path!r} is not a regular file")
 
 
-def _open(spec: VideoSpec) -> _Reader:
+def decode_threads(spec: VideoSpec, world_size: int = 1) -> int:
+    """``spec.decode_threads``, else this process's cores shared by ``world_size`` ranks
+    (at least 1)."""
+    if spec.decode_threads is not None:
+        return spec.decode_threads
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // world_size)
+
+
+def _open(spec: VideoSpec, world_size: int = 1) -> _Reader:
     """The decoder of ``spec.path`` (:func:`_reader`); with ``spec.follow_symlinks`` off, of
     the file the path names without a link anywhere on it (:func:`open_nofollow`), opened once
     here: the decoder reads that file whatever the path is swapped for meanwhile."""
     if spec.follow_symlinks:
         _check_file(spec.path)
-        return _reader(spec, spec.path)
+        return _reader(spec, spec.path, world_size)
     fd = open_nofollow(spec.path, "video file")
     try:  # the decoder opens the descriptor's file again and keeps it open
-        return _reader(spec, fd_path(fd))
+        return _reader(spec, fd_path(fd), world_size)
     finally:
         os.close(fd)
 
 
-def _reader(spec: VideoSpec, source: str) -> _Reader:
-    """``spec.backend``'s reader of ``source``; a file whose frames decord cannot copy out
-    (:class:`DecordFrameSizeError`, a property of the file: the same on every rank) is read
-    by PyAV, or refused saying so when PyAV is not installed."""
+def _reader(spec: VideoSpec, source: str, world_size: int = 1) -> _Reader:
+    """``spec.backend``'s reader of ``source`` (threads: :func:`decode_threads`); a file whose
+    frames decord cannot copy out (:class:`DecordFrameSizeError`, a property of the file: the
+    same on every rank) is read by PyAV, or refused saying so when PyAV is not installed."""
+    threads = decode_threads(spec, world_size)
+    needed = spec.decode == "needed"
+    if spec.backend == "nvdec":
+        return _NvdecReader(spec.path, source)
     if spec.backend == "pyav":
-        return _PyAVReader(spec.path, source)
+        return _PyAVReader(spec.path, source, needed, threads)
     try:
-        return _DecordReader(spec.path, source)
+        return _DecordReader(spec.path, source, threads)
     except DecordFrameSizeError as err:
         try:
-            return _PyAVReader(spec.path, source)
+            return _PyAVReader(spec.path, source, needed, threads)
         except ImportError:
             raise ValueError(f"{err}; PyAV reads it but is not installed (the 'video' "
                              "extra)") from err

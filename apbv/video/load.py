@@ -36,6 +36,10 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
                              interpolation=functional.InterpolationMode.BICUBIC, antialias=True)
 
 
+_SAME_FRAMES = ("path", "decode", "decode_threads")
+"""VideoSpec fields left out of :func:`video_identity`: the path (resolved there) and the
+decoding knobs, which never change the frames."""
+
 VideoIdentity = tuple[str, tuple[int, int, int, int], tuple[tuple[str, Any], ...]]
 
 
@@ -52,7 +56,7 @@ def video_identity(spec: object) -> VideoIdentity | None:
     except OSError:
         return None
     sampling = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
-                     if f.name != "path")
+                     if f.name not in _SAME_FRAMES)
     return path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), sampling
 
 
@@ -84,6 +88,7 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
     if frames_per_chunk is not None:
         chunk = max(TEMPORAL_PATCH_SIZE, min(chunk, frames_per_chunk))
         chunk -= chunk % TEMPORAL_PATCH_SIZE
+    reader.expect(indices)
     for start in range(0, len(indices), chunk):
         frames = reader.read(indices[start:start + chunk])  # (k, H, W, 3)
         assert frames.dtype == torch.uint8 and frames.shape[-1] == 3, (frames.shape, frames.dtype)
@@ -144,7 +149,7 @@ def _open_rank(spec: VideoSpec, rank: int, world_size: int,
     check_int("world_size", world_size, 1)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
-    reader = _open(spec)
+    reader = _open(spec, world_size)
     try:
         sampling = plan_sampling(spec, reader.meta)
         try:

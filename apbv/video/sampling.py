@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -15,6 +15,8 @@ import torch
 
 from apbv import import_extra
 from apbv.config import VIDEO_BACKENDS as BACKENDS
+from apbv.config import VIDEO_DECODE_MODES as DECODE_MODES
+from apbv.config import VIDEO_DEVICE_BACKENDS as DEVICE_BACKENDS
 from apbv.plan import Range
 from apbv.validate import check_int, positive
 
@@ -74,7 +76,8 @@ class VideoSpec:
     video_end: float | None = None
     """End of the clip in seconds (None: the last frame)."""
     backend: str = "decord"
-    """Decoder: one of :data:`BACKENDS`. There is no fallback from one to the other."""
+    """Decoder: one of :data:`BACKENDS` or :data:`DEVICE_BACKENDS`. There is no fallback from
+    one to another."""
     image_patch_size: int = 14
     """ViT patch size; frames are resized to multiples of ``image_patch_size * 2``."""
     resized_height: int | None = None
@@ -82,6 +85,19 @@ class VideoSpec:
     of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
     resized_width: int | None = None
     """With resized_height: see there."""
+    decode: str = "needed"
+    """One of :data:`DECODE_MODES`. Both modes seek to the keyframe before a sampled frame
+    unless the decoder is already on its way there and stop at the last sampled frame.
+    ``needed`` (PyAV): the frames nothing refers to are skipped unless sampled, and the open
+    checks truncation from the packet index without decoding the last frame. ``all``: every
+    coded frame on the way, and the last frame at open (the earlier reader; for comparisons).
+    decord decodes the same way in both."""
+    decode_threads: int | None = None
+    """Decoder threads; None: the process's cores divided by the ranks (at least 1)."""
+    snap_to_keyframes: float | None = None
+    """Seconds (opt-in, approximate sampling): a sampled frame that lies within this of a
+    keyframe is replaced by the nearest keyframe, which decodes alone instead of after the
+    frames before it; :attr:`Sampling.moved` lists the frames that moved. None: exact."""
     follow_symlinks: bool = True
     """False: open the file without following a symbolic link anywhere on ``path`` (a link is
     an error), and decode the file so opened whatever the path is swapped for meanwhile (the
@@ -96,8 +112,15 @@ class VideoSpec:
         object.__setattr__(self, "path", path)
         if not isinstance(self.follow_symlinks, bool):
             raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend not in BACKENDS + DEVICE_BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS} or {DEVICE_BACKENDS[0]!r} "
+                             f"(a GPU's), got {self.backend!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if self.decode_threads is not None:
+            check_int("decode_threads", self.decode_threads, 1)
+        if self.snap_to_keyframes is not None:
+            positive("snap_to_keyframes", self.snap_to_keyframes)
         if self.fps is not None and self.nframes is not None:
             raise ValueError(
                 f"fps and nframes are mutually exclusive (got fps={self.fps!r}, "
@@ -166,6 +189,8 @@ class VideoMeta:
     """Decoded frame height in pixels."""
     width: int
     """Decoded frame width in pixels."""
+    keyframes: tuple[int, ...] | None = field(default=None, compare=False)
+    """Frame indices of the keyframes, ascending, when the decoder lists them."""
 
     def __post_init__(self) -> None:
         check_int("total_frames", self.total_frames, 1)
@@ -193,6 +218,9 @@ class Sampling:
     """Width every frame is resized to (a multiple of image_patch_size * 2)."""
     image_patch_size: int = 14
     """ViT patch size the sizes were computed for."""
+    moved: tuple[tuple[int, int, int], ...] = ()
+    """With :attr:`VideoSpec.snap_to_keyframes`: (position among the sampled frames, frame
+    index the rule gave, keyframe index taken instead) of every sampled frame that moved."""
 
     def __post_init__(self) -> None:
         assert len(self.indices) % TEMPORAL_PATCH_SIZE == 0 and self.indices, self.indices
@@ -312,7 +340,33 @@ def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
     indices = torch.linspace(start, end, nframes, dtype=torch.float32).round().long().tolist()
     sample_fps = nframes / max(count, 1e-6) * meta.fps
     height, width = _resize_target(vp, spec, meta.height, meta.width, nframes, where)
-    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size)
+    moved: tuple[tuple[int, int, int], ...] = ()
+    if spec.snap_to_keyframes is not None:
+        if meta.keyframes is None:
+            raise ValueError(f"{where}: snap_to_keyframes needs the file's keyframe index, "
+                             f"which {spec.backend} does not give for it")
+        indices, moved = snap_to_keyframes(indices, meta.keyframes,
+                                           spec.snap_to_keyframes * meta.fps)
+    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved)
+
+
+def snap_to_keyframes(indices: list[int], keyframes: tuple[int, ...], tolerance: float,
+                      ) -> tuple[list[int], tuple[tuple[int, int, int], ...]]:
+    """Each of ``indices`` (non-decreasing) replaced by its nearest keyframe (the earlier one
+    on a tie) when that lies within ``tolerance`` frames; the result stays non-decreasing.
+    Returns the indices and the (position, index, keyframe) of each one that moved."""
+    import bisect
+
+    out, moved = [], []
+    for position, index in enumerate(indices):
+        k = bisect.bisect_left(keyframes, index)
+        near = [keyframes[j] for j in (k - 1, k) if 0 <= j < len(keyframes)]
+        key = min(near, key=lambda f: (abs(f - index), f)) if near else index
+        if key != index and abs(key - index) <= tolerance:
+            moved.append((position, index, key))
+            index = key
+        out.append(index)
+    return out, tuple(moved)
 
 
 def _resize_target(

@@ -1,0 +1,56 @@
+"""Decode work of one video file per rank, from its keyframe structure (``plan --video``).
+
+The file's packet index is read once (PyAV demuxes it, no frame is decoded); the sampling is
+the runtime's (:func:`apbv.video.plan_sampling`); per rank, :func:`apbv.video.gop.rank_walks`
+counts the coded frames walked from the keyframe before each of its samples, for the balanced
+split and the keyframe-aligned one. Predicted seconds: the coded frames walked times the
+hardware's per-pixel decode cost (``decode_s_per_pixel``, calibrated by decoding every frame
+of a video) times the source frame's pixels, plus the resize and processing of the sampled
+frames. Skipped frames (``video.decode=needed`` drops the frames nothing refers to) make the
+walk an upper bound of the decode work.
+"""
+
+from __future__ import annotations
+
+from apbv.cost.hardware import Hardware
+from apbv.plan import patch_ranges
+from apbv.video import VideoSpec, plan_sampling
+from apbv.video.gop import keyframe_aligned_ranges, rank_walks, shared_intervals
+
+
+def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
+                  fps: float = 2.0) -> list[str]:
+    """Lines describing ``path``'s decode work on ``world_size`` ranks (see the module)."""
+    from apbv.video.decoders import _open
+
+    spec = VideoSpec(path, fps=fps, backend="pyav")
+    reader = _open(spec)
+    try:
+        meta, keyframes = reader.meta, reader.keyframes
+    finally:
+        reader.close()
+    sampling = plan_sampling(spec, meta)
+    indices = sampling.indices
+    gaps = [b - a for a, b in zip(keyframes, keyframes[1:])] or [meta.total_frames]
+    lines = [f"video {path}: {meta.total_frames} frames at {meta.fps:.4g} fps "
+             f"({meta.duration:.1f} s), {meta.width}x{meta.height}, {len(keyframes)} "
+             f"keyframes (every {sum(gaps) / len(gaps) / meta.fps:.2f} s on average); "
+             f"{sampling.num_frames} frames sampled at {sampling.sample_fps:.3g} fps, "
+             f"resized to {sampling.resized_width}x{sampling.resized_height}"]
+    splits = {"balanced": patch_ranges(sampling.num_patches, world_size),
+              "keyframe-aligned": keyframe_aligned_ranges(keyframes, indices, world_size)}
+    pixels = meta.width * meta.height
+    resized = sampling.resized_width * sampling.resized_height
+    for name, ranges in splits.items():
+        walks = rank_walks(keyframes, indices, ranges)
+        lines.append(f"{name} split {list(ranges)}: {shared_intervals(keyframes, indices, ranges)}"
+                     " keyframe intervals walked by two ranks")
+        for rank, ((start, end), walk) in enumerate(zip(ranges, walks)):
+            line = (f"  rank {rank}: {2 * (end - start)} sampled frames, {walk} coded frames "
+                    "walked")
+            if hw is not None:
+                seconds = (hw.preprocess_fixed_s + walk * hw.decode_s_per_pixel * pixels
+                           + 2 * (end - start) * hw.process_s_per_pixel * resized)
+                line += f", predicted frame work {seconds:.2f} s on {hw.name}"
+            lines.append(line)
+    return lines

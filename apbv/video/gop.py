@@ -1,0 +1,83 @@
+"""Decode work of a frame split from the file's keyframe structure (pure).
+
+A decoder reaches sampled frame ``i`` by starting at the keyframe before it and walking every
+coded frame up to it. For one rank (:func:`walked_frames`): each keyframe interval holding some
+of its sampled frames costs the frames from that keyframe to the last of them. Two ranks whose
+shares meet inside one keyframe interval both walk its start (:func:`shared_intervals`).
+
+:func:`keyframe_aligned_ranges` moves each boundary of :func:`apbv.plan.patch_ranges` by at
+most one temporal patch to a place where the two ranks' frames fall in different keyframe
+intervals, where there is one; no boundary moves otherwise. It is a plan only: the engine
+splits the vision tower and routes embeddings with :func:`apbv.plan.patch_ranges`.
+
+``keyframes``: ascending frame indices (0-based, in the decoder's index space) of the keyframes;
+``indices``: the sampled frame indices (non-decreasing); ranges are in temporal patches.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from apbv.plan import Range, patch_ranges
+from apbv.video.sampling import TEMPORAL_PATCH_SIZE
+
+
+def interval_of(keyframes: Sequence[int], frame: int) -> int:
+    """The keyframe that starts ``frame``'s interval (0 before the first keyframe)."""
+    k = bisect.bisect_right(keyframes, frame) - 1
+    return keyframes[k] if k >= 0 else 0
+
+
+def walked_frames(keyframes: Sequence[int], frames: Sequence[int]) -> int:
+    """Coded frames walked to decode ``frames`` (ascending): per keyframe interval holding
+    some, from its keyframe to the last of them."""
+    last: dict[int, int] = {}
+    for frame in frames:
+        last[interval_of(keyframes, frame)] = frame
+    return sum(end - start + 1 for start, end in last.items())
+
+
+def _frames(indices: Sequence[int], patches: Range) -> Sequence[int]:
+    return indices[TEMPORAL_PATCH_SIZE * patches[0]:TEMPORAL_PATCH_SIZE * patches[1]]
+
+
+def rank_walks(keyframes: Sequence[int], indices: Sequence[int],
+               ranges: Sequence[Range]) -> list[int]:
+    """:func:`walked_frames` of each rank's share (``ranges`` in temporal patches)."""
+    return [walked_frames(keyframes, _frames(indices, r)) for r in ranges]
+
+
+def shared_intervals(keyframes: Sequence[int], indices: Sequence[int],
+                     ranges: Sequence[Range]) -> int:
+    """Keyframe intervals that more than one rank walks into."""
+    owners: dict[int, set[int]] = {}
+    for rank, r in enumerate(ranges):
+        for frame in _frames(indices, r):
+            owners.setdefault(interval_of(keyframes, frame), set()).add(rank)
+    return sum(len(ranks) > 1 for ranks in owners.values())
+
+
+def keyframe_aligned_ranges(keyframes: Sequence[int], indices: Sequence[int],
+                            world_size: int) -> list[Range]:
+    """:func:`apbv.plan.patch_ranges` with each inner boundary moved by at most one temporal
+    patch to the nearest place where the frames before and after it lie in different keyframe
+    intervals; a boundary with no such place stays. Every rank keeps at least one patch and
+    at most one more than the balanced split's largest share (the slowest rank's)."""
+    assert len(indices) % TEMPORAL_PATCH_SIZE == 0 and indices, len(indices)
+    ranges = patch_ranges(len(indices) // TEMPORAL_PATCH_SIZE, world_size)
+    bounds = [start for start, _ in ranges] + [ranges[-1][1]]
+
+    def clean(b: int) -> bool:
+        frame = TEMPORAL_PATCH_SIZE * b
+        return interval_of(keyframes, indices[frame - 1]) != interval_of(keyframes,
+                                                                         indices[frame])
+
+    most = max(end - start for start, end in ranges) + 1  # the slowest rank's share at most
+
+    for i in range(1, world_size):
+        for b in (bounds[i], bounds[i] - 1, bounds[i] + 1):
+            if 0 < b - bounds[i - 1] <= most and 0 < bounds[i + 1] - b <= most and clean(b):
+                bounds[i] = b
+                break
+    return [(bounds[i], bounds[i + 1]) for i in range(world_size)]
