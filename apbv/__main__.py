@@ -26,6 +26,7 @@ from typing import Any
 from apbv import package_version
 from apbv.eval.data import BENCHMARKS
 from apbv.extras import MissingExtra
+from apbv.model.tiny_families import TINY_FAMILIES
 from apbv.modes import MODE_NAMES
 
 DEFAULT_FRAME_SIDE = 448
@@ -321,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--overwrite", action="store_true")
     tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
                       help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
+    tiny.add_argument("--family", default="qwen2_5_vl", choices=TINY_FAMILIES,
+                      help="the model type to write (internvl: a tiny InternVL3-2B shape)")
 
     train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
                                               "videos (CPU, about 15 minutes)")
@@ -446,10 +449,10 @@ def main(argv: list[str] | None = None) -> int:
                               model_given=model_given)
             return 0
         if args.command == "make-tiny-model":
-            from apbv.model.tiny import write_tiny_checkpoint
+            from apbv.model.tiny_families import write_tiny_family
 
-            print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
-                                        size=args.size))
+            print(write_tiny_family(args.family, args.out, seed=args.seed,
+                                    overwrite=args.overwrite, size=args.size))
             return 0
         if args.command == "train-tiny":
             from apbv.model.train_tiny import TrainConfig, train

@@ -12,6 +12,7 @@ same weights.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,13 +126,22 @@ def _processor(directory: Path) -> Any:
                              image_seq_length=256, chat_template=CHAT_TEMPLATE)
 
 
-def write_tiny_internvl(out_dir: str | Path, *, seed: int = 0) -> Path:
-    """Write the tiny InternVL3 checkpoint to ``out_dir`` (absent or empty) and return it."""
+def write_tiny_internvl(out_dir: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+    """Write the tiny InternVL3 checkpoint to ``out_dir`` (absent or empty; with ``overwrite``
+    a directory whose content is replaced) and return its absolute path."""
     require_qwen_tokenizer()  # before the model is built
     out = Path(out_dir).expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not an empty directory")
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():
+            raise ValueError(f"{out} exists and is not a directory")
+        if any(out.iterdir()):
+            if not overwrite:
+                raise ValueError(f"{out} is not empty (pass overwrite=True to replace it)")
+            shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" for one shard is noise
     build_tiny_internvl(seed).save_pretrained(out)
     with tempfile.TemporaryDirectory() as tmp:
         processor = _processor(Path(tmp))
