@@ -117,8 +117,9 @@ def _processor(directory: Path) -> Any:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.model_max_length = 32768
     size = {"height": FRAME_SIZE, "width": FRAME_SIZE}
-    common = {"size": size, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD,
-              "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
+    common: dict[str, Any] = {"size": size, "image_mean": IMAGENET_MEAN,
+                              "image_std": IMAGENET_STD, "do_rescale": True,
+                              "do_normalize": True, "do_convert_rgb": True}
     image = GotOcr2ImageProcessor(crop_to_patches=False, min_patches=1, max_patches=12,
                                   **common)
     video = InternVLVideoProcessor(**common)

@@ -21,6 +21,7 @@ from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
 from apbv.model.hf_compat import module_function
@@ -45,7 +46,7 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
-def set_vision_attention(model: torch.nn.Module, name: str) -> None:
+def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's attention: ``grouped`` (one call per window size, or one
     varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
     _one_of("vision.attention", name, VISION_ATTENTION)
@@ -125,7 +126,7 @@ def rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
         worker.join()
 
 
-def set_patch_embed(model: torch.nn.Module, name: str) -> None:
+def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
     :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
     Only this instance changes."""
@@ -133,7 +134,7 @@ def set_patch_embed(model: torch.nn.Module, name: str) -> None:
     _swap_forward(model.model.visual.patch_embed, linear_patch_embed if name == "linear" else None)
 
 
-def set_vision_norm(model: torch.nn.Module, name: str) -> None:
+def set_vision_norm(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's RMSNorms (its blocks' and the merger's): ``fused``
     (:func:`apbv.model.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
     this instance changes."""
@@ -152,7 +153,8 @@ def _swap_forward(module: torch.nn.Module, forward: Any) -> None:
         module.forward = types.MethodType(forward, module)
 
 
-def set_tower(model: torch.nn.Module, vision: VisionConfig, device: torch.device) -> None:
+def set_tower(model: Qwen2_5_VLForConditionalGeneration, vision: VisionConfig,
+              device: torch.device) -> None:
     """Set up the vision tower of ``model`` (a Qwen2.5-VL model, on ``device``) as ``vision``
     says: its attention (:func:`set_vision_attention`), patch embedding
     (:func:`set_patch_embed`), q/k rotary (:func:`set_vision_rotary`, for the whole process),

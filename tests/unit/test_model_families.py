@@ -78,3 +78,18 @@ def test_the_engine_names_no_family_module() -> None:
         text = source.read_text(encoding="utf-8")
         for module in modules:
             assert module not in text, f"{source.name} names {module}"
+
+
+def test_internvl_with_another_decoder_is_refused_before_loading(tmp_path: Path) -> None:
+    """InternVL3 runs a qwen2 decoder: a checkpoint with another one (InternVL3.5's qwen3) is
+    refused from its config alone, before any weight is read."""
+    from apbv.model import internvl
+
+    ckpt = _llava_onevision(tmp_path / "internvl35")
+    config = {**LLAVA_ONEVISION, "model_type": "internvl",
+              "text_config": {"model_type": "qwen3", "hidden_size": 64}}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="has a 'qwen3' decoder; InternVL3 runs qwen2"):
+        internvl.load(ckpt, device=torch.device("cpu"), dtype=torch.float32)
+    assert time.perf_counter() - start < 1.0
