@@ -93,3 +93,20 @@ def test_internvl_with_another_decoder_is_refused_before_loading(tmp_path: Path)
     with pytest.raises(ValueError, match="has a 'qwen3' decoder; InternVL3 runs qwen2"):
         internvl.load(ckpt, device=torch.device("cpu"), dtype=torch.float32)
     assert time.perf_counter() - start < 1.0
+
+
+def test_make_tiny_model_family_choices(tmp_path: Path, capsys) -> None:
+    """``--family`` picks the writer; ``--size medium`` is Qwen2.5-VL's only, refused in one
+    line before any model is built."""
+    from apbv.__main__ import main
+
+    out = tmp_path / "tiny"
+    assert main(["make-tiny-model", "--family", "internvl", "--size", "medium",
+                 "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "qwen2_5_vl" in lines[0] and "internvl" in lines[0], lines[0]
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        main(["make-tiny-model", "--family", "llava_onevision", "--out", str(out)])
+    assert "invalid choice: 'llava_onevision'" in capsys.readouterr().err
