@@ -115,7 +115,9 @@ class InternVL:
         return size[0] // patch[0], size[1] // patch[1]
 
     def set_vision(self, vision: VisionConfig) -> None:
-        """Patch rows per tower call from ``vision.chunk_rows`` (unset: one call per share)."""
+        """Patch rows per tower call from ``vision.chunk_rows`` (unset: one call per share);
+        the other settings are Qwen2.5-VL's tower's (:mod:`apbv.model.tower`): the stock
+        InternViT runs as it is."""
         self.chunk_rows = vision.chunk_rows or 0
 
     def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
@@ -166,9 +168,11 @@ class InternVL:
                       overlap: bool | None = None) -> torch.Tensor:
         """Frame chunks (uint8 (k, 3, H, W), in order) -> embeddings (n_tokens, hidden), equal
         to ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
-        outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
-        if (close := getattr(chunks, "close", None)) is not None:
-            close()
+        try:
+            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
+        finally:
+            if (close := getattr(chunks, "close", None)) is not None:
+                close()
         if not outs:
             raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -136,3 +136,17 @@ def test_exact_matches_transformers(world_size: int, per_world: dict, reference:
                                                              reference["tokens"])
         assert r["spava"]["tokens"] == per_rank[0]["spava"]["tokens"]
     assert len(reference["tokens"]) == NEW_TOKENS and len(set(reference["tokens"])) > 1
+
+
+def test_chunked_tower_and_frame_chunks_match(internvl_dir: Path, reference: dict) -> None:
+    """One frame per tower call (``vision.chunk_rows`` = one frame's 1024 patch rows) and
+    frames handed over in chunks give the stock image features."""
+    adapter = load(internvl_dir, device=CPU, dtype=torch.float32)
+    adapter.chunk_rows = 32 * 32
+    frames = _frames()
+    with torch.inference_mode():
+        chunked = adapter.vision_tower(*adapter.tower_rows(frames))
+        pieces = adapter.encode_frames([frames[:2], frames[2:]])
+    for got in (chunked, pieces):
+        err = (got - reference["features"]).abs().max().item()
+        assert err <= 1e-5, f"max err {err:.2e}"
