@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--grid sides must be even and >= 2 (2x2 patches merge), got {args.grid}")
 
     from apbv.config import load_config
-    from apbv.model import qwen2_5_vl
+    from apbv.model import qwen2_5_vl, tower
 
     torch.set_num_threads(args.threads)
-    chunk = qwen2_5_vl.CPU_CHUNK_ROWS if args.chunk_rows is None else args.chunk_rows
+    chunk = tower.CPU_CHUNK_ROWS if args.chunk_rows is None else args.chunk_rows
     with tempfile.TemporaryDirectory() as tmp:
         qwen = qwen2_5_vl.load(model_dir(args, Path(tmp)), device=torch.device("cpu"),
                                dtype=torch.float32)

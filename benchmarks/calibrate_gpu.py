@@ -11,7 +11,7 @@ What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
 - F.linear at the 7B's MLP shape (matmul_flops), a large add (memory_bw), the vision tower's
   patch embedding as the runtime runs it (conv_flops);
 - one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
-  vision tower as the runtime sets it up (:func:`apbv.model.qwen2_5_vl.set_tower`) on frames
+  vision tower as the runtime sets it up (:func:`apbv.model.tower.set_tower`) on frames
   of the 1440p video cap (1008x560) at several temporal-patch counts; at the smallest and the
   largest also transformers' stock tower and the runtime's changes added in turn
   (:data:`TOWER_VARIANTS`);
@@ -145,7 +145,7 @@ def seven_b_config() -> Any:
     layer."""
     from transformers import Qwen2_5_VLConfig
 
-    from apbv.model.qwen2_5_vl import rope_config
+    from apbv.model.hf_compat import rope_config
     from apbv.model.tiny import tiny_config
 
     data = tiny_config("tiny").to_dict()
@@ -163,7 +163,7 @@ def seven_b_config() -> Any:
 
 def _model(device: torch.device, dtype: torch.dtype, dry: bool) -> Any:
     """A Qwen2.5-VL-7B-shaped random model with one decoder layer (the tiny one for dry runs)."""
-    from apbv.model.qwen2_5_vl import register_attention
+    from apbv.model.hook import register_attention
     from apbv.model.tiny import build_tiny_model
 
     register_attention()
@@ -190,7 +190,7 @@ TOWER_VARIANTS = {  # name: config overrides of the vision settings (the rest: t
 def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype, sizes: dict,
                      frame_grid: tuple[int, int]) -> dict[str, Any]:
     from apbv.config import load_config
-    from apbv.model.qwen2_5_vl import set_tower
+    from apbv.model.tower import set_tower
 
     lm = model.model.language_model
     lm.config._attn_implementation = "sdpa"

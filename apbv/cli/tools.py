@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from apbv.model.tiny_families import TINY_FAMILIES
+
 
 def register(sub: Any) -> None:
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random Qwen2.5-VL checkpoint")
@@ -14,6 +16,8 @@ def register(sub: Any) -> None:
     tiny.add_argument("--overwrite", action="store_true")
     tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
                       help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
+    tiny.add_argument("--family", default="qwen2_5_vl", choices=TINY_FAMILIES,
+                      help="the model type to write (internvl: a tiny InternVL3-2B shape)")
     tiny.set_defaults(run=run)
 
     train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
@@ -49,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     """One of the three tools, by ``args.command``; prints what it wrote. ``args.argv`` (the
     command line's arguments) is recorded with a trained checkpoint."""
     if args.command == "make-tiny-model":
-        from apbv.model.tiny import write_tiny_checkpoint
+        from apbv.model.tiny_families import write_tiny_family
 
-        print(write_tiny_checkpoint(args.out, seed=args.seed, overwrite=args.overwrite,
-                                    size=args.size))
+        print(write_tiny_family(args.family, args.out, seed=args.seed, overwrite=args.overwrite,
+                                size=args.size))
         return 0
     if args.command == "train-tiny":
         from apbv.synthetic.train_tiny import TrainConfig, train

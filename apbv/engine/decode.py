@@ -29,7 +29,7 @@ from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
 from apbv.engine.sampling import GREEDY, Sampling
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
 
@@ -141,7 +141,7 @@ def host_token(token: torch.Tensor) -> int:
 
 @torch.inference_mode()
 def decode_step(
-    qwen: QwenVL, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
+    qwen: VideoModel, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
 ) -> torch.Tensor:
     """Feed one token: ``ids`` (1, 1) int64 and ``positions`` (3, 1, 1) (its M-RoPE position,
     the same on all three axes), both on the model's device (nothing is built from host data
@@ -152,7 +152,7 @@ def decode_step(
 
 
 def greedy_continue(
-    qwen: QwenVL,
+    qwen: VideoModel,
     first_token: torch.Tensor,
     first_id: int,
     next_position: int,
@@ -243,7 +243,7 @@ def greedy_continue(
     return tokens, reason
 
 
-def _eager_step(qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                 signal: torch.Tensor, ctx: DecodeContext, sampling: Sampling = GREEDY,
                 step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor (token
@@ -254,7 +254,7 @@ def _eager_step(qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
     return step_token(logits, ctx.received, sampling, step), logits
 
 
-def _try_graph(graph: Any, qwen: QwenVL, fed: torch.Tensor, positions: torch.Tensor,
+def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                signal: torch.Tensor, eager_logits: torch.Tensor, mark: tuple[int, ...],
                info: DistInfo) -> Any:
     """The first step again as the captured step, over the rows the eager one had: the
@@ -286,7 +286,7 @@ def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:
 
 
 def score_choices(
-    qwen: QwenVL,
+    qwen: VideoModel,
     first_logits: torch.Tensor,
     choice_ids: list[list[int]],
     next_position: int,

@@ -29,7 +29,7 @@ import torch
 from apbv import comm
 from apbv.config import DECODE_GRAPHS
 from apbv.engine.decode import DecodeContext, decode_step, step_signal, step_token
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 
 GRAPHS = DECODE_GRAPHS
 """Values of ``decode.graphs``: auto (on for CUDA ranks whose collectives can be captured:
@@ -74,7 +74,7 @@ class GraphStep:
     own outputs (overwritten by the next run).
     """
 
-    def __init__(self, qwen: QwenVL, ctx: DecodeContext, device: torch.device):
+    def __init__(self, qwen: VideoModel, ctx: DecodeContext, device: torch.device):
         self.qwen = qwen
         self.ctx = dataclasses.replace(ctx, signal=None, received=None,
                                        length=torch.zeros(1, dtype=torch.long, device=device))

@@ -52,7 +52,8 @@ from apbv.engine.stream import Stream
 from apbv.engine.stream_ask import HeldAsk, asked_stream, held_ask, run_on_stream, window_inputs
 from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
-from apbv.model.qwen2_5_vl import QwenVL, load
+from apbv.model.adapter import VideoModel
+from apbv.model.families import load_adapter
 from apbv.plan import Range, patch_ranges
 from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
@@ -92,9 +93,9 @@ class Engine:
         self.info = info
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
         """Where frames are resized and made into patch rows (None: the CPU)."""
-        self.qwen: QwenVL = load(cfg.model.path, device=info.device,
-                                 dtype=_dtype(cfg.model.dtype, info.device),
-                                 vision=cfg.vision)
+        self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
+                                             dtype=_dtype(cfg.model.dtype, info.device),
+                                             vision=cfg.vision)
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""

@@ -16,7 +16,7 @@ from apbv.attention import apbv_attention
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 from apbv.ownership import owned_local_ranges
 from apbv.plan import QUERY_RANK, Plan, Range
 
@@ -43,7 +43,7 @@ class PrefillContext:
 
 @torch.inference_mode()
 def prefill(
-    qwen: QwenVL,
+    qwen: VideoModel,
     inputs_embeds: torch.Tensor,
     position_ids: torch.Tensor,
     plan: Plan,

@@ -253,7 +253,7 @@ class PromptInputs:
     """This rank's vision tower output, from the vision cache (then the tower is skipped)."""
     frame_chunks: Iterable[torch.Tensor] | None = field(default=None, repr=False, compare=False)
     """With ``vision.pipeline``: this rank's frames, uint8 chunks of whole temporal patches
-    (decoded as they are reached), for :meth:`apbv.model.qwen2_5_vl.QwenVL.encode_frames`;
+    (decoded as they are reached), for :meth:`apbv.model.adapter.VideoModel.encode_frames`;
     ``pixel_values`` is then None."""
     vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,
                                                                 compare=False)

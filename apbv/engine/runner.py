@@ -32,10 +32,9 @@ from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
 from apbv.engine.sampling import GREEDY, Sampling
 from apbv.layout import shard
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
 from apbv.plan import QUERY_RANK
-from apbv.positions import mrope_positions
 from apbv.timing import TTFT_STAGES, StageTimer
 
 
@@ -54,7 +53,7 @@ def check_context(request: Request, context_len: int, query_len: int,
 
 
 def run_prompt(
-    qwen: QwenVL, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
+    qwen: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
     *, graphs: bool = False,
 ) -> Result:
@@ -114,10 +113,7 @@ def run_prompt(
             assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()),
                                                                  video_rows.shape)
             embeds[is_video] = video_rows.to(embeds.dtype)
-            positions = mrope_positions(ids, [inputs.video_grid], [inputs.second_per_grid_t],
-                                        video_token_id=qwen.video_token_id,
-                                        spatial_merge_size=merge,
-                                        tokens_per_second=qwen.tokens_per_second)
+            positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t)
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
@@ -140,7 +136,7 @@ def run_prompt(
 
 
 def build_result(
-    qwen: QwenVL, request: Request, info: DistInfo, timer: StageTimer, cache: RankKVCache,
+    qwen: VideoModel, request: Request, info: DistInfo, timer: StageTimer, cache: RankKVCache,
     logits: torch.Tensor, tokens: list[int], choices: list[dict] | None, finish: str, *,
     mode: str, frames: int, context_len: int, query_len: int, anchor_len: int = 0,
     passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
@@ -175,7 +171,7 @@ def build_result(
 
 
 def finish_answer(
-    qwen: QwenVL, logits: torch.Tensor, next_position: int, cache: RankKVCache,
+    qwen: VideoModel, logits: torch.Tensor, next_position: int, cache: RankKVCache,
     info: DistInfo, timer: StageTimer, *, choices: Sequence[str] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
@@ -222,7 +218,7 @@ def finish_answer(
     return tokens, None, finish
 
 
-def answer_text(qwen: QwenVL, tokens: list[int], choices: list[dict] | None,
+def answer_text(qwen: VideoModel, tokens: list[int], choices: list[dict] | None,
                 stop_texts: Sequence[str] = ()) -> str:
     """The answer: the likeliest choice, or the tokens' text (special tokens left out) cut
     before the first stop text it holds."""

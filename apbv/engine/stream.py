@@ -63,7 +63,7 @@ from apbv.engine.stream_plan import (
     pick_owner,
     row_start,
 )
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.positions import rope_shift, video_positions
 from apbv.sequence import VIDEO_PAD, build_prompt
@@ -76,7 +76,7 @@ class Stream:
     (:meth:`apbv.engine.engine.Engine.open_stream`). ``kernel``: the attention kernel backend
     its rows use (None: the best available)."""
 
-    def __init__(self, qwen: QwenVL, info: DistInfo, spec: StreamSpec, *,
+    def __init__(self, qwen: VideoModel, info: DistInfo, spec: StreamSpec, *,
                  kernel: str | None = None):
         self.spec, self.qwen, self.info, self.kernel = spec, qwen, info, kernel
         self.cache = RankKVCache(qwen.num_layers)

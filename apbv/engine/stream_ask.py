@@ -23,7 +23,7 @@ from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
 from apbv.engine.runner import build_result, check_context, finish_answer
 from apbv.engine.stream import Stream
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK, patch_ranges
 from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
@@ -70,7 +70,7 @@ def asked_stream(streams: Mapping[str, Stream], request: Request, rank: int) -> 
     return stream
 
 
-def held_ask(qwen: QwenVL, stream: Stream, request: Request) -> HeldAsk:
+def held_ask(qwen: VideoModel, stream: Stream, request: Request) -> HeldAsk:
     """The rows a held-KV question feeds, checked against the model's context
     (:func:`apbv.engine.runner.check_context`: everything the stream holds, or its positions
     when they went past that, is the context)."""
@@ -83,7 +83,7 @@ def held_ask(qwen: QwenVL, stream: Stream, request: Request) -> HeldAsk:
     return HeldAsk(rows, choice_ids)
 
 
-def window_inputs(qwen: QwenVL, stream: Stream, request: Request, info: DistInfo,
+def window_inputs(qwen: VideoModel, stream: Stream, request: Request, info: DistInfo,
                   video: torch.Tensor) -> PromptInputs:
     """The one-shot prompt on the held window as this rank holds it: ``video`` is every held
     chunk's vision embeddings (:meth:`Stream.kept_vision`), of which this rank keeps its share
@@ -104,7 +104,7 @@ def window_inputs(qwen: QwenVL, stream: Stream, request: Request, info: DistInfo
 
 
 def run_on_stream(
-    qwen: QwenVL, stream: Stream, held: HeldAsk, request: Request, info: DistInfo,
+    qwen: VideoModel, stream: Stream, held: HeldAsk, request: Request, info: DistInfo,
     timer: StageTimer, on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None, *, graphs: bool = False,
 ) -> Result:

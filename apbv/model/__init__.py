@@ -1,5 +1,7 @@
-"""Model side of apbv: checkpoints and (later) the Qwen2.5-VL adapter.
+"""Model side of apbv: checkpoint checks, the family registry and the adapters.
 
-Nothing heavy is imported here; import the submodules you need, e.g. ``apbv.model.tiny`` for
-a tiny random Qwen2.5-VL checkpoint with the real tokenizer.
+The adapter contract is written in :mod:`apbv.model.adapter`; :func:`apbv.model.families.
+load_adapter` picks the family from ``config.json``'s ``model_type``. Nothing heavy is imported
+here; import the submodules you need, e.g. ``apbv.model.tiny`` for a tiny random Qwen2.5-VL
+checkpoint with the real tokenizer.
 """

@@ -9,10 +9,9 @@ wrong, instead of after minutes of loading or with a traceback from deep inside 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-MODEL_TYPE = "qwen2_5_vl"
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 """One of these holds the weights (the index lists its shards)."""
@@ -35,19 +34,33 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON (truncated or corrupt?): {exc}") from None
 
 
-def _check_config(path: Path) -> dict[str, Any]:
-    config_file = path / "config.json"
+def supported_text(supported: Mapping[str, str]) -> str:
+    """``'qwen2_5_vl' (Qwen2.5-VL), ...``: the model types of ``supported`` (model type ->
+    family name) as an error message lists them."""
+    return ", ".join(f"{model_type!r} ({name})" for model_type, name in supported.items())
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object in ``path``'s ``config.json``; ValueError when it is missing, unreadable,
+    not valid JSON or not an object."""
+    config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise ValueError(f"model directory {str(path)!r} has no config.json")
     config = _read_json(config_file)
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _check_config(path: Path, supported: Mapping[str, str]) -> dict[str, Any]:
+    config = read_config(path)
     model_type = config.get("model_type")
-    if model_type != MODEL_TYPE:
+    if not isinstance(model_type, str) or model_type not in supported:
         what = "has no model_type" if model_type is None else f"is a {model_type!r} checkpoint"
-        raise ValueError(f"{str(path)!r} {what}; supported: {MODEL_TYPE!r} (Qwen2.5-VL)")
+        raise ValueError(f"{str(path)!r} {what}; supported: {supported_text(supported)}")
     if not isinstance(config.get("vision_config"), dict):
-        raise ValueError(f"{config_file} has no vision_config: not a vision-language checkpoint")
+        raise ValueError(f"{path / 'config.json'} has no vision_config: not a vision-language "
+                         "checkpoint")
     return config
 
 
@@ -99,11 +112,13 @@ def _check_processor_files(path: Path) -> None:
                          f"{', '.join(missing)}")
 
 
-def validate_checkpoint(path: str | Path) -> Path:
-    """Check that ``path`` is a complete local Qwen2.5-VL checkpoint; return it as a Path.
+def validate_checkpoint(path: str | Path, supported: Mapping[str, str]) -> Path:
+    """Check that ``path`` is a complete local checkpoint of one of the ``supported`` model
+    types (``config.json``'s ``model_type`` -> family name); return it as a Path.
 
     Raises ValueError naming the problem: no such directory; ``config.json`` missing,
-    unreadable or not valid JSON; a model type other than ``qwen2_5_vl`` or no
+    unreadable or not valid JSON; a model type not in ``supported`` (the message lists them) or
+    no
     ``vision_config``; no weights (``model.safetensors``, ``model.safetensors.index.json`` with
     all its shards, or ``pytorch_model.bin``); tokenizer or processor files missing (the
     processor's settings: ``preprocessor_config.json`` or ``video_preprocessor_config.json`` as
@@ -113,7 +128,7 @@ def validate_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model directory {str(path)!r} does not exist")
-    _check_config(path)
+    _check_config(path, supported)
     _check_weights(path)
     _check_processor_files(path)
     return path

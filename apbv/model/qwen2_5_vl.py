@@ -1,85 +1,46 @@
-"""Stock HF Qwen2.5-VL driven by apbv: loading, the attention hook, and the pieces we call.
+"""The Qwen2.5-VL adapter (``model_type`` ``qwen2_5_vl``): stock HF Qwen2.5-VL driven by apbv.
 
-No modeling file is forked. The decoder's attention is routed through transformers' attention
-registry: the text model runs with ``attn_implementation="apbv"``, whose function hands the
-post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` installed around the
-forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
-vision tower's attention is registered too (:data:`VISION_ATTN_IMPLEMENTATION`,
-:mod:`apbv.model.vision_attention`): equal-size windows batched into one call per size, or a
-varlen kernel on CUDA; ``vision.attention=per_window`` keeps the stock SDPA path. The patch
-embedding runs as one matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv``
-keeps the stock Conv3d), the q/k rotary runs on q and k together (``vision.rotary``), on CUDA
-the RMSNorms run as one kernel and the MLPs are padded to an aligned width
-(``vision.norm``, ``vision.mlp_pad``; :mod:`apbv.model.vision_blocks`), and the tower runs a
-few temporal patches per call on CPU (``vision.chunk_rows``; every vision block attends inside
-one temporal patch, so the chunks are independent). :func:`set_tower` applies these.
-
-Every difference between transformers versions is handled in this module (and, for writing the
-tiny checkpoint, in :mod:`apbv.model.tiny` through :func:`rope_config`) and nowhere else.
-Tested: transformers 4.57.x, 5.17.x and 5.24.x (``bash scripts/compat.sh VERSION``). Drift:
-
-- vision tower: 5.x returns a model output with the merged embeddings as ``pooler_output``,
-  4.x the tensor itself (:meth:`QwenVL.vision_tower`);
-- RoPE settings: 5.x keeps them in ``rope_parameters`` (with ``rope_theta``), 4.x in
-  ``rope_scaling`` (``mrope_section``) next to a ``rope_theta`` attribute (:func:`rope_config`,
-  :func:`rope_settings`); 5.x reads 4.x's keys, and :func:`load_config` makes 4.x read 5.x's;
-- tokenizer: 5.x loads ``Qwen2Tokenizer`` (tokenizers-backed), 4.x ``Qwen2TokenizerFast``
-  (:data:`TOKENIZER_CLASS`);
-- video processor: 5.x takes ``cap_pixels_per_frame`` (and warns without it), 4.57 does not
-  know it (:func:`video_processor_kwargs`). The per-frame pixel cap of qwen-vl-utils is applied
-  by :mod:`apbv.video` when it resizes the frames, so processing already-resized frames
-  (:meth:`QwenVL.process_frames`) gives the same patches on every version;
-- ``from_pretrained``'s dtype argument: ``dtype`` (``torch_dtype`` before 4.56);
-- attention registry: ``AttentionInterface.register``; an implementation the mask registry does
-  not know gets no mask built, on 4.57 as on 5.x;
-- vision attention: 5.x hands the packed sequence of a block with its ``cu_seqlens`` (one call
-  per block) to every implementation whose name contains "flash", hence the name of
-  :data:`VISION_ATTN_IMPLEMENTATION`; 4.57 does so only for ``flash_attention_2`` and calls
-  ours once per window, which stays exact but is not grouped. The implementation is set on
-  the loaded vision config (:func:`set_vision_attention`), not passed to ``from_pretrained``,
-  whose checks would treat the name as a flash-attn kernel to fetch;
-- vision rotary: 4.57 and 5.x call the module-level ``apply_rotary_pos_emb_vision`` of the
-  modeling module at every block, which :func:`set_vision_rotary` replaces (a version without
-  it keeps its own rotary);
-- 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
-  the checkpoints were trained with; we never let the model compute positions
-  (see :mod:`apbv.positions`).
+It implements :class:`apbv.model.adapter.VideoModel` (the contract is written there): frames
+resized by :mod:`apbv.video` (qwen-vl-utils' rules) become patch rows of 2-frame temporal
+patches, the vision tower (:mod:`apbv.model.tower`) runs on a rank's whole temporal patches, a
+2x2 merge gives ``(h / 2) * (w / 2)`` tokens per temporal patch, the prompt holds one run of
+``<|video_pad|>`` tokens, and positions are 3-D M-RoPE (:mod:`apbv.positions`). The decoder's
+attention goes through :mod:`apbv.model.hook`; transformers version drift is handled in
+:mod:`apbv.model.hf_compat`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
-import types
-from collections.abc import Generator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
-from packaging.version import Version
-from transformers import (
-    AttentionInterface,
-    AutoProcessor,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-)
-from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
-from apbv.config import PATCH_EMBED, VISION_ATTENTION, VISION_NORM, VISION_ROTARY
-from apbv.context import current
 from apbv.model.checkpoint import validate_checkpoint
-from apbv.model.patch_embed import linear_patch_embed
-from apbv.model.vision_attention import fused_rotary, hf_vision_attention
-from apbv.model.vision_blocks import CUDA_MLP_PAD, fused_rms_norm, pad_mlp
-from apbv.positions import video_token_runs
-from apbv.validate import one_of
+from apbv.model.hf_compat import (
+    check_version,
+    dtype_kwargs,
+    load_config,
+    tower_output,
+    video_processor_kwargs,
+)
+from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.tower import (
+    CPU_CHUNK_ROWS,
+    grid_rows,
+    patch_spec,
+    rows_in_worker,
+    set_tower,
+    tower_chunks,
+)
+from apbv.positions import mrope_positions, video_token_runs
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
-    PatchSpec,
     levels_to_rows,
     patch_rows,
     patches_per_chunk,
@@ -88,226 +49,8 @@ from apbv.video.patches import (
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
 
-ATTN_IMPLEMENTATION = "apbv"
-VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
-"""The grouped vision attention's registry name ("flash": see the drift notes above)."""
-CPU_CHUNK_ROWS = 8192
-"""``vision.chunk_rows`` left unset: patch rows per vision-tower call on CPU (whole temporal
-patches; the activations of a call stay in cache, which made the tower 8-20% faster than one
-call for the video in benchmarks/bench_vision.py); on other devices the video goes in one
-call, as fewer, larger kernels are what a GPU needs."""
-SUPPORTED_TRANSFORMERS = ">=4.57,<5.25"
-TRANSFORMERS_VERSION = Version(transformers.__version__)
-V5 = TRANSFORMERS_VERSION.major >= 5
-TOKENIZER_CLASS = "Qwen2Tokenizer" if V5 else "Qwen2TokenizerFast"
-"""Class name of the tokenizer ``AutoProcessor`` loads for a Qwen2.5-VL checkpoint."""
-
-
-def rope_config(mrope_section: list[int], rope_theta: float) -> dict[str, Any]:
-    """The text-config keys that set M-RoPE (``mrope_section``: temporal, height, width
-    frequency sections summing to head_dim / 2) in this transformers version."""
-    if V5:
-        return {"rope_parameters": {"rope_type": "default", "mrope_section": list(mrope_section),
-                                    "rope_theta": rope_theta}}
-    return {"rope_scaling": {"rope_type": "default", "mrope_section": list(mrope_section)},
-            "rope_theta": rope_theta}
-
-
-def rope_settings(text_config: Any) -> dict[str, Any]:
-    """``{"rope_type", "mrope_section", "rope_theta"}`` of a loaded text config, any version
-    (the legacy ``type`` key some configs carry is dropped)."""
-    if V5:
-        params = dict(text_config.rope_parameters or {})
-    else:
-        params = dict(text_config.rope_scaling or {})
-        params["rope_theta"] = text_config.rope_theta
-    params.setdefault("rope_type", params.get("type", "default"))
-    return {key: params.get(key) for key in ("rope_type", "mrope_section", "rope_theta")}
-
-
-def video_processor_kwargs(video_processor: Any) -> dict[str, Any]:
-    """Arguments every video-processor call gets: the per-frame pixel cap of qwen-vl-utils
-    where the processor has the switch (5.x; without it 5.x warns and does not cap)."""
-    known = getattr(getattr(video_processor, "valid_kwargs", None), "__annotations__", {})
-    if "cap_pixels_per_frame" in known:
-        return {"cap_pixels_per_frame": True}
-    return {}
-
-
-def _hf_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: q/k/v (B, heads, T, D) -> out (B, T, Hq, D).
-
-    HF builds no mask for an implementation it does not know, so ``attention_mask`` is None;
-    the masks are structural (the plan) and never derived from positions.
-    """
-    assert attention_mask is None, "apbv attention takes no explicit mask"
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = current().attend(
-        module.layer_idx, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale
-    )
-    return out, None
-
-
-def register_attention() -> None:
-    """Make the ``apbv`` decoder and vision attentions known to transformers (idempotent)."""
-    AttentionInterface.register(ATTN_IMPLEMENTATION, _hf_attention)
-    AttentionInterface.register(VISION_ATTN_IMPLEMENTATION, hf_vision_attention)
-
-
-def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
-    """Select the vision tower's attention: ``grouped`` (one call per window size, or one
-    varlen call on CUDA) or ``per_window`` (the stock SDPA path, one call per window)."""
-    one_of("vision.attention", name, VISION_ATTENTION)
-    register_attention()
-    config = model.model.visual.config
-    config._attn_implementation = VISION_ATTN_IMPLEMENTATION if name == "grouped" else "sdpa"
-
-
-def set_vision_rotary(name: str) -> None:
-    """Select how the vision tower applies its q/k rotary: ``fused`` (q and k in one set of
-    passes, bit-equal to transformers', :func:`apbv.model.vision_attention.fused_rotary`) or
-    ``stock``. transformers looks the function up in its modeling module at every call, so
-    the choice holds for the whole process; both give bit-equal values, so models of one
-    process never compute different numbers because of it, only at a different speed."""
-    one_of("vision.rotary", name, VISION_ROTARY)
-    current_fn = getattr(modeling_qwen2_5_vl, "apply_rotary_pos_emb_vision", None)
-    if current_fn is None:  # a version without the module-level function (drift notes)
-        return
-    stock = getattr(current_fn, "stock", current_fn)
-    modeling_qwen2_5_vl.apply_rotary_pos_emb_vision = \
-        fused_rotary(stock) if name == "fused" else stock
-
-
-def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, torch.Tensor]]:
-    """The vision-tower calls for patch rows of ``grid`` ((n, 3) rows of (t, h, w)): (first
-    row, end row, the call's grid) each. ``chunk_rows`` > 0: whole temporal patches of one
-    grid row, at most ``chunk_rows`` patch rows per call (at least one temporal patch);
-    0: one call for everything."""
-    total = int(grid.prod(dim=1).sum())
-    if chunk_rows <= 0:
-        return [(0, total, grid)]
-    calls, row = [], 0
-    for t, h, w in grid.tolist():
-        step = patches_per_chunk(h * w, chunk_rows)
-        for first in range(0, t, step):
-            n = min(step, t - first)
-            calls.append((row, row + n * h * w, torch.tensor([[n, h, w]])))
-            row += n * h * w
-    return calls
-
-
-def _rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
-                    ) -> Generator[tuple[torch.Tensor, tuple[int, int, int]], None, None]:
-    """``process(chunk)`` for each chunk, run ahead by one in a worker thread: the next
-    chunk's rows are made while the caller uses the current ones (at most one waits). An
-    error in the worker is raised here; closing the generator stops and joins the worker."""
-    ready: queue.Queue[Any] = queue.Queue(maxsize=1)
-    stop, end = threading.Event(), object()
-
-    def hand_over(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for chunk in chunks:
-                if not hand_over(process(chunk)):
-                    return
-            hand_over(end)
-        except BaseException as exc:  # raised in the caller's thread
-            hand_over(exc)
-
-    worker = threading.Thread(target=produce, name="apbv-frames", daemon=True)
-    worker.start()
-    try:
-        while (item := ready.get()) is not end:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        worker.join()
-
-
-def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
-    """Select the vision tower's patch embedding: ``linear`` (one matrix product,
-    :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
-    Only this instance changes."""
-    one_of("vision.patch_embed", name, PATCH_EMBED)
-    _swap_forward(model.model.visual.patch_embed, linear_patch_embed if name == "linear" else None)
-
-
-def set_vision_norm(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
-    """Select the vision tower's RMSNorms (its blocks' and the merger's): ``fused``
-    (:func:`apbv.model.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
-    this instance changes."""
-    one_of("vision.norm", name, VISION_NORM)
-    visual = model.model.visual
-    for norm in [visual.merger.ln_q, *(n for b in visual.blocks for n in (b.norm1, b.norm2))]:
-        _swap_forward(norm, fused_rms_norm if name == "fused" else None)
-
-
-def _swap_forward(module: torch.nn.Module, forward: Any) -> None:
-    """Give this ``module`` instance ``forward(module, *args)`` as its forward, or (None) its
-    class's forward back."""
-    if forward is None:
-        module.__dict__.pop("forward", None)
-    else:
-        module.forward = types.MethodType(forward, module)
-
-
-def set_tower(model: Qwen2_5_VLForConditionalGeneration, vision: VisionConfig,
-              device: torch.device) -> None:
-    """Set up the vision tower of ``model`` (on ``device``) as ``vision`` says: its attention
-    (:func:`set_vision_attention`), patch embedding (:func:`set_patch_embed`), q/k rotary
-    (:func:`set_vision_rotary`, for the whole process), RMSNorms (:func:`set_vision_norm`) and
-    MLP width (:func:`apbv.model.vision_blocks.pad_mlp`; ``mlp_pad`` unset: padded on CUDA
-    only)."""
-    visual = model.model.visual
-    set_vision_attention(model, vision.attention)
-    set_patch_embed(model, vision.patch_embed)
-    set_vision_rotary(vision.rotary)
-    set_vision_norm(model, vision.norm)
-    pad_mlp(visual, vision.mlp_pad if vision.mlp_pad is not None
-            else CUDA_MLP_PAD if device.type == "cuda" else 0)
-
-
-def patch_spec(video_processor: Any) -> PatchSpec | None:
-    """The processor's settings for :func:`apbv.video.patches.patch_rows`, or None when it
-    does something else than rescale + normalise (then the processor itself runs)."""
-    vp = video_processor
-    if not (getattr(vp, "do_rescale", False) and getattr(vp, "do_normalize", False)):
-        return None
-    mean, std = vp.image_mean, vp.image_std
-    if not (isinstance(mean, (list, tuple)) and len(mean) == 3
-            and isinstance(std, (list, tuple)) and len(std) == 3):
-        return None
-    return PatchSpec(patch_size=vp.patch_size, merge_size=vp.merge_size,
-                     temporal_patch_size=vp.temporal_patch_size, mean=tuple(mean),
-                     std=tuple(std), rescale_factor=vp.rescale_factor)
-
-
-def _grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
-    grid = torch.as_tensor(grid_thw, dtype=torch.long)
-    if grid.dim() == 1:
-        grid = grid.unsqueeze(0)
-    if grid.dim() != 2 or grid.shape[1] != 3 or bool((grid <= 0).any()):
-        raise ValueError(f"grid_thw must be (t, h, w) rows of positive ints, got {grid.tolist()}")
-    return grid
+MODEL_TYPE = "qwen2_5_vl"
+FAMILY = "Qwen2.5-VL"
 
 
 @dataclass
@@ -326,8 +69,13 @@ class QwenVL:
     @property
     def embeds_levels(self) -> bool:
         """Whether the patch embedding takes pixel levels itself: the linear one
-        (:func:`set_patch_embed`) does, the stock Conv3d does not."""
+        (:func:`apbv.model.tower.set_patch_embed`) does, the stock Conv3d does not."""
         return "forward" in self.model.model.visual.patch_embed.__dict__
+
+    @property
+    def family(self) -> str:
+        """The family's name, e.g. for ``/v1/models``."""
+        return FAMILY
 
     @property
     def text_config(self) -> Any:
@@ -432,11 +180,21 @@ class QwenVL:
         start, end = runs[0]
         return start, end - start
 
+    def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
+                  second_per_grid_t: float) -> torch.Tensor:
+        """(3, 1, T) int64 M-RoPE positions of the whole prompt ``ids`` (T,) holding one video
+        of ``video_grid`` (t, h, w) patches, ``second_per_grid_t`` seconds per temporal patch
+        (:func:`apbv.positions.mrope_positions`: the rule the checkpoints were trained with)."""
+        return mrope_positions(ids, [video_grid], [second_per_grid_t],
+                               video_token_id=self.video_token_id,
+                               spatial_merge_size=self.spatial_merge_size,
+                               tokens_per_second=self.tokens_per_second)
+
     def set_vision(self, vision: VisionConfig) -> None:
         """Set up the vision tower and the patch rows as ``vision`` says: the tower's modules
-        (:func:`set_tower`), patch rows per tower call
-        (``chunk_rows``; unset: :data:`CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and
-        how frames become patch rows (``preprocess``, ``preprocess_workers``)."""
+        (:func:`apbv.model.tower.set_tower`), patch rows per tower call (``chunk_rows``; unset:
+        :data:`apbv.model.tower.CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and how
+        frames become patch rows (``preprocess``, ``preprocess_workers``)."""
         set_tower(self.model, vision, self.device)
         # How pixel levels become rows: the processor's settings (None: it does more).
         self.model.model.visual.patch_embed.levels_spec = patch_spec(self.processor.video_processor)
@@ -454,9 +212,10 @@ class QwenVL:
 
         Every vision block attends inside one temporal patch (a window of it, or all of it), so
         the tower runs on chunks of whole temporal patches (:attr:`chunk_rows`,
-        :func:`tower_chunks`) and the embeddings are concatenated in order. Levels go to the
-        device as they are; the stock Conv3d gets them as the processor's float rows."""
-        grid = _grid_rows(grid_thw)
+        :func:`apbv.model.tower.tower_chunks`) and the embeddings are concatenated in order.
+        Levels go to the device as they are; the stock Conv3d gets them as the processor's
+        float rows."""
+        grid = grid_rows(grid_thw)
         patches = int(grid.prod(dim=1).sum())
         if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
             raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
@@ -474,7 +233,7 @@ class QwenVL:
             if rows.dtype != torch.int8:
                 rows = rows.to(visual.dtype)
             out = visual(rows, grid_thw=call_grid.to(self.device))
-            outs.append(out if isinstance(out, torch.Tensor) else out.pooler_output)
+            outs.append(tower_output(out))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def frames_per_chunk(self, height: int, width: int) -> int:
@@ -500,7 +259,7 @@ class QwenVL:
         has ``close``); an error on either side stops both and is raised here."""
         if overlap is None:
             overlap = self.device.type != "cpu"
-        rows = (_rows_in_worker(self.tower_rows, chunks) if overlap
+        rows = (rows_in_worker(self.tower_rows, chunks) if overlap
                 else (self.tower_rows(chunk) for chunk in chunks))
         outs = []
         try:
@@ -538,24 +297,6 @@ class QwenVL:
         return self.model.lm_head(hidden)
 
 
-def dtype_kwargs(dtype: torch.dtype) -> dict[str, torch.dtype]:
-    """``from_pretrained``'s dtype argument under its name in this version."""
-    return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56") else "torch_dtype": dtype}
-
-
-def load_config(path: str | Path) -> Qwen2_5_VLConfig:
-    """The checkpoint's config; on 4.x a config saved by 5.x (``rope_parameters``, no
-    ``rope_scaling``) gets its M-RoPE settings moved to the keys 4.x reads."""
-    config = Qwen2_5_VLConfig.from_pretrained(path, local_files_only=True)
-    text = config.text_config
-    params = getattr(text, "rope_parameters", None)
-    if not V5 and text.rope_scaling is None and isinstance(params, dict):
-        text.rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        text.rope_theta = params.get("rope_theta", text.rope_theta)
-        del text.rope_parameters
-    return config
-
-
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
          vision: VisionConfig | None = None) -> QwenVL:
     """Load a Qwen2.5-VL checkpoint directory (no downloads) for apbv's prefill and decode,
@@ -568,10 +309,8 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
         from apbv.config import VisionConfig
 
         vision = VisionConfig()
-    path = validate_checkpoint(path)
-    if TRANSFORMERS_VERSION < Version("4.57"):
-        raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
-                         f"transformers{SUPPORTED_TRANSFORMERS}")
+    path = validate_checkpoint(path, {MODEL_TYPE: FAMILY})
+    check_version()
     register_attention()
     hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(

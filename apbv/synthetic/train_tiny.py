@@ -158,7 +158,7 @@ class Encoder:
         self.end_id = bt.SPECIAL_IDS["<|im_end|>"]
 
     def __call__(self, sample, *, with_answer: bool = True) -> Encoded:
-        from apbv.model.qwen2_5_vl import video_processor_kwargs
+        from apbv.model.hf_compat import video_processor_kwargs
         from apbv.positions import mrope_positions
         from apbv.sequence import build_prompt
 
@@ -259,7 +259,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
     """Train, evaluate on held-out samples and write the checkpoint to ``out_dir``."""
     from transformers import AutoProcessor
 
-    from apbv.model.qwen2_5_vl import set_vision_attention
+    from apbv.model.tower import set_vision_attention
 
     out = Path(out_dir).expanduser().absolute()
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):

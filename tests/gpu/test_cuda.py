@@ -66,7 +66,7 @@ def test_vision_tower_on_cuda_matches_the_stock_tower() -> None:
     one's (the kernel tests' rule; outputs near 100, where one bf16 ulp is 0.5); in fp32 the
     two towers agree within 1e-5 of the scale."""
     from apbv.config import VisionConfig
-    from apbv.model import qwen2_5_vl
+    from apbv.model import tower
     from apbv.model.tiny import build_tiny_model
 
     towers = {"stock": VisionConfig(attention="per_window", patch_embed="conv", rotary="stock",
@@ -83,12 +83,12 @@ def test_vision_tower_on_cuda_matches_the_stock_tower() -> None:
             for dtype in (torch.float32, torch.bfloat16):
                 model = build_tiny_model().to("cuda", dtype).eval()
                 for name, vision in towers.items():
-                    qwen2_5_vl.set_tower(model, vision, torch.device("cuda"))
+                    tower.set_tower(model, vision, torch.device("cuda"))
                     out = model.model.visual(pixels.to(dtype), grid_thw=grid)
                     outs[name, dtype] = (out if isinstance(out, torch.Tensor)
                                          else out.pooler_output).float()
     finally:
-        qwen2_5_vl.set_vision_rotary("fused")
+        tower.set_vision_rotary("fused")
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     truth = outs["stock", torch.float32]
     scale = truth.abs().max().item()

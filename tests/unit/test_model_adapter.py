@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from apbv.config import VisionConfig
-from apbv.model import patch_embed, qwen2_5_vl
+from apbv.model import hf_compat, hook, patch_embed, qwen2_5_vl, tower
 from apbv.model.checkpoint import WEIGHT_FILES, validate_checkpoint
-from apbv.model.qwen2_5_vl import QwenVL, load, video_processor_kwargs
+from apbv.model.families import SUPPORTED
+from apbv.model.hf_compat import video_processor_kwargs
+from apbv.model.qwen2_5_vl import QwenVL, load
 from apbv.video.patches import levels_to_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +85,10 @@ def test_linked_copy_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Positive control for the broken copies below: the unbroken copy loads."""
     qwen = load(_copy(tiny_model_dir, tmp_path / "ok"), device=CPU, dtype=torch.float32)
     assert qwen.num_layers == 2 and qwen.video_token_id == VIDEO_PAD
-    assert type(qwen.processor.tokenizer).__name__ == qwen2_5_vl.TOKENIZER_CLASS
-    assert qwen.model.config.text_config._attn_implementation == qwen2_5_vl.ATTN_IMPLEMENTATION
+    assert type(qwen.processor.tokenizer).__name__ == hf_compat.TOKENIZER_CLASS
+    assert qwen.model.config.text_config._attn_implementation == hook.ATTN_IMPLEMENTATION
     assert qwen.model.config.vision_config._attn_implementation == \
-        qwen2_5_vl.VISION_ATTN_IMPLEMENTATION
+        hook.VISION_ATTN_IMPLEMENTATION
 
 
 @pytest.mark.usefixtures("no_loading")
@@ -138,10 +140,10 @@ def test_sharded_and_bin_weights_pass_the_check(tiny_model_dir: Path, tmp_path: 
     index = {"weight_map": {"a.weight": "model-00001-of-00001.safetensors"}}
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     (ckpt / "model-00001-of-00001.safetensors").symlink_to(tiny_model_dir / "model.safetensors")
-    assert validate_checkpoint(ckpt) == ckpt
+    assert validate_checkpoint(ckpt, SUPPORTED) == ckpt
     ckpt = _copy(tiny_model_dir, tmp_path / "bin", drop=("model.safetensors",))
     (ckpt / "pytorch_model.bin").write_bytes(b"")
-    assert validate_checkpoint(str(ckpt)) == ckpt
+    assert validate_checkpoint(str(ckpt), SUPPORTED) == ckpt
 
 
 @pytest.mark.usefixtures("no_loading")
@@ -339,25 +341,25 @@ def test_grouped_vision_attention_equals_the_stock_tower(
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     try:
         with torch.inference_mode():
-            qwen2_5_vl.set_vision_attention(qwen.model, "per_window")
+            tower.set_vision_attention(qwen.model, "per_window")
             stock = qwen.vision_tower(pixels, grid)
             stock_calls, calls[:] = list(calls), []
-            qwen2_5_vl.set_vision_attention(qwen.model, "grouped")
+            tower.set_vision_attention(qwen.model, "grouped")
             grouped = qwen.vision_tower(pixels, grid)
     finally:
         for hook in hooks:
             hook.remove()
-        qwen2_5_vl.set_vision_attention(qwen.model, "grouped")
+        tower.set_vision_attention(qwen.model, "grouped")
     error = (grouped - stock).abs().max().item()
     assert error <= 1e-5, error
     windowed = [i for i in range(len(visual.blocks)) if i not in visual.fullatt_block_indexes]
     merge, window = 2, 4  # merged units per window side (112 / 14 / 2)
     rows, cols = -(-h // merge // window), -(-w // merge // window)
     with pytest.raises(ValueError, match="vision.attention must be one of grouped, per_window"):
-        qwen2_5_vl.set_vision_attention(qwen.model, "windowed")
+        tower.set_vision_attention(qwen.model, "windowed")
     for i in windowed:
         assert stock_calls.count(i) == t * rows * cols  # the stock path: one call per window
-    if not qwen2_5_vl.V5:  # 4.x calls the attention function once per window (drift notes)
+    if not hf_compat.V5:  # 4.x calls the attention function once per window (drift notes)
         assert calls == stock_calls
         return
     for i in windowed:
@@ -367,11 +369,11 @@ def test_grouped_vision_attention_equals_the_stock_tower(
 
 
 def test_version_helpers(qwen: QwenVL) -> None:
-    assert qwen2_5_vl.rope_settings(qwen.text_config) == {
+    assert hf_compat.rope_settings(qwen.text_config) == {
         "rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0}
-    keys = qwen2_5_vl.rope_config([2, 3, 3], 10.0)
-    assert set(keys) == ({"rope_parameters"} if qwen2_5_vl.V5 else {"rope_scaling", "rope_theta"})
-    assert list(qwen2_5_vl.dtype_kwargs(torch.bfloat16).values()) == [torch.bfloat16]
+    keys = hf_compat.rope_config([2, 3, 3], 10.0)
+    assert set(keys) == ({"rope_parameters"} if hf_compat.V5 else {"rope_scaling", "rope_theta"})
+    assert list(hf_compat.dtype_kwargs(torch.bfloat16).values()) == [torch.bfloat16]
     assert qwen.dtype == torch.float32
 
 
@@ -384,7 +386,7 @@ def test_rope_keys_of_the_other_major_version_load(
     text = config["text_config"]
     for key in ("rope_parameters", "rope_scaling", "rope_theta"):
         text.pop(key, None)
-    if qwen2_5_vl.V5:  # write what 4.x saves
+    if hf_compat.V5:  # write what 4.x saves
         text.update(rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default"},
                     rope_theta=1000000.0)
     else:  # write what 5.x saves
@@ -393,12 +395,12 @@ def test_rope_keys_of_the_other_major_version_load(
     ckpt = _copy(tiny_model_dir, tmp_path / "other")
     (ckpt / "config.json").write_text(json.dumps(config))
     other = load(ckpt, device=CPU, dtype=torch.float32)
-    assert qwen2_5_vl.rope_settings(other.text_config) == qwen2_5_vl.rope_settings(
+    assert hf_compat.rope_settings(other.text_config) == hf_compat.rope_settings(
         qwen.text_config)
     reference = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(
         tiny_model_dir, local_files_only=True, attn_implementation="sdpa").eval()
     other.model.set_attn_implementation("sdpa")  # plain HF forward, outside an apbv step
-    qwen2_5_vl.set_patch_embed(other.model, "conv")  # bit-equal to the stock module
+    tower.set_patch_embed(other.model, "conv")  # bit-equal to the stock module
     ids = torch.tensor([[151652] + [VIDEO_PAD] * 8 + [151653, 3838]])
     pixels, grid = qwen.process_frames(_frames(4))
     with torch.inference_mode():
@@ -415,19 +417,19 @@ def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
     embed = qwen.model.model.visual.patch_embed
     try:
         with torch.inference_mode():
-            qwen2_5_vl.set_patch_embed(qwen.model, "conv")
+            tower.set_patch_embed(qwen.model, "conv")
             assert "forward" not in embed.__dict__  # the stock module
             stock, stock_tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
-            qwen2_5_vl.set_patch_embed(qwen.model, "linear")
-            linear, tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
+            tower.set_patch_embed(qwen.model, "linear")
+            linear, linear_tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
             linear64 = embed.double()(pixels.double())
-            qwen2_5_vl.set_patch_embed(qwen.model, "conv")
+            tower.set_patch_embed(qwen.model, "conv")
             stock64 = embed(pixels.double())
     finally:
         embed.float()
-        qwen2_5_vl.set_patch_embed(qwen.model, "linear")
+        tower.set_patch_embed(qwen.model, "linear")
     err, err64 = ((linear - stock).abs().max().item(), (linear64 - stock64).abs().max().item())
-    tower_err = (tower - stock_tower).abs().max().item()
+    tower_err = (linear_tower - stock_tower).abs().max().item()
     scale, tower_scale = stock.abs().max().item(), stock_tower.abs().max().item()
     # fp32 sums of 1176 products in another order: relative to the outputs' scale (the tiny
     # model's weights are large: measured 7.8e-5 on outputs up to 64, 3.7e-4 on up to 95).
@@ -436,7 +438,7 @@ def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
     assert tower_err <= 1e-5 * tower_scale, (
         f"tower fp32 max abs error {tower_err:.3g} (outputs up to {tower_scale:.3g})")
     with pytest.raises(ValueError, match="vision.patch_embed must be one of linear, conv"):
-        qwen2_5_vl.set_patch_embed(qwen.model, "matmul")
+        tower.set_patch_embed(qwen.model, "matmul")
 
 
 def test_linear_patch_embedding_in_row_blocks_equals_one_product(
@@ -465,17 +467,17 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
                          generator=torch.Generator().manual_seed(3))
     try:
         with torch.inference_mode():
-            qwen2_5_vl.set_vision_rotary("stock")
+            tower.set_vision_rotary("stock")
             stock_fn = modeling.apply_rotary_pos_emb_vision
             assert not hasattr(stock_fn, "stock")
             stock = qwen.vision_tower(pixels, (2, 12, 20))
-            qwen2_5_vl.set_vision_rotary("fused")
-            qwen2_5_vl.set_vision_rotary("fused")  # idempotent: wraps the stock one once
+            tower.set_vision_rotary("fused")
+            tower.set_vision_rotary("fused")  # idempotent: wraps the stock one once
             fused_fn = modeling.apply_rotary_pos_emb_vision
             assert fused_fn.stock is stock_fn
             fused = qwen.vision_tower(pixels, (2, 12, 20))
     finally:
-        qwen2_5_vl.set_vision_rotary("fused")
+        tower.set_vision_rotary("fused")
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     qkv = torch.randn(50, 3, 4, 16, generator=torch.Generator().manual_seed(4)).permute(1, 0, 2, 3)
     cos, sin = torch.randn(2, 50, 16, generator=torch.Generator().manual_seed(5))
@@ -488,7 +490,7 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
                 assert got.dtype == want.dtype == dtype
                 assert torch.equal(got, want), (dtype, (got - want).abs().max().item())
     with pytest.raises(ValueError, match="vision.rotary must be one of fused, stock"):
-        qwen2_5_vl.set_vision_rotary("contiguous")
+        tower.set_vision_rotary("contiguous")
 
 
 def test_padded_vision_mlp_gives_the_same_embeddings(qwen: QwenVL) -> None:
@@ -528,27 +530,27 @@ def test_vision_norm_choice_installs_and_removes_the_fused_forward(qwen: QwenVL)
     pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(7))
     try:
         with torch.inference_mode():
-            qwen2_5_vl.set_vision_norm(qwen.model, "stock")
+            tower.set_vision_norm(qwen.model, "stock")
             assert not any("forward" in n.__dict__ for n in norms)
             stock = qwen.vision_tower(pixels, (2, 8, 12))
-            qwen2_5_vl.set_vision_norm(qwen.model, "fused")
+            tower.set_vision_norm(qwen.model, "fused")
             assert all("forward" in n.__dict__ for n in norms)
             fused = qwen.vision_tower(pixels, (2, 8, 12))
     finally:
-        qwen2_5_vl.set_vision_norm(qwen.model, "fused")
+        tower.set_vision_norm(qwen.model, "fused")
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     with pytest.raises(ValueError, match="vision.norm must be one of fused, stock"):
-        qwen2_5_vl.set_vision_norm(qwen.model, "layer")
+        tower.set_vision_norm(qwen.model, "layer")
 
 
 def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
     grid = torch.tensor([[5, 4, 6], [1, 2, 2], [3, 8, 8]])
-    calls = qwen2_5_vl.tower_chunks(grid, 50)  # 50 rows: 2 temporal patches of 24, 1 of 64
+    calls = tower.tower_chunks(grid, 50)  # 50 rows: 2 temporal patches of 24, 1 of 64
     assert [(a, b, g.tolist()) for a, b, g in calls] == [
         (0, 48, [[2, 4, 6]]), (48, 96, [[2, 4, 6]]), (96, 120, [[1, 4, 6]]),
         (120, 124, [[1, 2, 2]]), (124, 188, [[1, 8, 8]]), (188, 252, [[1, 8, 8]]),
         (252, 316, [[1, 8, 8]])]
-    assert qwen2_5_vl.tower_chunks(grid, 0) == [(0, 316, grid)]
+    assert tower.tower_chunks(grid, 0) == [(0, 316, grid)]
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 500, 1000])
@@ -566,7 +568,7 @@ def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -
             qwen.chunk_rows = chunk_rows
             chunked = qwen.vision_tower(pixels, grid)
     finally:
-        qwen.chunk_rows = qwen2_5_vl.CPU_CHUNK_ROWS
+        qwen.chunk_rows = tower.CPU_CHUNK_ROWS
     err, scale = (chunked - whole).abs().max().item(), whole.abs().max().item()
     assert chunked.shape == whole.shape == ((5 * 12 * 20 + 2 * 8 * 8) // 4, 64)
     assert err <= REBATCHED_RTOL * scale, \
@@ -611,7 +613,7 @@ def test_encode_frames_pipeline_equals_rows_then_tower(qwen: QwenVL, size: int,
     err, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
     assert piped.shape == whole.shape and err <= REBATCHED_RTOL * scale, (err, scale)
     assert chunks.closed == 1 and _no_worker_left()
-    assert qwen.frames_per_chunk(112, 112) == 2 * (qwen2_5_vl.CPU_CHUNK_ROWS // 64)
+    assert qwen.frames_per_chunk(112, 112) == 2 * (tower.CPU_CHUNK_ROWS // 64)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -13,6 +13,7 @@ import torch
 
 from apbv.__main__ import main
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.families import SUPPORTED
 from tests.saved_checkpoint import save_with_transformers
 
 
@@ -30,7 +31,7 @@ def test_saved_checkpoint_passes_the_check_and_loads(saved_dir: Path,
     names = {p.name for p in saved_dir.iterdir()}
     if transformers.__version__.startswith("5."):  # what made the check refuse it
         assert "processor_config.json" in names and "preprocessor_config.json" not in names
-    assert validate_checkpoint(saved_dir) == saved_dir
+    assert validate_checkpoint(saved_dir, SUPPORTED) == saved_dir
     saved = load(saved_dir, device=torch.device("cpu"), dtype=torch.float32)
     source = load(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
     for (name, a), (_, b) in zip(saved.model.state_dict().items(),
@@ -66,9 +67,9 @@ def test_processor_settings_missing_are_still_refused(saved_dir: Path, tmp_path:
         {"processor_class": "Qwen2_5_VLProcessor"}))
     with pytest.raises(ValueError, match="lacks the tokenizer/processor files: "
                                          "preprocessor_config.json .or a processor_config"):
-        validate_checkpoint(ckpt)
+        validate_checkpoint(ckpt, SUPPORTED)
     (ckpt / "processor_config.json").unlink()
     with pytest.raises(ValueError, match="preprocessor_config.json"):
-        validate_checkpoint(ckpt)
+        validate_checkpoint(ckpt, SUPPORTED)
     (ckpt / "video_preprocessor_config.json").write_text("{}")  # 4.x's per-part file
-    assert validate_checkpoint(ckpt) == ckpt
+    assert validate_checkpoint(ckpt, SUPPORTED) == ckpt

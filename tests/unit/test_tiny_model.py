@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from apbv.model import tiny
-from apbv.model.qwen2_5_vl import TOKENIZER_CLASS, rope_settings, video_processor_kwargs
+from apbv.model.hf_compat import TOKENIZER_CLASS, rope_settings, video_processor_kwargs
 
 VIDEO_PAD = 151656
 QUESTION_IDS = [3838, 3093, 315, 5562, 374, 419, 30]  # "What kind of dog is this?"

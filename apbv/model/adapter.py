@@ -1,0 +1,125 @@
+"""The model adapter contract: what a model family provides to the engine, and nothing else.
+
+An adapter wraps one stock transformers vision-language model (no modeling file is forked) and
+is chosen by the checkpoint's ``config.json`` ``model_type`` (:mod:`apbv.model.families`). The
+engine holds a :class:`VideoModel` and never names a family module. An adapter provides:
+
+1. **Load and refuse.** Its module's ``load(path, *, device, dtype, vision)`` loads a local
+   checkpoint (no downloads) and returns the adapter. What it cannot run is refused with a
+   ValueError before any weight is read: :func:`apbv.model.families.load_adapter` checks the
+   directory (:func:`apbv.model.checkpoint.validate_checkpoint`) and the family first, and an
+   adapter refuses variants of its family it cannot run (e.g. MoE) from the config alone.
+2. **Frame processing.** Frames arrive sampled and resized by :mod:`apbv.video` (uint8
+   (F, 3, H, W)); :meth:`VideoModel.process_frames` / :meth:`VideoModel.tower_rows` turn them
+   into the rows the vision tower takes and their (t, h, w) patch grid, equal to the family's
+   stock processor on the same frames; :meth:`VideoModel.frames_per_chunk` says how many
+   frames make whole temporal units for chunked runs.
+3. **Prompt ids with the video span.** :attr:`VideoModel.processor` (tokenizer and chat
+   template), :attr:`VideoModel.video_token_id` and :meth:`VideoModel.video_span`: the one run
+   of video placeholder tokens in a prompt.
+4. **The vision tower over a rank's frame share.** :meth:`VideoModel.vision_tower` (rows and
+   grid) and :meth:`VideoModel.encode_frames` (frame chunks) -> embeddings (n_tokens, hidden)
+   in video-token order, for whole temporal units only, so ranks encode disjoint frame shares
+   and the concatenation equals the tower on the whole video; ``spatial_merge_size`` gives the
+   tokens per temporal unit, ``(h / m) * (w / m)``; :meth:`VideoModel.set_vision` applies
+   :class:`apbv.config.VisionConfig`.
+5. **Where each video embedding goes.** The k-th video embedding replaces the embedding
+   (:meth:`VideoModel.embed`) of the k-th ``video_token_id`` token of the prompt, on the rank
+   that owns that token (:mod:`apbv.engine.routing`).
+6. **Positions for any token range.** :meth:`VideoModel.positions` gives the (3, 1, T) RoPE
+   positions of the whole prompt once; the engine shards them with the tokens. A 1-D RoPE
+   family gives three equal rows. :attr:`VideoModel.rope_inv_freq` lets cached keys be moved
+   to other positions (stream rebasing), :attr:`VideoModel.max_positions` is the context.
+7. **The attention hook.** :meth:`VideoModel.decoder` runs the decoder layers with every
+   layer's attention routed to the installed :class:`apbv.context.AttentionContext`
+   (:mod:`apbv.model.hook`); :meth:`VideoModel.logits` is the LM head.
+8. **Cost-model shapes.** :attr:`VideoModel.text_config` and :attr:`VideoModel.vision_config`
+   (sizes the memory preflight reads); the cost model reads the same shapes from
+   ``config.json`` (:func:`apbv.cost.model_dims`).
+
+Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from apbv.config import VisionConfig
+
+
+class VideoModel(Protocol):
+    """A loaded checkpoint as the engine drives it (the contract above)."""
+
+    processor: Any
+    """The family's stock processor: ``.tokenizer`` (with the chat template) and
+    ``.video_processor``."""
+    chunk_rows: int
+    """Patch rows per vision-tower call (0: the rank's share in one call)."""
+
+    @property
+    def family(self) -> str:
+        """The family's name, e.g. ``Qwen2.5-VL``."""
+
+    @property
+    def text_config(self) -> Any: ...
+
+    @property
+    def vision_config(self) -> Any: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def video_token_id(self) -> int: ...
+
+    @property
+    def spatial_merge_size(self) -> int: ...
+
+    @property
+    def tokens_per_second(self) -> float: ...
+
+    @property
+    def eos_token_ids(self) -> set[int]: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    @property
+    def rope_inv_freq(self) -> torch.Tensor: ...
+
+    def set_vision(self, vision: VisionConfig) -> None: ...
+
+    def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
+                       ) -> tuple[torch.Tensor, tuple[int, int, int]]: ...
+
+    def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]: ...
+
+    def frames_per_chunk(self, height: int, width: int) -> int: ...
+
+    def vision_tower(self, pixel_values: torch.Tensor,
+                     grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor: ...
+
+    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
+                      overlap: bool | None = None) -> torch.Tensor: ...
+
+    def video_span(self, ids: torch.Tensor) -> tuple[int, int]: ...
+
+    def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
+                  second_per_grid_t: float) -> torch.Tensor: ...
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def decoder(self, inputs_embeds: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...

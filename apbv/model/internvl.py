@@ -1,0 +1,275 @@
+"""The InternVL3 adapter (``model_type`` internvl): stock HF InternVL driven by apbv.
+
+InternVL3 as the paper runs it: every frame resized to the checkpoint's image size (448x448)
+as one tile, normalised with the checkpoint's mean and std, by the stock video processor; the
+vision tower (InternViT) runs per frame, so a rank's share is whole frames and the
+concatenation of the shares equals the tower on the whole video; a pixel shuffle at ratio 0.5
+(:attr:`InternVL.spatial_merge_size` 2 over the 32x32 patch grid) and the projector give 256
+tokens per frame. The prompt is the chat template's with ``<video>`` expanded as the stock
+processor does (``Frame1: <img>`` 256 x ``<IMG_CONTEXT>`` ``</img>``, frames joined by a new
+line): :meth:`InternVL.prompt_ids`. Positions are plain 1-D RoPE (three equal rows in the
+(3, 1, T) layout of :class:`apbv.model.adapter.VideoModel`). The decoder's attention goes
+through :mod:`apbv.model.hook`.
+
+The video tokens are one run per frame, with text between the frames: the engine's routing
+of video embeddings assumes one run (Qwen2.5-VL), so this family is not in
+:data:`apbv.model.families.FAMILIES` yet and the engine refuses its checkpoints; the adapter's
+pieces are checked against transformers in tests/multirank/test_internvl_multirank.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoProcessor, InternVLForConditionalGeneration
+from transformers.utils import logging as hf_logging
+
+from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.hf_compat import check_version, dtype_kwargs, tower_output
+from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.positions import video_token_runs
+from apbv.sequence import text_ids
+from apbv.video.patches import PIPELINE_CHUNK_ROWS
+
+if TYPE_CHECKING:
+    from apbv.config import VisionConfig
+
+MODEL_TYPE = "internvl"
+FAMILY = "InternVL3"
+TEXT_MODEL_TYPES = ("qwen2",)
+"""Decoders this adapter runs (InternVL3's); others (e.g. InternVL3.5's qwen3) are refused."""
+_QUESTION = "\u2063apbv-question\u2063"  # stands in for the question while rendering
+
+
+@dataclass
+class InternVL:
+    """A loaded InternVL3 checkpoint and the pieces apbv drives (see the module docstring)."""
+
+    model: InternVLForConditionalGeneration
+    processor: Any
+    chunk_rows: int = 0
+    """Patch rows per vision-tower call (whole frames; 0: the share in one call)."""
+
+    @property
+    def family(self) -> str:
+        return FAMILY
+
+    @property
+    def text_config(self) -> Any:
+        return self.model.config.text_config
+
+    @property
+    def vision_config(self) -> Any:
+        return self.model.config.vision_config
+
+    @property
+    def num_layers(self) -> int:
+        return self.text_config.num_hidden_layers
+
+    @property
+    def video_token_id(self) -> int:
+        return self.model.config.image_token_id
+
+    @property
+    def spatial_merge_size(self) -> int:
+        """Patch rows and columns per token side: 2 for the pixel shuffle at ratio 0.5."""
+        return round(1 / self.model.config.downsample_ratio)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """0: positions carry no time (1-D RoPE)."""
+        return 0.0
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.processor.tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    @property
+    def max_positions(self) -> int:
+        return self.text_config.max_position_embeddings
+
+    @property
+    def rope_inv_freq(self) -> torch.Tensor:
+        """(head_dim / 2,) fp32 inverse frequencies of the decoder's RoPE."""
+        return self.model.model.language_model.rotary_emb.inv_freq.float()
+
+    @property
+    def patch_grid(self) -> tuple[int, int]:
+        """(h, w) patches of one frame (32, 32 for 448x448 frames in 14x14 patches)."""
+        size, patch = self.vision_config.image_size, self.vision_config.patch_size
+        return size[0] // patch[0], size[1] // patch[1]
+
+    def set_vision(self, vision: VisionConfig) -> None:
+        """Patch rows per tower call from ``vision.chunk_rows`` (unset: one call per share);
+        the other settings are Qwen2.5-VL's tower's (:mod:`apbv.model.tower`): the stock
+        InternViT runs as it is."""
+        self.chunk_rows = vision.chunk_rows or 0
+
+    def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
+                       ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """Frames (F, 3, H, W) uint8 of any size -> the stock video processor's pixel values
+        (F, 3, 448, 448) (resized, rescaled and normalised) and the (F, h, w) patch grid.
+        ``levels`` is not supported (the processor resizes: it always gives float rows)."""
+        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
+                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
+            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
+                   else type(frames).__name__)
+            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
+        if levels:
+            raise ValueError(f"{FAMILY} frames are processed by its processor: no pixel levels")
+        processed = self.processor.video_processor(videos=[frames], do_sample_frames=False,
+                                                   return_tensors="pt")
+        pixels = processed["pixel_values_videos"][0]
+        return pixels, (pixels.shape[0], *self.patch_grid)
+
+    def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        return self.process_frames(frames)
+
+    def frames_per_chunk(self, height: int, width: int) -> int:
+        """Frames per chunk of :meth:`encode_frames`: about :attr:`chunk_rows` patch rows
+        (else the pipeline's chunk), at least one frame (frames are resized to 448x448
+        whatever ``height`` and ``width``)."""
+        rows = self.patch_grid[0] * self.patch_grid[1]
+        return max(1, (self.chunk_rows or PIPELINE_CHUNK_ROWS) // rows)
+
+    def vision_tower(self, pixel_values: torch.Tensor,
+                     grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
+        """Pixel values (F, 3, 448, 448) of whole frames -> embeddings (F * 256, hidden) in
+        frame order: InternViT, pixel shuffle and projector per frame (the stock
+        ``get_image_features``), :attr:`chunk_rows` patch rows per call."""
+        frames = int(torch.as_tensor(grid_thw).reshape(-1, 3)[:, 0].sum())
+        if pixel_values.dim() != 4 or pixel_values.shape[0] != frames:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
+                             f"{torch.as_tensor(grid_thw).tolist()} ({frames} frames)")
+        per_call = self.frames_per_chunk(0, 0) if self.chunk_rows else frames
+        outs = []
+        for first in range(0, frames, per_call):
+            rows = pixel_values[first:first + per_call].to(self.device, self.dtype)
+            out = tower_output(self.model.model.get_image_features(pixel_values=rows))
+            outs.append(out.reshape(-1, out.shape[-1]))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
+                      overlap: bool | None = None) -> torch.Tensor:
+        """Frame chunks (uint8 (k, 3, H, W), in order) -> embeddings (n_tokens, hidden), equal
+        to ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
+        try:
+            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
+        finally:
+            if (close := getattr(chunks, "close", None)) is not None:
+                close()
+        if not outs:
+            raise ValueError("encode_frames got no frames")
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def prompt_ids(self, question: str, num_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ids (N,) and query ids (Q,) of the chat prompt over ``num_frames`` frames,
+        as the stock processor builds them (``<video>`` -> ``Frame1: <img>`` 256 x
+        ``<IMG_CONTEXT>`` ``</img>``, frames joined by a new line); the question is tokenized
+        apart as plain text (:func:`apbv.sequence.text_ids`), the query starts with it."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be a non-empty string")
+        tokenizer = self.processor.tokenizer
+        messages = [{"role": "user", "content": [{"type": "video"},
+                                                 {"type": "text", "text": _QUESTION}]}]
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+        video, start, end = (tokenizer.video_token, tokenizer.start_image_token,
+                             tokenizer.end_image_token)
+        if text.count(video) != 1 or text.count(_QUESTION) != 1 or \
+                text.find(video) > text.find(_QUESTION):
+            raise ValueError(f"the chat template must place one {video} before the question; "
+                             f"it rendered {text!r}")
+        context, query = text.split(_QUESTION)
+        context_token = tokenizer.context_image_token
+        frames = "\n".join(f"Frame{i + 1}: {start}{context_token}{end}"
+                           for i in range(num_frames))
+        ids = tokenizer(context.replace(video, frames), add_special_tokens=False)["input_ids"]
+        per_frame = self.model.config.image_seq_length
+        context_ids = [t for i in ids for t in
+                       ([i] * per_frame if i == self.video_token_id else [i])]
+        query_ids = text_ids(tokenizer, question) + \
+            tokenizer(query, add_special_tokens=False)["input_ids"]
+        return (torch.tensor(context_ids, dtype=torch.long),
+                torch.tensor(query_ids, dtype=torch.long))
+
+    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
+        """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,); the video
+        tokens are one run of 256 per frame (:meth:`video_runs`)."""
+        runs = self.video_runs(ids)
+        return runs[0][0], sum(end - start for start, end in runs)
+
+    def video_runs(self, ids: torch.Tensor) -> list[tuple[int, int]]:
+        """[start, end) of each frame's run of ``<IMG_CONTEXT>`` tokens in ``ids`` (T,)."""
+        runs = video_token_runs(ids, self.video_token_id)
+        if not runs:
+            raise ValueError(f"expected video tokens ({self.video_token_id}) in the prompt")
+        return runs
+
+    def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
+                  second_per_grid_t: float) -> torch.Tensor:
+        """(3, 1, T) 1-D RoPE positions 0..T-1 of the prompt ``ids`` (T,), in three equal rows
+        (the video's grid and time do not move them)."""
+        return torch.arange(len(ids)).view(1, 1, -1).expand(3, 1, -1).clone()
+
+    def on_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.device else t.to(self.device)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (1, T) -> embeddings (1, T, hidden)."""
+        return self.model.model.language_model.embed_tokens(self.on_device(ids))
+
+    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T) (the
+        first row is the 1-D position) or (1, T); attention through the installed
+        :class:`apbv.context.AttentionContext`."""
+        if position_ids.dim() == 3:
+            position_ids = position_ids[0]
+        out = self.model.model.language_model(inputs_embeds=inputs_embeds,
+                                              position_ids=self.on_device(position_ids),
+                                              use_cache=False)
+        return out.last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden)
+
+
+def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
+         vision: VisionConfig | None = None) -> InternVL:
+    """Load an InternVL3 checkpoint directory (no downloads). Checked first: a wrong or
+    incomplete directory, or a decoder other than :data:`TEXT_MODEL_TYPES`, is a ValueError
+    before any weight is read."""
+    from apbv.config import VisionConfig
+    from apbv.model.checkpoint import read_config
+
+    path = validate_checkpoint(path, {MODEL_TYPE: FAMILY})
+    text_type = (read_config(path).get("text_config") or {}).get("model_type")
+    if text_type not in TEXT_MODEL_TYPES:
+        raise ValueError(f"{str(path)!r} has a {text_type!r} decoder; {FAMILY} runs "
+                         f"{', '.join(TEXT_MODEL_TYPES)}")
+    check_version()
+    register_attention()
+    hf_logging.disable_progress_bar()
+    model = InternVLForConditionalGeneration.from_pretrained(
+        path, local_files_only=True,
+        attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
+        **dtype_kwargs(dtype))
+    model.to(device).eval()
+    adapter = InternVL(model=model, processor=AutoProcessor.from_pretrained(
+        path, local_files_only=True))
+    adapter.set_vision(vision or VisionConfig())
+    return adapter

@@ -1,0 +1,152 @@
+"""The tiny InternVL3 (apbv.model.internvl) against transformers' own, on 1, 2 and 3 gloo ranks.
+
+The reference is the stock ``InternVLForConditionalGeneration`` (SDPA) with the stock processor
+on the same frames: its ``generate`` (greedy) and its first-token logits. apbv's side: the
+adapter's prompt ids and pixel values (equal to the processor's), the vision tower on each
+rank's whole frames (the shares, concatenated, equal the stock image features), the ZigZag
+exact plan over the ranks with apbv's prefill and distributed greedy decode (fp32 logits
+within 1e-4, the same tokens), on a prompt whose length divides by neither 2 nor 3. The
+engine itself does not route InternVL's per-frame video runs yet (see apbv.model.internvl), so
+each rank places the gathered embeddings before taking its shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from apbv.distributed import DistInfo, spawn_local
+from apbv.engine.decode import decode_reserve
+from apbv.engine.prefill import prefill
+from apbv.engine.runner import finish_answer
+from apbv.layout import shard
+from apbv.model.internvl import InternVL, load
+from apbv.modes import get_mode
+from apbv.plan import patch_ranges
+from apbv.timing import StageTimer
+
+QUESTION = "Which colour comes after the blue one?"
+NUM_FRAMES = 3
+NEW_TOKENS = 6
+WORLD_SIZES = (1, 2, 3)
+LOGIT_TOL = 1e-4  # fp32: attention split over ranks reorders sums
+CPU = torch.device("cpu")
+
+
+def _frames() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(3)
+    return torch.randint(0, 256, (NUM_FRAMES, 3, 120, 160), dtype=torch.uint8,
+                         generator=generator)
+
+
+@pytest.fixture(scope="module")
+def internvl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from apbv.model.tiny_internvl import write_tiny_internvl
+
+    return write_tiny_internvl(tmp_path_factory.mktemp("model") / "tiny-internvl3")
+
+
+@pytest.fixture(scope="module")
+def reference(internvl_dir: Path) -> dict:
+    """transformers alone: the stock processor, model and greedy ``generate``."""
+    from transformers import AutoProcessor, InternVLForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
+    hf = InternVLForConditionalGeneration.from_pretrained(
+        internvl_dir, local_files_only=True, attn_implementation="sdpa").eval()
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[_frames()], return_tensors="pt")
+    with torch.inference_mode():
+        out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+        logits = hf(**inputs).logits[0, -1].float()
+        features = hf.model.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output
+    ids = inputs["input_ids"][0]
+    return {"ids": ids, "pixels": inputs["pixel_values"], "logits": logits,
+            "tokens": out[0, len(ids):].tolist(), "features": features.reshape(-1, 96)}
+
+
+def _world_job(adapter: InternVL, info: DistInfo) -> dict:
+    """One world size: this rank's frame share through the tower, then exact and spava."""
+    context_ids, query_ids = adapter.prompt_ids(QUESTION, NUM_FRAMES)
+    ids = torch.cat([context_ids, query_ids])
+    pixels, grid = adapter.process_frames(_frames())
+    first, end = patch_ranges(NUM_FRAMES, info.world_size)[info.rank]  # whole frames
+    with torch.inference_mode():
+        local = adapter.vision_tower(pixels[first:end], (end - first, *grid[1:]))
+    shares: list = [local]
+    if info.world_size > 1:
+        shares = [None] * info.world_size
+        dist.all_gather_object(shares, local, group=info.group)
+    video = torch.cat(shares)
+    out: dict = {"ids": ids, "pixels": pixels, "vision": local}
+    for mode in ("exact", "spava"):
+        plan = get_mode(mode).plan(len(context_ids), len(query_ids), info.world_size)
+        positions = adapter.positions(ids, grid, 0.0)
+        with torch.inference_mode():
+            embeds = adapter.embed(ids.unsqueeze(0))
+            embeds[ids.unsqueeze(0) == adapter.video_token_id] = video
+            logits, cache = prefill(adapter, shard(embeds, plan, info.rank),
+                                    shard(positions, plan, info.rank, dim=2), plan, info,
+                                    reserve=decode_reserve(NEW_TOKENS, None)[0])
+            tokens, _, _ = finish_answer(adapter, logits, int(positions.max()) + 1, cache, info,
+                                         StageTimer(CPU, info.group), choices=None, choice_ids=None,
+                                         max_new_tokens=NEW_TOKENS, kernel=None)
+        out[mode] = {"logits": logits, "tokens": tokens}
+    return out
+
+
+def _rank_job(info: DistInfo, model_dir: str) -> dict:
+    """World sizes 1..3 in one spawn: ranks [0, k) form world k (a subgroup), the model is
+    loaded once per process."""
+    adapter = load(model_dir, device=CPU, dtype=torch.float32)
+    groups = {k: dist.new_group(list(range(k))) for k in WORLD_SIZES}  # every rank, up front
+    return {k: _world_job(adapter, dataclasses.replace(info, world_size=k, group=groups[k]))
+            for k in WORLD_SIZES if info.rank < k}
+
+
+@pytest.fixture(scope="module")
+def per_world(internvl_dir: Path) -> dict:
+    """world size -> the per-rank results of that world."""
+    per_rank = spawn_local(_rank_job, max(WORLD_SIZES), (str(internvl_dir),), timeout_s=600,
+                           collective_timeout_s=120)
+    return {k: [r[k] for r in per_rank[:k]] for k in WORLD_SIZES}
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_exact_matches_transformers(world_size: int, per_world: dict, reference: dict) -> None:
+    length = len(reference["ids"])
+    assert length % 2 and length % 3, f"pick a prompt whose length ({length}) divides by neither"
+    per_rank = per_world[world_size]
+    assert torch.equal(per_rank[0]["ids"], reference["ids"]), "ids differ from the processor's"
+    assert torch.equal(per_rank[0]["pixels"], reference["pixels"])
+    vision = torch.cat([r["vision"] for r in per_rank])
+    err = (vision - reference["features"]).abs().max().item()
+    assert err <= 1e-5, f"frame-parallel vision vs the stock image features: max err {err:.2e}"
+    for rank, r in enumerate(per_rank):
+        err = (r["exact"]["logits"] - reference["logits"]).abs().max().item()
+        assert err <= LOGIT_TOL, (f"rank {rank}/{world_size}: exact first-token logits vs "
+                                  f"transformers: max err {err:.2e} > {LOGIT_TOL:g}")
+        assert r["exact"]["tokens"] == reference["tokens"], (rank, r["exact"]["tokens"],
+                                                             reference["tokens"])
+        assert r["spava"]["tokens"] == per_rank[0]["spava"]["tokens"]
+    assert len(reference["tokens"]) == NEW_TOKENS and len(set(reference["tokens"])) > 1
+
+
+def test_chunked_tower_and_frame_chunks_match(internvl_dir: Path, reference: dict) -> None:
+    """One frame per tower call (``vision.chunk_rows`` = one frame's 1024 patch rows) and
+    frames handed over in chunks give the stock image features."""
+    adapter = load(internvl_dir, device=CPU, dtype=torch.float32)
+    adapter.chunk_rows = 32 * 32
+    frames = _frames()
+    with torch.inference_mode():
+        chunked = adapter.vision_tower(*adapter.tower_rows(frames))
+        pieces = adapter.encode_frames([frames[:2], frames[2:]])
+    for got in (chunked, pieces):
+        err = (got - reference["features"]).abs().max().item()
+        assert err <= 1e-5, f"max err {err:.2e}"
