@@ -59,6 +59,13 @@ class VideoModel(Protocol):
     ``.video_processor``."""
     chunk_rows: int
     """Patch rows per vision-tower call (0: the rank's share in one call)."""
+    preprocess: str
+    """How frames become patch rows (``vision.preprocess``: levels, fused or processor); the
+    memory preflight counts its rows' bytes."""
+
+    @property
+    def embeds_levels(self) -> bool:
+        """Whether the patch embedding takes uint8 pixel levels (one byte a value) itself."""
 
     @property
     def family(self) -> str:

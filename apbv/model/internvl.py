@@ -53,6 +53,9 @@ class InternVL:
     processor: Any
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole frames; 0: the share in one call)."""
+    preprocess: str = "processor"
+    """Frames become patch rows through the stock processor (float rows)."""
+    embeds_levels: bool = False
 
     @property
     def family(self) -> str:
