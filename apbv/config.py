@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from apbv.modes import MODE_NAMES
-from apbv.validate import integer, number, one_of
+from apbv.validate import boolean, integer, number, one_of, string
 
 if TYPE_CHECKING:
     from apbv.video import VideoSpec
@@ -73,16 +73,6 @@ PATCH_EMBED = ("linear", "conv")
 (the stock Conv3d)."""
 
 
-def _boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
-
-
-def _string(name: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
-
-
 @dataclass
 class ModelConfig:
     path: str = ""
@@ -91,7 +81,7 @@ class ModelConfig:
     """Weights and activations: auto = bfloat16 on CUDA, float32 on CPU."""
 
     def __post_init__(self) -> None:
-        _string("model.path", self.path)
+        string("model.path", self.path)
         one_of("model.dtype", self.dtype, DTYPES)
 
 
@@ -168,17 +158,13 @@ class VideoConfig:
                              "set both or neither")
 
     def spec(self, path: str) -> VideoSpec:
-        """The sampling request for one video file."""
+        """The sampling request for one video file (every field but where frames are resized,
+        which is the engine's, carries over by name)."""
         from apbv.video import VideoSpec
 
-        return VideoSpec(path=path, fps=self.fps, nframes=self.nframes,
-                         min_frames=self.min_frames, max_frames=self.max_frames,
-                         min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-                         total_pixels=self.total_pixels, video_start=self.video_start,
-                         video_end=self.video_end, resized_height=self.resized_height,
-                         resized_width=self.resized_width, backend=self.backend,
-                         decode=self.decode, decode_threads=self.decode_threads,
-                         snap_to_keyframes=self.snap_to_keyframes)
+        return VideoSpec(path=path, **{f.name: getattr(self, f.name)
+                                       for f in dataclasses.fields(self)
+                                       if f.name != "resize_device"})
 
 
 @dataclass
@@ -300,7 +286,7 @@ class VisionConfig:
         integer("vision.chunk_rows", self.chunk_rows, 0, optional=True)
         one_of("vision.preprocess", self.preprocess, PREPROCESS)
         integer("vision.preprocess_workers", self.preprocess_workers, 1)
-        _boolean("vision.pipeline", self.pipeline)
+        boolean("vision.pipeline", self.pipeline)
 
 
 @dataclass
@@ -313,11 +299,6 @@ class RuntimeConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
-
-
-def _section_types() -> dict[str, type]:
-    hints = get_type_hints(RuntimeConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(RuntimeConfig)}
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
@@ -380,9 +361,10 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Runtime
     """
     data: dict[str, dict[str, Any]] = {}
     if preset:
-        with open(resolve_preset(preset), "rb") as f:
+        path = resolve_preset(preset)
+        with open(path, "rb") as f:
             data = tomllib.load(f)
-        _model_path_from(resolve_preset(preset), data)
+        _model_path_from(path, data)
     video = data.get("video")
     if isinstance(video, dict) and "nframes" in video and "fps" not in video:
         video["fps"] = None
@@ -398,7 +380,8 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Runtime
                 values[other] = None
             layered.add(name)
         values[name] = value
-    sections = _section_types()
+    hints = get_type_hints(RuntimeConfig)
+    sections = {f.name: hints[f.name] for f in dataclasses.fields(RuntimeConfig)}
     kwargs = {}
     for section, values in data.items():
         if section not in sections:
@@ -412,7 +395,3 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Runtime
                 raise ValueError(f"unknown key {section}.{name}; allowed: {', '.join(names)}")
         kwargs[section] = cls(**values)
     return RuntimeConfig(**kwargs)
-
-
-def to_dict(cfg: RuntimeConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

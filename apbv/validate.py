@@ -18,6 +18,18 @@ def one_of(name: str, value: Any, allowed: Sequence[Any]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
+def boolean(name: str, value: Any) -> None:
+    """ValueError unless ``value`` is a bool: "NAME must be true or false, got VALUE (TYPE)"."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
+
+
+def string(name: str, value: Any) -> None:
+    """ValueError unless ``value`` is a str: "NAME must be a string, got VALUE (TYPE)"."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
+
+
 def check_int(name: str, value: object, minimum: int) -> int:
     """``value`` if it is an int (not a bool) >= ``minimum``, else ValueError naming ``name``
     ("NAME must be an integer, got ..." or "NAME must be >= MINIMUM, got ...")."""

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from apbv import comm
-from apbv.config import AttentionConfig, RuntimeConfig, to_dict
+from apbv.config import AttentionConfig, RuntimeConfig
 from apbv.eval.data import (
     BENCHMARKS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -268,7 +268,7 @@ def _write_results(spec: EvalSpec, cfg: RuntimeConfig, plan: _Plan, rows: list[R
         "gen_kwargs": generation,
         "apbv": {"spec": dataclasses.asdict(spec), "settings": plan.settings,
                  "annotation": str(annotation_path(spec.bench, spec.data_dir, spec.annotation)),
-                 "world_size": world, "runtime": to_dict(cfg)},
+                 "world_size": world, "runtime": dataclasses.asdict(cfg)},
     }
     results = results_document(spec.bench, rows, total=plan.total, config=config,
                                generation=generation, compared=spec.compare is not None)

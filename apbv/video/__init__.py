@@ -38,11 +38,13 @@ selection (torchcodec first, then a silent fallback to torchvision's ``read_vide
 torchvision 0.29 removed) is never used. decord, PyAV, qwen-vl-utils and torchvision (the
 ``video`` extra) are imported only when needed, so ``import apbv.video`` works without them.
 
-Layout: :mod:`apbv.video.sampling` (the data types and the pure sampling rules),
-:mod:`apbv.video.decoders` (decord and PyAV readers with their file checks) and
-:mod:`apbv.video.load` (probe and frame-parallel loading). The public names are re-exported here.
+Layout: :mod:`apbv.video.sampling` (the request and sampling types and the pure sampling
+rules), :mod:`apbv.video.frames` (decoded frames' types), :mod:`apbv.video.decoders` (decord and
+PyAV readers with their file checks) and :mod:`apbv.video.load` (probe and frame-parallel
+loading). The public names are re-exported here.
 """
 
+from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.load import (
     VideoIdentity,
     decoded_rank_frames,
@@ -56,8 +58,6 @@ from apbv.video.sampling import (
     DECODE_MODES,
     DEVICE_BACKENDS,
     TEMPORAL_PATCH_SIZE,
-    DecodedVideo,
-    RankFrames,
     Sampling,
     VideoMeta,
     VideoSpec,

@@ -12,10 +12,9 @@ import torch
 from apbv.plan import Range, patch_ranges
 from apbv.validate import check_int
 from apbv.video.decoders import _open, _Reader
+from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.sampling import (
     TEMPORAL_PATCH_SIZE,
-    DecodedVideo,
-    RankFrames,
     Sampling,
     VideoMeta,
     VideoSpec,
