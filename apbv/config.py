@@ -12,15 +12,10 @@ or a bare word for a string: ``attention.mode=exact``).
 from __future__ import annotations
 
 import dataclasses
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from apbv.modes import MODE_NAMES
 from apbv.validate import boolean, integer, number, one_of, string

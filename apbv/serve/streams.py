@@ -137,7 +137,7 @@ class Streams:
             await asyncio.wait_for(asyncio.to_thread(source.probe), PROBE_TIMEOUT_S)
         except ValueError as exc:
             raise ClientError(400, f"source: {exc}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ClientError(504, f"source: probing {path!r} took over {PROBE_TIMEOUT_S:g} s"
                               ) from None
         return path, source
