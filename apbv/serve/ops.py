@@ -39,41 +39,40 @@ class Generate:
         return self.request.max_new_tokens
 
 
-@dataclass(frozen=True)
-class OpenStream:
-    stream_id: str
-    spec: StreamSpec
+class _StreamOp:
+    """A live stream's operation on every rank: no answer to stream, no tokens to generate."""
+
     answers: ClassVar[bool] = False
-    what: ClassVar[str] = "open"
     max_tokens: ClassVar[int] = 0
 
 
 @dataclass(frozen=True)
-class Append:
+class OpenStream(_StreamOp):
+    stream_id: str
+    spec: StreamSpec
+    what: ClassVar[str] = "open"
+
+
+@dataclass(frozen=True)
+class Append(_StreamOp):
     """Frames (uint8 (F, 3, H, W) at the stream's size) and their timestamps (seconds)."""
 
     stream_id: str
     frames: torch.Tensor
     timestamps: tuple[float, ...]
-    answers: ClassVar[bool] = False
     what: ClassVar[str] = "append"
-    max_tokens: ClassVar[int] = 0
 
 
 @dataclass(frozen=True)
-class CloseStream:
+class CloseStream(_StreamOp):
     stream_id: str
-    answers: ClassVar[bool] = False
     what: ClassVar[str] = "close"
-    max_tokens: ClassVar[int] = 0
 
 
 @dataclass(frozen=True)
-class DescribeStream:
+class DescribeStream(_StreamOp):
     stream_id: str
-    answers: ClassVar[bool] = False
     what: ClassVar[str] = "describe"
-    max_tokens: ClassVar[int] = 0
 
 
 Op = Generate | OpenStream | Append | CloseStream | DescribeStream
