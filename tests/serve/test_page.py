@@ -143,7 +143,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
                             for c in picked["apbv"]["choices"]]
 
             page.fill("#choices", "")
-            page.select_option("#compare", "exact")  # the same question in a second mode
+            page.select_option("#compare", label="exact")  # the same question in a second mode
             page.click("#ask")
             page.wait_for_selector('#status[data-state="done"]')
             assert page.is_visible("#run-b") and page.text_content("#mode-shown-b") == \
@@ -151,7 +151,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
             parts = page.locator("#stages-b .stage").evaluate_all(
                 "segs => segs.map(s => s.dataset.part)")
             assert parts[0] == "queue" and parts[-1] == "decode" and "ttft" in parts
-            page.select_option("#compare", "")
+            page.select_option("#compare", label="none")
 
             page.fill("#key", "wrong")
             page.click("#ask")
