@@ -106,7 +106,7 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
     """Answer ``requests`` (:func:`read_requests`) into ``out`` with ``engine`` (every rank
     calls it alike; rank 0 writes); returns the number of failed rows in ``out``."""
     from apbv.eval.store import OutputLock, ResultLog
-    from apbv.serve import api
+    from apbv.serve import api, responses
     from apbv.serve.download import MediaStore, discard
     from apbv.serve.http_guard import error_body
     from apbv.serve.policy import ClientError, Limits, MediaPolicy
@@ -143,8 +143,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
                                           api_model(item["body"], cfg))
                     api.check_request(call.request, limits, processor)
                     result = engine.generate(call.request)
-                    status, body = 200, api.completion(call, _completion_id(cid), result, 0.0,
-                                                       tokenizer=processor.tokenizer)
+                    status, body = 200, responses.completion(call, _completion_id(cid), result, 0.0,
+                                                             tokenizer=processor.tokenizer)
                 except ClientError as exc:
                     status, body = exc.status, error_body(exc.status, exc.message, exc.param)
                 except ValueError as exc:  # the engine's refusal, raised on every rank

@@ -55,7 +55,37 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if value is not None:  # as TOML: floats keep nan/inf (json writes NaN, Infinity)
             text = repr(value).lower() if isinstance(value, float) else json.dumps(value)
             overrides.append(f"{key}={text}")
-    return load_config(args.config, overrides)  # --nframes replaces the preset's fps
+    return load_config(config_name(args.config), overrides)  # --nframes replaces its fps
+
+
+def preset_alias(name: str) -> str | None:
+    """The config preset that ``name`` means when it spells a model as ``plan --preset`` does
+    (``qwen2.5-vl-7b``: ``qwen2_5_vl_7b_8gpu``, the one preset of that model); None when
+    ``name`` is a preset itself, a path, or names no preset's model; ValueError naming the
+    presets when several match."""
+    from apbv.config import preset_names
+
+    names = preset_names()
+    stem = name.strip().lower().replace(".", "_").replace("-", "_")
+    if name in names or name.endswith(".toml") or not stem:
+        return None
+    found = [n for n in names if n == stem or (n.startswith(stem + "_") and
+                                                n[len(stem) + 1:].removesuffix("gpu").isdigit())]
+    if len(found) > 1:
+        raise ValueError(f"--config {name!r} names the model of several presets: "
+                         f"{', '.join(found)}; give one of them")
+    return found[0] if found else None
+
+
+def config_name(name: str | None) -> str | None:
+    """``--config``'s preset: ``name``, or the preset it spells as ``plan --preset`` does
+    (:func:`preset_alias`), with a note on stderr."""
+    alias = preset_alias(name) if name else None
+    if alias is None:
+        return name
+    print(f"note: --config {name!r} read as {alias!r} (the configs' spelling of that model)",
+          file=sys.stderr)
+    return alias
 
 
 def require_model(cfg: Any) -> None:

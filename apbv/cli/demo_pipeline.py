@@ -5,7 +5,8 @@ By default it asks the tiny Qwen2.5-VL trained on synthetic needle videos (shipp
 video of about 8k prompt tokens (:mod:`apbv.synthetic.needles`; frames made in memory and handed to
 the engine already decoded), starts ``world_size`` gloo ranks, loads the engine on each, and answers
 in spava and in exact mode. It prints the question, the right answer, each mode's answer (marked
-right or wrong) with its TTFT breakdown, and whether the two modes agree.
+right or wrong) with its TTFT breakdown, and whether the two modes agree. With ``--json`` that
+report goes to stderr and stdout holds only one JSON line (as ``generate --json``).
 
 With ``--video FILE`` it answers a question about that file instead, with the configured model
 (by default the tiny random checkpoint, written once under .cache/, whose answers are noise:
@@ -14,6 +15,7 @@ that run shows the machinery and the agreement only).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -78,8 +80,9 @@ def run_pipeline_demo(
     cfg: RuntimeConfig, *, world_size: int, video: str | None, question: str | None,
     as_json: bool, model_given: bool = False,
 ) -> bool:
-    """Run the demo and print its report; returns whether spava and exact gave the same tokens
-    (spava is approximate: they may differ, which is not an error).
+    """Run the demo and print its report (to stderr with ``as_json``: stdout then holds only
+    the JSON line); returns whether spava and exact gave the same tokens (spava is approximate:
+    they may differ, which is not an error).
 
     Without ``video``: the needle video, and the trained tiny checkpoint unless
     ``model_given``. With ``video``: that file and ``cfg``'s model."""
@@ -108,33 +111,34 @@ def run_pipeline_demo(
         timeout_s=1800, collective_timeout_s=cfg.parallel.timeout_s,
     )[0]
     first = results[0]
-    print(f"question: {question!r}")
+    say = functools.partial(print, file=sys.stderr if as_json else sys.stdout)
+    say(f"question: {question!r}")
     if expected is not None:
-        print(f"video: {shown}\nright answer: {expected!r}")
-    print(f"prompt: {first['context_len']} context + {first['query_len']} query tokens from "
-          f"{first['frames']} frames; anchor {first['anchor_len']}, passing "
-          f"{first['passing_len']} per block; {world_size} ranks")
+        say(f"video: {shown}\nright answer: {expected!r}")
+    say(f"prompt: {first['context_len']} context + {first['query_len']} query tokens from "
+        f"{first['frames']} frames; anchor {first['anchor_len']}, passing "
+        f"{first['passing_len']} per block; {world_size} ranks")
     stages = list(first["seconds"])
-    print(f"\n{'mode':<7} {'TTFT s':>7} " + " ".join(f"{s:>11}" for s in stages) + "  answer")
+    say(f"\n{'mode':<7} {'TTFT s':>7} " + " ".join(f"{s:>11}" for s in stages) + "  answer")
     for r in results:
         times = " ".join(f"{r['seconds'][s]:>11.3f}" for s in stages)
         mark = "" if expected is None else (
             "  (right)" if r["answer"].strip() == expected else "  (WRONG)")
-        print(f"{r['mode']:<7} {r['ttft_s']:>7.3f} {times}  {r['answer']!r}{mark}")
+        say(f"{r['mode']:<7} {r['ttft_s']:>7.3f} {times}  {r['answer']!r}{mark}")
     spava, exact = results
     agree = spava["token_ids"] == exact["token_ids"]
     same = next((i for i, (a, b) in enumerate(zip(spava["token_ids"], exact["token_ids"]))
                  if a != b), min(len(spava["token_ids"]), len(exact["token_ids"])))
-    print(f"\nvideo embeddings moved between ranks: {first['embedding_bytes']} bytes "
-          f"(an all-gather would move {first['allgather_bytes']})")
-    print(f"spava tokens: {spava['token_ids']}\nexact tokens: {exact['token_ids']}")
+    say(f"\nvideo embeddings moved between ranks: {first['embedding_bytes']} bytes "
+        f"(an all-gather would move {first['allgather_bytes']})")
+    say(f"spava tokens: {spava['token_ids']}\nexact tokens: {exact['token_ids']}")
     if agree:
-        print("spava and exact agree on every token")
+        say("spava and exact agree on every token")
     else:
         note = ("this checkpoint has random weights, which amplify any approximation"
                 if expected is None else "spava's attention is approximate")
-        print(f"spava and exact agree on the first {same} token(s); {note} (exact mode is the "
-              "one that must match full attention, and the tests check that it does)")
+        say(f"spava and exact agree on the first {same} token(s); {note} (exact mode is the "
+            "one that must match full attention, and the tests check that it does)")
     if as_json:
         print(json.dumps({"question": question, "expected": expected, "results": results,
                           "agree": agree}))

@@ -2,11 +2,13 @@
 
 :mod:`apbv.serve.policy` (media policy, limits; pure), :mod:`apbv.serve.bodies` (strict JSON
 bodies), :mod:`apbv.serve.http_guard` (Host check, read deadlines, answers at shutdown),
-:mod:`apbv.serve.api` (chat requests in, responses and stream chunks out),
+:mod:`apbv.serve.chat_body` and :mod:`apbv.serve.api` (chat requests in),
+:mod:`apbv.serve.responses` and :mod:`apbv.serve.sse` (answers and stream chunks out),
 :mod:`apbv.serve.admission` (the queue and deadline admission), :mod:`apbv.serve.ops` (the one
 typed operation that crosses Ray), :mod:`apbv.serve.group` (the rank actors),
 :mod:`apbv.serve.replicas` (each group's queue and worker), :mod:`apbv.serve.streams` and
 :mod:`apbv.serve.stream_registry` (live streams: routes; open streams and their budget),
-:mod:`apbv.serve.app` (routes, metrics), :mod:`apbv.serve.main` (``python -m apbv serve``).
+:mod:`apbv.serve.metrics` (Prometheus metrics), :mod:`apbv.serve.app` (routes),
+:mod:`apbv.serve.main` (``python -m apbv serve``).
 The server imports the engine; the engine never imports the server.
 """

@@ -1,8 +1,9 @@
-"""The HTTP front end: FastAPI routes, API key, the bounded admission queue, metrics.
+"""The HTTP front end: FastAPI routes, API key, the bounded admission queue.
 
-The metrics keep vLLM's names under an ``apbv:`` prefix with a ``model_name`` label (a vLLM
-dashboard reads them), beside apbv's own per-stage and per-replica ones; ``/metrics`` is open
-(as vLLM's and SGLang's: keep it behind the network's firewall) unless ``protect_metrics``.
+The metrics (:mod:`apbv.serve.metrics`) are served at ``/metrics``, open (as vLLM's and
+SGLang's: keep it behind the network's firewall) unless ``protect_metrics``; a request body is
+read as :mod:`apbv.serve.api` parses it, the answer shaped by :mod:`apbv.serve.responses`, or
+streamed by :mod:`apbv.serve.sse`.
 
 One :class:`Server` owns the replicas (:mod:`apbv.serve.replicas`: R rank groups, each with a
 bounded queue and one worker): requests are validated here (media policy, limits; remote media
@@ -22,31 +23,24 @@ import hmac
 import json
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from apbv import package_version
-from apbv.serve import api, page
+from apbv.serve import api, page, responses, sse
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
-from apbv.serve.detok import IncrementalText
+from apbv.serve.chat_body import ChatBody
 from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.http_guard import HostRule, HttpGuard, error_body
+from apbv.serve.metrics import Metrics
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
 from apbv.serve.streams import StreamOptions, Streams
@@ -55,87 +49,11 @@ if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
     from apbv.engine.request import Result
     from apbv.serve.group import RankGroup
-
-BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
-TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-"""Seconds between two generated tokens (vLLM's inter-token buckets, and longer ones)."""
-
+P = ParamSpec("P")
+T = TypeVar("T")
 log = logging.getLogger("apbv.serve")
 IGNORED_SHOWN = 32
 """Ignored fields named in the log and the header at most (the response lists them all)."""
-
-
-class Metrics:
-    def __init__(self, model_name: str = "apbv") -> None:
-        self.registry = CollectorRegistry()
-        self.model_name = model_name
-        r = self.registry
-        label = ["model_name"]
-        # vLLM's metrics, under apbv: (a chat request's, from its admission on)
-        self.request_ttft = Histogram("apbv:time_to_first_token_seconds", "Time to first "
-                                      "token, queue included", label, buckets=BUCKETS,
-                                      registry=r)
-        self.e2e = Histogram("apbv:e2e_request_latency_seconds", "Admission to the last token",
-                             label, buckets=BUCKETS, registry=r)
-        self.request_queue = Histogram("apbv:request_queue_time_seconds", "Time queued before "
-                                       "the ranks", label, buckets=BUCKETS, registry=r)
-        self.itl = Histogram("apbv:inter_token_latency_seconds", "Time between two generated "
-                             "tokens", label, buckets=TOKEN_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("apbv:prompt_tokens", "Prompt tokens of answered "
-                                     "requests", label, registry=r)
-        self.generation_tokens = Counter("apbv:generation_tokens", "Generated tokens", label,
-                                         registry=r)
-        self.num_running = Gauge("apbv:num_requests_running", "Requests on the ranks", label,
-                                 registry=r)
-        self.num_waiting = Gauge("apbv:num_requests_waiting", "Requests queued", label,
-                                 registry=r)
-        # apbv's own
-        self.ttft = Histogram("apbv_ttft_seconds", "Time to first token", buckets=BUCKETS,
-                              registry=r)
-        self.queue_wait = Histogram("apbv_queue_wait_seconds", "Time queued before the ranks",
-                                    buckets=BUCKETS, registry=r)
-        self.stage = Histogram("apbv_stage_seconds", "Seconds per engine stage", ["stage"],
-                               buckets=BUCKETS, registry=r)
-        self.requests = Counter("apbv_requests", "Requests by outcome", ["outcome"], registry=r)
-        self.cache_hits = Counter("apbv_vision_cache_hits", "Vision-embedding cache hits",
-                                  registry=r)
-        self.rebuilds = Counter("apbv_group_rebuilds", "Rank-group rebuilds", registry=r)
-        self.queue_depth = Gauge("apbv_replica_queue_depth", "Requests waiting per replica",
-                                 ["replica"], registry=r)
-        self.running = Gauge("apbv_replica_running", "Requests running per replica (0 or 1)",
-                             ["replica"], registry=r)
-        self.replica_ready = Gauge("apbv_replica_ready", "1 while the replica is ready",
-                                   ["replica"], registry=r)
-        self.replica_stalled = Gauge("apbv_replica_stalled", "1 while a rank of the replica "
-                                     "does not answer (its job ran past its prediction)",
-                                     ["replica"], registry=r)
-        self.ttft_scale = Gauge("apbv_ttft_model_scale", "Measured / cost-model TTFT learned "
-                                "per replica (deadline admission's correction)", ["replica"],
-                                registry=r)
-        self.decode_s = Gauge("apbv_decode_token_seconds", "Seconds per generated token learned "
-                              "per replica (deadline admission's decode time)", ["replica"],
-                              registry=r)
-
-    def observe_request(self, job: Job, result: Any) -> None:
-        """A chat request's vLLM metrics, once it is answered: its times from its admission
-        (``job.enqueued``), the gaps between its tokens' arrivals, its token counts."""
-        name, now = self.model_name, time.monotonic()
-        started = job.started if job.started is not None else now
-        times = job.token_times
-        first = times[0] if times else started + result.ttft_s
-        self.request_queue.labels(name).observe(started - job.enqueued)
-        self.request_ttft.labels(name).observe(first - job.enqueued)
-        self.e2e.labels(name).observe(now - job.enqueued)
-        for before, after in zip(times, times[1:], strict=False):
-            self.itl.labels(name).observe(after - before)
-        self.prompt_tokens.labels(name).inc(result.context_len + result.query_len)
-        self.generation_tokens.labels(name).inc(len(result.token_ids))
-
-    def count_load(self, replicas: list[Replica]) -> None:
-        """Set the running and waiting gauges from the replicas' queues."""
-        self.num_running.labels(self.model_name).set(
-            sum(r.admission.running is not None for r in replicas))
-        self.num_waiting.labels(self.model_name).set(sum(len(r.admission) for r in replicas))
 
 
 @dataclass
@@ -226,10 +144,10 @@ class Server:
         finally:
             self.downloads.discard(task)
 
-    async def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the request-check threads (:attr:`checks`)."""
+    async def _checked(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the request-check threads (:attr:`checks`)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self.checks, functools.partial(fn, *args))
+            self.checks, functools.partial(fn, *args, **kwargs))
 
     def observe(self, result: Result) -> None:
         self.metrics.ttft.observe(result.ttft_s)
@@ -238,7 +156,7 @@ class Server:
         if getattr(result, "vision_cache_hit", False):
             self.metrics.cache_hits.inc()
 
-    def _drop(self, job: Job) -> bool:
+    def drop(self, job: Job) -> bool:
         """Drop a job still waiting (its download deleted); False if it already started."""
         if job.replica.admission.drop(job):
             discard(job.downloaded)
@@ -293,7 +211,7 @@ class Server:
         except BaseException:
             discard(call.downloaded)
             raise
-        cid = api.completion_id()
+        cid = responses.completion_id()
         job.replica, job.name = replica, cid
         headers = {}
         if call.ignored:  # accepted, not acted on (as vLLM): said in a header and the log
@@ -305,12 +223,12 @@ class Server:
                                 include_usage=call.include_usage)
             response.headers.update(headers)
             return response
-        result, wait = await self._wait(job, request)
+        result, wait = await self.outcome(job, request)
         self.metrics.observe_request(job, result)
-        return JSONResponse(api.completion(call, cid, result, wait, replica.index,
+        return JSONResponse(responses.completion(call, cid, result, wait, replica.index,
                                            self.processor.tokenizer), headers=headers)
 
-    async def _wait(self, job: Job, request: Request) -> tuple[Any, float]:
+    async def outcome(self, job: Job, request: Request) -> tuple[Result, float]:
         """The job's outcome; a client gone while its job is still queued drops the job, and
         one gone while it runs cancels its decode (the ranks stop at the next token)."""
         while True:
@@ -318,92 +236,16 @@ class Server:
             if done:
                 return job.future.result()
             if not job.cancel.is_set() and await request.is_disconnected():
-                if job.started is None and self._drop(job):
+                if job.started is None and self.drop(job):
                     raise ClientError(499, "the client disconnected while queued")
                 job.cancel.set()
 
     def sse(self, job: Job, cid: str, request: Request, model: str,
             stop_texts: tuple[str, ...] = (), include_usage: bool = False,
-            **apbv: Any) -> StreamingResponse:
+            **apbv: object) -> StreamingResponse:
         """The answer of a job admitted with ``sse``, as chat.completion.chunk server-sent
-        events (text that may begin one of ``stop_texts`` is held back until it is known not
-        to); ``apbv`` adds fields to the last chunk's ``apbv`` block; ``include_usage``: the
-        usage follows in its own event with no choices."""
-        return StreamingResponse(self._sse(job, cid, request, model, stop_texts, include_usage,
-                                           apbv), media_type="text/event-stream")
-
-    async def _sse(self, job: Job, cid: str, request: Request, model: str,
-                   stop_texts: tuple[str, ...], include_usage: bool,
-                   extra: dict[str, Any]) -> AsyncIterator[bytes]:
-        """The events of :meth:`sse`. A client that leaves ends the generator (its job
-        dropped or cancelled): nothing is raised past it, so nothing is logged as an error."""
-        tokenizer = self.processor.tokenizer
-        sent: list[str] = []
-
-        def event(payload: dict) -> bytes:
-            return f"data: {json.dumps(payload)}\n\n".encode()
-
-        waiter = asyncio.ensure_future(self._wait(job, request))
-        try:
-            yield event(api.chunk(model, cid, {"role": "assistant", "content": ""}))
-            try:
-                async for piece in self._deltas(job, waiter, tokenizer, stop_texts):
-                    sent.append(piece)
-                    yield event(api.chunk(model, cid, {"content": piece}))
-                result, wait = await waiter
-            except ClientError as exc:
-                yield event(error_body(exc.status, exc.message, exc.param))
-                yield b"data: [DONE]\n\n"
-                return
-            if isinstance(job.call, api.ChatCall):
-                self.metrics.observe_request(job, result)
-            text = "".join(sent)
-            if result.answer.startswith(text) and len(result.answer) > len(text):
-                yield event(api.chunk(model, cid, {"content": result.answer[len(text):]}))
-            yield event(api.chunk(model, cid, {}, result.finish_reason,
-                                  api.logprobs(result, tokenizer),
-                                  apbv={**api.apbv_block(result, wait, job.replica.index),
-                                        **extra}))
-            if include_usage:
-                yield event(api.usage_chunk(model, cid, result))
-            yield b"data: [DONE]\n\n"
-        finally:  # the client went away: a job still waiting is dropped, a running one stopped
-            if job.started is None:
-                self._drop(job)
-            if not job.future.done():
-                job.cancel.set()
-            if not waiter.done():
-                waiter.cancel()
-            elif not waiter.cancelled():
-                waiter.exception()  # retrieved: asyncio logs no "never retrieved" error
-
-    @staticmethod
-    async def _deltas(job: Job, waiter: asyncio.Future, tokenizer: Any,
-                      stop_texts: tuple[str, ...]) -> AsyncIterator[str]:
-        """New text as tokens arrive (:class:`~apbv.serve.detok.IncrementalText`: the same
-        work per token however long the answer; held back while it ends inside a UTF-8
-        sequence or with what could begin a stop text; nothing from the first stop text
-        on)."""
-        text = IncrementalText(tokenizer, stop_texts)
-        assert job.tokens is not None, "a job streams its tokens only when admitted with sse"
-        while True:
-            assert job.tokens is not None, "a streamed job has a token queue"
-            getter = asyncio.ensure_future(job.tokens.get())
-            try:
-                await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
-            finally:  # also when the client left meanwhile: no task is left pending
-                got = getter.done()
-                if not got:
-                    getter.cancel()
-            if not got:
-                while not job.tokens.empty():  # tokens put before the outcome was set
-                    piece = text.add(job.tokens.get_nowait())
-                    if piece:
-                        yield piece
-                return
-            piece = text.add(getter.result())
-            if piece:
-                yield piece
+        events (:func:`apbv.serve.sse.respond`)."""
+        return sse.respond(self, job, cid, request, model, stop_texts, include_usage, apbv)
 
     def _routes(self) -> FastAPI:
         app = FastAPI(title="apbv", version=package_version(), docs_url="/docs",
@@ -417,7 +259,7 @@ class Server:
 
         @app.post("/v1/chat/completions", openapi_extra={"requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": api.ChatBody.model_json_schema()}}}})
+            "content": {"application/json": {"schema": ChatBody.model_json_schema()}}}})
         async def chat(request: Request) -> Response:
             """An OpenAI chat completion about one video (the body's schema: ChatBody); the
             body is read and checked by the server itself (strict JSON, --max-body-bytes)."""

@@ -51,10 +51,10 @@ def decode_json(body: bytes) -> Any:
     return value
 
 
-def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
+def check_tree(value: object, max_depth: int = MAX_DEPTH) -> None:
     """ClientError(400) if ``value`` (decoded JSON) nests deeper than ``max_depth`` or holds a
     lone surrogate in a string or key; walked without recursion."""
-    stack: list[tuple[Any, tuple, int]] = [(value, (), 1)]
+    stack: list[tuple[object, tuple, int]] = [(value, (), 1)]
     while stack:
         item, path, depth = stack.pop()
         if isinstance(item, dict | list):

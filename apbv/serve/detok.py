@@ -12,11 +12,21 @@ it only, so no step rescans the answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import tokenizers
 
 TAIL_TOKENS = 6
 """Tokens of context the fallback decoder decodes before a new one (a character split over
 more byte tokens than that is rare; a longer one is still right, only held back longer)."""
+
+
+class Tokenizer(Protocol):
+    """What the server needs of a tokenizer (a ``transformers`` tokenizer has it): token ids
+    to text."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
 
 
 class _TailDecoder:
@@ -25,7 +35,7 @@ class _TailDecoder:
     minus the decode of the tail before it (``read`` tokens), once it no longer ends in an
     incomplete UTF-8 sequence; then only :data:`TAIL_TOKENS` tokens are kept."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.read = 0
@@ -44,7 +54,7 @@ class _TailDecoder:
 class _Backend:
     """``tokenizers``' ``DecodeStream`` over a fast tokenizer's backend."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: tokenizers.Tokenizer):
         from tokenizers.decoders import DecodeStream
 
         self.stream, self.backend = DecodeStream(skip_special_tokens=True), backend
@@ -53,7 +63,7 @@ class _Backend:
         return self.stream.step(self.backend, token)
 
 
-def _decoder(tokenizer: Any) -> _Backend | _TailDecoder:
+def _decoder(tokenizer: Tokenizer) -> _Backend | _TailDecoder:
     """:class:`_Backend` when the tokenizer has a fast backend (and ``tokenizers`` its
     ``DecodeStream``), else :class:`_TailDecoder`."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -68,7 +78,7 @@ def _decoder(tokenizer: Any) -> _Backend | _TailDecoder:
 class IncrementalText:
     """The sendable text of an answer streamed token by token (see the module's doc)."""
 
-    def __init__(self, tokenizer: Any, stop_texts: Sequence[str] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop_texts: Sequence[str] = ()):
         self.decoder = _decoder(tokenizer)
         self.stop_texts = tuple(stop_texts)
         self.hold = max(map(len, self.stop_texts), default=1) - 1

@@ -3,8 +3,11 @@
 The page is one self-contained HTML file (no external assets) shipped in ``static/``: it lists
 the videos under the media roots, sends a question (and optional choices) to
 ``/v1/chat/completions`` with ``stream: true`` and the API key typed into it as a Bearer token,
-and shows the answer as it streams, the choice probabilities and the TTFT stages of the
-response's ``apbv`` block as one horizontal bar.
+and shows the answer as it streams, the choice probabilities and the time of the response's
+``apbv`` block as one horizontal bar in three parts: the queue wait, the stages up to the first
+token (:data:`apbv.timing.TTFT_STAGES`) and the decode after it. A second mode may be chosen to
+compare with: the same question is then asked in that mode after the first, and the two
+answers are shown side by side.
 
 ``GET /v1/media`` needs the API key like every ``/v1`` route and lists only what a request
 could name: regular video files under a root whose real path (symlinks followed) stays under a
@@ -14,6 +17,7 @@ root, as paths relative to their root, each with the ``file://`` URL a request s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -65,7 +69,16 @@ def list_media(policy: MediaPolicy, limit: int = MAX_LISTED) -> dict[str, Any]:
 
 
 def page_html() -> str:
-    return resources.files("apbv.serve").joinpath("static/index.html").read_text("utf-8")
+    """The page, with the runtime's mode names and TTFT stages filled into its script."""
+    from apbv.modes import MODE_NAMES
+    from apbv.timing import TTFT_STAGES
+
+    html = resources.files("apbv.serve").joinpath("static/index.html").read_text("utf-8")
+    for name, values in (("MODES", MODE_NAMES), ("TTFT_STAGES", TTFT_STAGES)):
+        mark = f"/*APBV:{name}*/[]"
+        assert html.count(mark) == 1, f"the page's script lacks {mark}"
+        html = html.replace(mark, json.dumps(list(values)))
+    return html
 
 
 def register(app: FastAPI, server: Server) -> None:

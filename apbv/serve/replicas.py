@@ -53,7 +53,7 @@ STALL_POLL_S = 2.0
 
 if TYPE_CHECKING:
     from apbv.serve.api import ChatCall
-    from apbv.serve.app import Metrics
+    from apbv.serve.metrics import Metrics
     from apbv.serve.ops import Outcome
 
 

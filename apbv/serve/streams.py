@@ -31,7 +31,7 @@ from apbv.capture import Source, local_source, stream_frame_size
 from apbv.engine.request import Request as EngineRequest
 from apbv.engine.request import StreamRef
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve import api
+from apbv.serve import chat_body, responses
 from apbv.serve.bodies import check_url
 from apbv.serve.frames import parse_push, resize_to
 from apbv.serve.ops import DescribeStream, Generate, OpenStream
@@ -68,11 +68,11 @@ class Streams:
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
                                          tuple[int, int] | None]:
         limits = self.server.opt.limits
-        fps = api.typed_field(body, "fps", (int, float))
-        width = api.typed_field(body, "width", (int,), 1)
-        height = api.typed_field(body, "height", (int,), 1)
-        min_pixels = api.typed_field(body, "min_pixels", (int,), 1)
-        max_pixels = api.typed_field(body, "max_pixels", (int,), 1)
+        fps = chat_body.typed_field(body, "fps", (int, float))
+        width = chat_body.typed_field(body, "width", (int,), 1)
+        height = chat_body.typed_field(body, "height", (int,), 1)
+        min_pixels = chat_body.typed_field(body, "min_pixels", (int,), 1)
+        max_pixels = chat_body.typed_field(body, "max_pixels", (int,), 1)
         if (width is None) != (height is None):
             raise ClientError(400, "width and height go together (the native size of the "
                                    "frames you will push), or neither (the first push fixes it)")
@@ -84,9 +84,9 @@ class Streams:
             spec = StreamSpec(
                 height=size[0] if size else 28, width=size[1] if size else 28,
                 fps=2.0 if fps is None else fps,
-                window_s=api.typed_field(body, "window_s", (int, float)),
-                window_tokens=api.typed_field(body, "window_tokens", (int,)),
-                keep_vision=bool(api.typed_field(body, "keep_vision", (bool,))))
+                window_s=chat_body.typed_field(body, "window_s", (int, float)),
+                window_tokens=chat_body.typed_field(body, "window_tokens", (int,)),
+                keep_vision=bool(chat_body.typed_field(body, "keep_vision", (bool,))))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         if spec.window_s is not None and not math.isfinite(spec.window_s * spec.fps):
@@ -187,11 +187,11 @@ class Streams:
             raise ClientError(400, "question must be a non-empty string")
         limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                      "the question's length in characters")
-        max_tokens = api.typed_field(body, "max_tokens", (int,), 1) or \
+        max_tokens = chat_body.typed_field(body, "max_tokens", (int,), 1) or \
             self.server.cfg.generate.max_new_tokens
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
-        fresh = bool(api.typed_field(body, "fresh", (bool,)))
-        streamed = bool(api.typed_field(body, "stream", (bool,)))
+        fresh = bool(chat_body.typed_field(body, "fresh", (bool,)))
+        streamed = bool(chat_body.typed_field(body, "stream", (bool,)))
         try:  # the engine's Request checks, as for a chat request
             ask = EngineRequest.from_config(
                 self.server.cfg, StreamRef(stream_id, fresh), question,
@@ -207,7 +207,7 @@ class Streams:
             raise ClientError(400, "stream and choices do not go together: a closed-vocabulary "
                                    "answer is one scored choice, not a token stream")
         live.asks += 1
-        model, cid = self.server.opt.model_name, api.completion_id()
+        model, cid = self.server.opt.model_name, responses.completion_id()
         if streamed:
             job = self.registry.admit(live, Generate(ask), sse=True)
             job.future.add_done_callback(
@@ -215,7 +215,7 @@ class Streams:
                 self.server.observe(f.result()[0]))
             return self.server.sse(job, cid, request, model, stop_texts, stream=live.id)
         result, wait = await self.registry.run(live, Generate(ask))
-        out = api.answer(model, cid, result, wait, live.replica.index)
+        out = responses.answer(model, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
         self.server.observe(result)
         return JSONResponse(out)

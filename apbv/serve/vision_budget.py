@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+    from apbv.serve.policy import Limits
 
 FREE_SHARE = 0.25
 """The share of a rank's spare memory the default vision cache takes."""
@@ -21,7 +25,7 @@ QUERY_TOKENS = 64
 """Query tokens assumed for the largest admitted request (its context takes the rest)."""
 
 
-def default_vision_gb(cfg: Any, limits: Any, world_size: int, ranks_on_host: int,
+def default_vision_gb(cfg: RuntimeConfig, limits: Limits, world_size: int, ranks_on_host: int,
                       use_gpu: bool) -> tuple[float, str]:
     """(GiB per rank, the sentence that says how it was chosen) for ``cfg``'s model under
     ``limits`` (:class:`apbv.serve.policy.Limits`) on ``world_size`` ranks per replica."""
@@ -47,7 +51,8 @@ def default_vision_gb(cfg: Any, limits: Any, world_size: int, ranks_on_host: int
                 f"at most {MAX_DEFAULT_GB:g} GiB; --vision-cache-gb sets it, 0 turns it off)")
 
 
-def largest_request_bytes(cfg: Any, limits: Any, world_size: int, use_gpu: bool) -> int:
+def largest_request_bytes(cfg: RuntimeConfig, limits: Limits, world_size: int,
+                          use_gpu: bool) -> int:
     """The peak bytes of the heaviest rank for the largest request ``limits`` admit
     (``max_prompt_tokens``, ``max_frames``, ``max_pixels_per_frame``, ``max_tokens``), the
     model's weights included (in ``model.dtype``; ``auto``: bf16 on GPUs, fp32 on CPUs)."""

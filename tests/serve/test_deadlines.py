@@ -19,9 +19,9 @@ pytest.importorskip("ray")
 
 from apbv.serve import replicas as replicas_module  # noqa: E402
 from apbv.serve.admission import DECODE_BOUNDS, LEARN_RATE, Admission  # noqa: E402
-from apbv.serve.api import typed_field  # noqa: E402
-from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.chat_body import typed_field  # noqa: E402
 from apbv.serve.group import RankGroup, RankLost, describe_lost  # noqa: E402
+from apbv.serve.metrics import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError  # noqa: E402
 from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
 

@@ -3,7 +3,8 @@
 The listing and the page's route are checked on the FastAPI app without ranks; the page itself
 is driven headless by playwright in a system Chromium against the real server (2 CPU rank
 actors, the tiny model): its streamed answer must equal the API's answer to the same request,
-and its stage bar must name the response's stages. That test skips, saying why, where
+and its time bar must name the queue and the response's stages; a second mode asked beside
+the first shows its own answer and bar. That test skips, saying why, where
 playwright or a Chromium binary is missing (``APBV_CHROMIUM`` names one explicitly).
 """
 
@@ -129,7 +130,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
             assert page.text_content("#answer") == plain["answer"]
             stages = page.locator("#stages .stage").evaluate_all(
                 "segs => segs.map(s => s.dataset.stage)")
-            assert stages == list(plain["apbv"]["seconds"]) and len(stages) >= 2
+            assert stages == ["queue", *plain["apbv"]["seconds"]] and len(stages) >= 3
             assert page.locator("#legend").text_content().startswith(stages[0])
 
             page.fill("#choices", "red, blue")
@@ -140,6 +141,17 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
                 "rows => rows.map(r => [r.dataset.choice, r.cells[2].textContent])")
             assert rows == [[c["text"], f"{100 * c['prob']:.1f} %"]
                             for c in picked["apbv"]["choices"]]
+
+            page.fill("#choices", "")
+            page.select_option("#compare", label="exact")  # the same question in a second mode
+            page.click("#ask")
+            page.wait_for_selector('#status[data-state="done"]')
+            assert page.is_visible("#run-b") and page.text_content("#mode-shown-b") == \
+                "mode exact"
+            parts = page.locator("#stages-b .stage").evaluate_all(
+                "segs => segs.map(s => s.dataset.part)")
+            assert parts[0] == "queue" and parts[-1] == "decode" and "ttft" in parts
+            page.select_option("#compare", label="none")
 
             page.fill("#key", "wrong")
             page.click("#ask")

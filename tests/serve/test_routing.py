@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from apbv.serve.admission import Admission  # noqa: E402
-from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.metrics import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
 from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
 from apbv.video import (

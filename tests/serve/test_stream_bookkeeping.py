@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 from apbv.engine.request import Request, StreamRef  # noqa: E402
 from apbv.engine.stream_plan import StreamSpec  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
-from apbv.serve.app import Metrics  # noqa: E402
+from apbv.serve.metrics import Metrics  # noqa: E402
 from apbv.serve.ops import Generate  # noqa: E402
 from apbv.serve.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.replicas import Replica  # noqa: E402

@@ -150,7 +150,7 @@ def test_record_is_the_log_softmax_and_its_top():
 def test_openai_logprobs_shape():
     from types import SimpleNamespace
 
-    from apbv.serve.api import logprobs
+    from apbv.serve.responses import logprobs
 
     class Tok:
         def decode(self, ids):
@@ -200,14 +200,14 @@ def test_a_client_leaving_mid_answer_leaves_no_task_pending(tokenizer):
     import asyncio
     from types import SimpleNamespace
 
-    from apbv.serve.app import Server
+    from apbv.serve.sse import deltas as read_deltas
 
     ids = tokenizer.encode("magenta", add_special_tokens=False)
 
     async def leave_early() -> list:
         job = SimpleNamespace(tokens=asyncio.Queue())
         waiter = asyncio.get_running_loop().create_future()
-        deltas = Server._deltas(job, waiter, tokenizer, ())
+        deltas = read_deltas(job, waiter, tokenizer, ())
         job.tokens.put_nowait(ids[0])
         first = await deltas.__anext__()
         reading = asyncio.ensure_future(deltas.__anext__())
@@ -232,6 +232,6 @@ def test_a_client_leaving_mid_answer_leaves_no_task_pending(tokenizer):
         for token in ids:
             job.tokens.put_nowait(token)
         waiter.set_result(None)
-        return "".join([piece async for piece in Server._deltas(job, waiter, tokenizer, ())])
+        return "".join([piece async for piece in read_deltas(job, waiter, tokenizer, ())])
 
     assert asyncio.run(answer_ends()) == "magenta"

@@ -1,0 +1,118 @@
+"""Server-sent events of a streamed answer: OpenAI's ``chat.completion.chunk`` events as the
+tokens of a job arrive, then the last chunk (finish reason, logprobs, the ``apbv`` block), the
+usage in its own event when asked, and ``[DONE]``.
+
+:func:`respond` is the response of one job admitted with ``sse`` (a chat request's or a live
+stream's ask); the text of each event comes from :class:`~apbv.serve.detok.IncrementalText`,
+so each token costs the same however long the answer already is. A client that leaves ends the
+events: its job is dropped while it waits or cancelled while it runs, and nothing is raised
+past the generator (no asyncio error in the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from apbv.serve import responses
+from apbv.serve.api import ChatCall
+from apbv.serve.detok import IncrementalText, Tokenizer
+from apbv.serve.http_guard import error_body
+from apbv.serve.policy import ClientError
+
+if TYPE_CHECKING:
+    from apbv.serve.admission import Job
+    from apbv.serve.app import Server
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: dict) -> bytes:
+    """One server-sent event holding ``payload`` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def respond(server: Server, job: Job, cid: str, request: Request, model: str,
+            stop_texts: tuple[str, ...] = (), include_usage: bool = False,
+            extra: Mapping[str, object] | None = None) -> StreamingResponse:
+    """The answer of ``job`` (admitted with ``sse``) as server-sent events: text that may begin
+    one of ``stop_texts`` is held back until it is known not to; ``extra`` adds fields to the
+    last chunk's ``apbv`` block; ``include_usage``: the usage follows in its own event with no
+    choices."""
+    return StreamingResponse(_events(server, job, cid, request, model, stop_texts,
+                                     include_usage, dict(extra or {})),
+                             media_type="text/event-stream")
+
+
+async def _events(server: Server, job: Job, cid: str, request: Request, model: str,
+                  stop_texts: tuple[str, ...], include_usage: bool,
+                  extra: dict[str, object]) -> AsyncIterator[bytes]:
+    """The events of :func:`respond`."""
+    tokenizer = server.processor.tokenizer
+    sent: list[str] = []
+    waiter = asyncio.ensure_future(server.outcome(job, request))
+    try:
+        yield event(responses.chunk(model, cid, {"role": "assistant", "content": ""}))
+        try:
+            async for piece in deltas(job, waiter, tokenizer, stop_texts):
+                sent.append(piece)
+                yield event(responses.chunk(model, cid, {"content": piece}))
+            result, wait = await waiter
+        except ClientError as exc:
+            yield event(error_body(exc.status, exc.message, exc.param))
+            yield DONE
+            return
+        if isinstance(job.call, ChatCall):
+            server.metrics.observe_request(job, result)
+        text = "".join(sent)
+        if result.answer.startswith(text) and len(result.answer) > len(text):
+            yield event(responses.chunk(model, cid, {"content": result.answer[len(text):]}))
+        yield event(responses.chunk(model, cid, {}, result.finish_reason,
+                                    responses.logprobs(result, tokenizer),
+                                    apbv={**responses.apbv_block(result, wait,
+                                                                 job.replica.index),
+                                          **extra}))
+        if include_usage:
+            yield event(responses.usage_chunk(model, cid, result))
+        yield DONE
+    finally:  # the client went away: a job still waiting is dropped, a running one stopped
+        if job.started is None:
+            server.drop(job)
+        if not job.future.done():
+            job.cancel.set()
+        if not waiter.done():
+            waiter.cancel()
+        elif not waiter.cancelled():
+            waiter.exception()  # retrieved: asyncio logs no "never retrieved" error
+
+
+async def deltas(job: Job, waiter: asyncio.Future, tokenizer: Tokenizer,
+                 stop_texts: tuple[str, ...]) -> AsyncIterator[str]:
+    """New text as tokens arrive (:class:`~apbv.serve.detok.IncrementalText`: the same work
+    per token however long the answer; held back while it ends inside a UTF-8 sequence or with
+    what could begin a stop text; nothing from the first stop text on)."""
+    text = IncrementalText(tokenizer, stop_texts)
+    assert job.tokens is not None, "a job streams its tokens only when admitted with sse"
+    while True:
+        assert job.tokens is not None, "a streamed job has a token queue"
+        getter = asyncio.ensure_future(job.tokens.get())
+        try:
+            await asyncio.wait([getter, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the client left meanwhile: no task is left pending
+            got = getter.done()
+            if not got:
+                getter.cancel()
+        if not got:
+            while not job.tokens.empty():  # tokens put before the outcome was set
+                piece = text.add(job.tokens.get_nowait())
+                if piece:
+                    yield piece
+            return
+        piece = text.add(getter.result())
+        if piece:
+            yield piece
