@@ -97,14 +97,14 @@ def test_a_job_failed_by_lost_ranks_forgets_the_stream_streamed_or_not():
         for stream in (True, False):
             live = _add(streams, replica, "s", idle_for=0.0)
             live.generation = replica.generation
-            job = streams.registry.admit(live, _asked("What is shown?"), stream=stream)
+            job = streams.registry.admit(live, _asked("What is shown?"), sse=stream)
             replica.generation += 1  # a rank died while the job waited
             job.future.set_exception(ClientError(410, "lost"))
             await asyncio.sleep(0)  # the done-callbacks run
             kept.append("s" in streams.registry.live)
             job.future.exception()  # retrieved: no "never retrieved" warning
         other = _add(streams, replica, "t")
-        job = streams.registry.admit(other, _asked("q"), stream=True)
+        job = streams.registry.admit(other, _asked("q"), sse=True)
         job.future.set_exception(ClientError(400, "bad question"))  # ranks still the same
         await asyncio.sleep(0)
         job.future.exception()
