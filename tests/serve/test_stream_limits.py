@@ -77,7 +77,7 @@ def test_a_request_being_handled_or_a_dropped_job_and_the_idle_clock():
         done()
         after_request = await _closed_after(streams, "s")
         live = _add(streams, replica, "t", idle_for=5.0)
-        job = streams.registry.admit(live, _asked("What is shown?"), stream=True)
+        job = streams.registry.admit(live, _asked("What is shown?"), sse=True)
         assert await _kept_while(streams, "t", 0.4)
         assert replica.admission.drop(job)  # what the SSE writer does for a gone client
         return handled, after_request, await _closed_after(streams, "t")

@@ -92,7 +92,8 @@ def test_generate_with_choices_json(capsys, tiny_model_dir, short_video) -> None
             str(short_video), "--question", "What is shown?", "--mode", "exact",
             "--choices", "yes", "--choices", "no", "--choices", "red square", "--json"]
     assert main(args) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()  # --json: the JSON alone on stdout, the report on stderr
+    out, report = captured.out, captured.err
     result = json.loads(out.strip().splitlines()[-1])
     table = result["choices"]
     assert [(c["text"], c["tokens"]) for c in table] == [("yes", 1), ("no", 1),
@@ -102,7 +103,7 @@ def test_generate_with_choices_json(capsys, tiny_model_dir, short_video) -> None
     best = max(table, key=lambda c: c["prob"])
     assert result["answer"] == best["text"] and len(result["token_ids"]) == best["tokens"]
     for c in table:
-        assert f"choice {c['text']!r}: p={c['prob']:.4f}" in out
+        assert f"choice {c['text']!r}: p={c['prob']:.4f}" in report
     assert main(args[:-7] + ["--choices", "yes"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: choices must hold 2 .. 64 choices, got 1"]
