@@ -151,12 +151,12 @@ def test_pipeline_demo(capsys, tiny_model_dir, short_video) -> None:
     args = ["demo", "--set", f"model.path={str(tiny_model_dir)!r}", "--video",
             str(short_video), "--max-new-tokens", "2", "--json"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    report = json.loads(out.strip().splitlines()[-1])
+    captured = capsys.readouterr()  # --json: the JSON alone on stdout, the report on stderr
+    report = json.loads(captured.out)
     assert [r["mode"] for r in report["results"]] == ["spava", "exact"]
     assert report["agree"] == (report["results"][0]["token_ids"]
                                == report["results"][1]["token_ids"])
-    assert "spava and exact" in out
+    assert "spava and exact" in captured.err
 
 
 def test_ttft_benchmark_emits_json_table_and_plot(tmp_path) -> None:
