@@ -38,7 +38,10 @@ from apbv.model.tower import (
     set_tower,
     tower_chunks,
 )
+from apbv.plan import Range
 from apbv.positions import mrope_positions, video_token_runs
+from apbv.sequence import build_prompt
+from apbv.video import Sampling, VideoMeta, VideoSpec, plan_sampling
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
     levels_to_rows,
@@ -65,6 +68,8 @@ class QwenVL:
     preprocess_workers: int = 1
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
+    streams: bool = True
+    """Live streams (:mod:`apbv.engine.stream`) run this family."""
 
     @property
     def embeds_levels(self) -> bool:
@@ -179,6 +184,28 @@ class QwenVL:
                              f"{self.video_token_id}), found {found}")
         start, end = runs[0]
         return start, end - start
+
+    def video_runs(self, ids: torch.Tensor) -> list[Range]:
+        """The one run [start, end) of video tokens in a 1-D prompt ``ids`` (T,)."""
+        start, length = self.video_span(ids)
+        return [(start, start + length)]
+
+    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
+        """qwen-vl-utils' frame choice and resize (:func:`apbv.video.plan_sampling`)."""
+        return plan_sampling(spec, meta)
+
+    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
+        """The processor's ``video_grid_thw`` of the sampled, resized frames."""
+        return sampling.grid_thw
+
+    def prompt(self, question: str, video_grid: tuple[int, int, int],
+               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ids (N,) with one run of ``(t * h * w) / merge**2`` video tokens for the
+        patch grid ``video_grid`` (t, h, w), and query ids (Q,)
+        (:func:`apbv.sequence.build_prompt`)."""
+        t, h, w = video_grid
+        merge = self.spatial_merge_size
+        return build_prompt(self.processor, question, t * (h // merge) * (w // merge), system)
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float) -> torch.Tensor:
