@@ -22,6 +22,7 @@ from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.front import QwenRules
 from apbv.model.hf_compat import (
     check_version,
     dtype_kwargs,
@@ -40,8 +41,7 @@ from apbv.model.tower import (
 )
 from apbv.plan import Range
 from apbv.positions import mrope_positions, video_token_runs
-from apbv.sequence import build_prompt
-from apbv.video import Sampling, VideoMeta, VideoSpec, plan_sampling
+from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
     levels_to_rows,
@@ -192,20 +192,18 @@ class QwenVL:
 
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
         """qwen-vl-utils' frame choice and resize (:func:`apbv.video.plan_sampling`)."""
-        return plan_sampling(spec, meta)
+        return QwenRules(self.processor).plan_sampling(spec, meta)
 
     def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
         """The processor's ``video_grid_thw`` of the sampled, resized frames."""
-        return sampling.grid_thw
+        return QwenRules(self.processor).video_grid(sampling)
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Context ids (N,) with one run of ``(t * h * w) / merge**2`` video tokens for the
         patch grid ``video_grid`` (t, h, w), and query ids (Q,)
         (:func:`apbv.sequence.build_prompt`)."""
-        t, h, w = video_grid
-        merge = self.spatial_merge_size
-        return build_prompt(self.processor, question, t * (h // merge) * (w // merge), system)
+        return QwenRules(self.processor).prompt(question, video_grid, system)
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float) -> torch.Tensor:

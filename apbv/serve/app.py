@@ -41,6 +41,7 @@ from prometheus_client import (
 )
 
 from apbv import package_version
+from apbv.model.families import family_of
 from apbv.serve import api, page
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
@@ -427,7 +428,8 @@ class Server:
         async def models(request: Request) -> dict:
             self.authorize(request)
             return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
-                                                "created": 0, "owned_by": "apbv"}]}
+                                                "created": 0, "owned_by": "apbv",
+                                                "family": family_of(self.cfg.model.path).name}]}
 
         @app.get("/version")
         async def version() -> dict:

@@ -11,7 +11,8 @@ The engine end to end (``Engine.generate`` on a video file, the checkpoint loade
 family registry): the stock processor's frame choice on the decoded file (``num_frames``, its
 own resize) and greedy ``generate`` are the reference; exact mode's tokens and first-token
 logits equal it on 1, 2 and 3 ranks (each rank encodes whole frames, the per-frame runs of
-video tokens are routed to their owners), and spava answers alike on every rank.
+video tokens are routed to their owners), and spava answers alike on every rank; a live
+stream and a decoded-frames request (Qwen2.5-VL's frame geometry) are refused clearly.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.decode import decode_reserve
 from apbv.engine.engine import Engine
 from apbv.engine.prefill import prefill
+from apbv.engine.request import Request
 from apbv.engine.runner import finish_answer
+from apbv.engine.stream_plan import StreamSpec
 from apbv.layout import shard
 from apbv.model.internvl import InternVL, load
 from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
+from apbv.video import DecodedVideo
 
 QUESTION = "Which colour comes after the blue one?"
 NUM_FRAMES = 3
@@ -119,7 +123,15 @@ def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
                                            max_new_tokens=NEW_TOKENS))
     spava = engine.generate(engine.request(video, QUESTION, mode="spava",
                                            max_new_tokens=NEW_TOKENS))
-    return {"exact": exact, "spava": spava.token_ids}
+    refused = []  # Qwen2.5-VL's frame geometry: refused before any work, on every rank
+    for attempt in (lambda: engine.open_stream("s", StreamSpec(height=56, width=56)),
+                    lambda: engine.generate(Request(DecodedVideo(
+                        torch.zeros(2, 3, 56, 56, dtype=torch.uint8), 2.0), QUESTION,
+                        "exact"))):
+        with pytest.raises(ValueError) as info:
+            attempt()
+        refused.append(str(info.value))
+    return {"exact": exact, "spava": spava.token_ids, "refused": refused}
 
 
 def _world_job(adapter: InternVL, info: DistInfo) -> dict:
@@ -210,6 +222,9 @@ def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
         assert exact.token_ids == file_reference["tokens"], (rank, exact.token_ids,
                                                              file_reference["tokens"])
         assert r["engine"]["spava"] == per_world[world_size][0]["engine"]["spava"]
+        stream, decoded = r["engine"]["refused"]
+        assert "live streams run Qwen2.5-VL" in stream and "InternVL3" in stream
+        assert "InternVL3 answers video files" in decoded
         assert len(r["engine"]["spava"]) >= 1
     if world_size > 1:
         assert per_world[world_size][0]["engine"]["exact"].embedding_bytes > 0
@@ -228,3 +243,22 @@ def test_chunked_tower_and_frame_chunks_match(internvl_dir: Path, reference: dic
     for got in (chunked, pieces):
         err = (got - reference["features"]).abs().max().item()
         assert err <= 1e-5, f"max err {err:.2e}"
+
+
+def test_cost_prompt_geometry_is_the_engines(internvl_dir: Path) -> None:
+    """The cost model's video_start and context length of a video prompt, as the engine
+    builds the prompt."""
+    from transformers import AutoProcessor
+
+    from apbv import cost
+    from apbv.cost.internvl import INTERNVL_VIDEO_START
+    from apbv.model.internvl_prompt import internvl_prompt_ids
+
+    dims = cost.checkpoint_dims(internvl_dir)
+    assert dims.video_start == INTERNVL_VIDEO_START == cost.preset_dims("internvl3-8b").video_start
+    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
+    for frames in (1, 4, 9):
+        context, _ = internvl_prompt_ids(processor, "What happens?", frames)
+        assert cost.video_context_len(dims, frames, (16, 16)) == len(context), frames
+    video = context.tolist().index(processor.tokenizer.context_image_token_id)
+    assert video == dims.video_start

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apbv.model.internvl import internvl_sampling
+from apbv.model.internvl_prompt import internvl_sampling
 from apbv.video import VideoMeta, VideoSpec
 
 SIZE = (448, 448)
