@@ -11,7 +11,8 @@ The engine end to end (``Engine.generate`` on a video file, the checkpoint loade
 family registry): the stock processor's frame choice on the decoded file (``num_frames``, its
 own resize) and greedy ``generate`` are the reference; exact mode's tokens and first-token
 logits equal it on 1, 2 and 3 ranks (each rank encodes whole frames, the per-frame runs of
-video tokens are routed to their owners), and spava answers alike on every rank; a live
+video tokens are routed to their owners), also with ``vision.pipeline`` (a frame per chunk),
+and spava answers alike on every rank; a live
 stream and a decoded-frames request (Qwen2.5-VL's frame geometry) are refused clearly.
 """
 
@@ -123,6 +124,9 @@ def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
                                            max_new_tokens=NEW_TOKENS))
     spava = engine.generate(engine.request(video, QUESTION, mode="spava",
                                            max_new_tokens=NEW_TOKENS))
+    engine.set_vision(dataclasses.replace(cfg.vision, pipeline=True, chunk_rows=32 * 32))
+    piped = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                           max_new_tokens=NEW_TOKENS))  # a frame per chunk
     refused = []  # Qwen2.5-VL's frame geometry: refused before any work, on every rank
     for attempt in (lambda: engine.open_stream("s", StreamSpec(height=56, width=56)),
                     lambda: engine.generate(Request(DecodedVideo(
@@ -131,7 +135,8 @@ def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
         with pytest.raises(ValueError) as info:
             attempt()
         refused.append(str(info.value))
-    return {"exact": exact, "spava": spava.token_ids, "refused": refused}
+    return {"exact": exact, "spava": spava.token_ids, "piped": piped.token_ids,
+            "refused": refused}
 
 
 def _world_job(adapter: InternVL, info: DistInfo) -> dict:
@@ -221,6 +226,7 @@ def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
                                   f"vs transformers: max err {err:.2e} > {LOGIT_TOL:g}")
         assert exact.token_ids == file_reference["tokens"], (rank, exact.token_ids,
                                                              file_reference["tokens"])
+        assert r["engine"]["piped"] == file_reference["tokens"], "vision.pipeline"
         assert r["engine"]["spava"] == per_world[world_size][0]["engine"]["spava"]
         stream, decoded = r["engine"]["refused"]
         assert "live streams run Qwen2.5-VL" in stream and "InternVL3" in stream
