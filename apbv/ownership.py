@@ -34,13 +34,38 @@ def owned_local_index(plan: Plan, rank: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class VideoSpan:
-    """Where the video's placeholder tokens sit in the global prompt."""
+    """Where the video's placeholder tokens sit in the global prompt: one or more runs, in
+    order (Qwen2.5-VL: one run; InternVL3: one run per frame, text between). The k-th video
+    embedding (in the tower's output order) replaces the k-th placeholder token."""
 
-    start: int
-    """Global position of the first video token."""
-    num_tokens: int
+    runs: tuple[Range, ...]
+    """Global [start, end) of each run of video tokens, increasing and disjoint."""
     tokens_per_patch: int
     """LLM tokens per temporal patch: (h / merge) * (w / merge)."""
+
+    def __post_init__(self) -> None:
+        assert self.runs and all(a < b for a, b in self.runs), self.runs
+        assert all(self.runs[i][1] <= self.runs[i + 1][0] for i in range(len(self.runs) - 1)), \
+            self.runs
+
+    @classmethod
+    def contiguous(cls, start: int, num_tokens: int, tokens_per_patch: int) -> VideoSpan:
+        """One run of ``num_tokens`` video tokens from global position ``start``."""
+        return cls(((start, start + num_tokens),), tokens_per_patch)
+
+    @property
+    def start(self) -> int:
+        """Global position of the first video token."""
+        return self.runs[0][0]
+
+    @property
+    def end(self) -> int:
+        """Global position after the last video token."""
+        return self.runs[-1][1]
+
+    @property
+    def num_tokens(self) -> int:
+        return _count(list(self.runs))
 
 
 def _intersect(a: Range, b: Range) -> Range | None:
@@ -49,13 +74,16 @@ def _intersect(a: Range, b: Range) -> Range | None:
 
 
 def needed_video_tokens(plan: Plan, span: VideoSpan, rank: int) -> list[Range]:
-    """Video-token index ranges (0-based within the video) whose embeddings ``rank`` needs."""
-    video = (span.start, span.start + span.num_tokens)
-    out = []
+    """Video-token index ranges (0-based within the video, counted over every run) whose
+    embeddings ``rank`` needs, in the order its shard holds the tokens (global order)."""
+    out: list[Range] = []
     for piece in plan.global_ranges(rank):
-        hit = _intersect(piece, video)
-        if hit:
-            out.append((hit[0] - span.start, hit[1] - span.start))
+        before = 0  # video tokens in the runs before this one
+        for run in span.runs:
+            hit = _intersect(piece, run)
+            if hit:
+                out.append((hit[0] - run[0] + before, hit[1] - run[0] + before))
+            before += run[1] - run[0]
     return out
 
 

@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
     plan.add_argument("--model", help="checkpoint directory: read config.json for the memory "
                                       "estimate and the prediction (no weights are loaded)")
     plan.add_argument("--preset", help="model sizes for the prediction instead of --model: "
-                                       "qwen2.5-vl-3b or qwen2.5-vl-7b")
+                                       "qwen2.5-vl-3b, qwen2.5-vl-7b, internvl3-2b or "
+                                       "internvl3-8b")
     plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
                                          "h200-ib, cpu or a calibration JSON file")
     plan.add_argument("--video", help="a video file: print its decode work per rank (keyframe "
@@ -75,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
                          f"({', '.join(cost.MODEL_PRESETS)})")
     context_len, grid, frames = args.context_len, None, 0
     if args.frames is not None:
-        if args.tokens_per_patch is not None:
+        if dims.frame_side is not None:  # every frame one fixed tile (InternVL3)
+            side = dims.frame_side // dims.patch_size // dims.spatial_merge_size
+            grid, patches = (side, side), args.frames // dims.temporal_patch_size
+            print(f"frames resized to {dims.frame_side}x{dims.frame_side} tiles "
+                  f"({side * side} tokens each)")
+        elif args.tokens_per_patch is not None:
             grid = cost.squarest_grid(args.tokens_per_patch)
             patches = args.frames // 2
         elif (args.height is None) != (args.width is None):
@@ -88,17 +94,17 @@ def run(args: argparse.Namespace) -> int:
                       "(--height/--width set the source's size)")
             patches, *grid = cost.video_grid(args.frames, args.height, args.width,
                                              patch_size=dims.patch_size)
-        frames = 2 * patches
+        frames = dims.temporal_patch_size * patches
         if dims.video_start is None:  # a checkpoint: its own chat template says
             dims = cost.checkpoint_dims(args.model)
-        context_len = dims.video_start + patches * grid[0] * grid[1] + 1  # 1: <|vision_end|>
+        context_len = cost.video_context_len(dims, patches, grid)
     plan = make_plan(context_len, args.query_len, args.world_size,
                      anchor_len=args.anchor_len, passing_len=args.passing_len)
     print(plan.describe())
     if dims is not None:  # decode reserve: the default max_new_tokens
         merge = dims.spatial_merge_size
         for line in cost.memory_lines(
-                plan, dims, patches=frames // 2,
+                plan, dims, patches=frames // dims.temporal_patch_size,
                 grid_hw=(grid[0] * merge, grid[1] * merge) if frames else (0, 0),
                 dtype_bytes=args.dtype_bytes or 2,
                 reserve_tokens=GenerateConfig().max_new_tokens):
@@ -118,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
                      pipeline=args.pipeline, answer_tokens=args.answer_tokens)
         for mode in modes
     ]
-    video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per 2 frames" if frames
-             else "no video")
+    video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per {dims.temporal_patch_size} "
+             f"frame{'s' if dims.temporal_patch_size > 1 else ''}" if frames else "no video")
     if args.answer_tokens > 1:
         video += f"; {args.answer_tokens}-token answers, eager decode"
     print(f"\npredicted on {hw.name} ({args.preset or args.model}; {video}; "

@@ -58,6 +58,7 @@ from apbv.cost.work import (
     split_window,
     squarest_grid,
     template_video_start,
+    video_context_len,
     video_grid,
 )
 
@@ -101,5 +102,6 @@ __all__ = [
     "split_window",
     "squarest_grid",
     "template_video_start",
+    "video_context_len",
     "video_grid",
 ]

@@ -96,6 +96,19 @@ class Prediction:
         }
 
 
+def _video_span(dims: ModelDims, context_len: int, video_start: int, patches: int,
+                tokens_per_patch: int) -> VideoSpan:
+    """The video tokens in the context: one run, or one per temporal patch with
+    ``dims.unit_text_tokens`` text tokens between runs (InternVL3's per-frame prompt)."""
+    stride = tokens_per_patch + dims.unit_text_tokens
+    length = patches * stride - dims.unit_text_tokens
+    start = min(video_start, context_len - length)
+    if not dims.unit_text_tokens:
+        return VideoSpan.contiguous(start, length, tokens_per_patch)
+    return VideoSpan(tuple((start + u * stride, start + u * stride + tokens_per_patch)
+                           for u in range(patches)), tokens_per_patch)
+
+
 def _embedding_rows(plan: Plan, span: VideoSpan | None, patch_ranges: list[tuple[int, int]],
                     ) -> list[tuple[int, int, int]]:
     """Per rank: the video rows it sends to other ranks, receives from them, and holds."""
@@ -159,9 +172,10 @@ def predict(
             the greedy steps after the first token (:func:`apbv.cost.decode.decode_s`).
     """
     spec = get_mode(mode)
-    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0 or frames % 2:
-        raise ValueError(f"frames must be an even integer >= 0 (2 frames per temporal patch), "
-                         f"got {frames!r}")
+    unit = dims.temporal_patch_size  # frames per temporal patch (InternVL3: 1)
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0 or frames % unit:
+        raise ValueError(f"frames must be an {'even ' if unit == 2 else ''}integer >= 0 "
+                         f"({unit} frames per temporal patch), got {frames!r}")
     if grid is None:
         if frames and tokens_per_patch is None:
             raise ValueError("a prompt with video needs tokens_per_patch or grid")
@@ -172,7 +186,7 @@ def predict(
     ranks = 1 if spec.single_process else world_size
     plan = spec.plan(context_len, query_len, ranks, anchor_len=anchor_len,
                      passing_len=passing_len)
-    patches = frames // 2
+    patches = frames // unit
     video_tokens = patches * tokens_per_patch
     if video_tokens > context_len:
         raise ValueError(f"the video's {video_tokens} tokens do not fit in a context of "
@@ -194,7 +208,8 @@ def predict(
     per_frame = (hw.decode_s_per_pixel * (source_pixels or resized)
                  + hw.process_s_per_pixel * resized)
     tokenize = hw.tokenize_s_per_token * plan.total_len
-    preprocess = [hw.preprocess_fixed_s + tokenize + 2 * n * per_frame / m.scale for n in shares]
+    preprocess = [hw.preprocess_fixed_s + tokenize + unit * n * per_frame / m.scale
+                  for n in shares]
     if vision_attention not in ("grouped", "per_window"):
         raise ValueError(f"vision_attention must be grouped or per_window, got "
                          f"{vision_attention!r}")
@@ -204,7 +219,7 @@ def predict(
         per_chunk = patches_per_chunk(tokens_per_patch * dims.spatial_merge_size ** 2,
                                       PIPELINE_CHUNK_ROWS)
         for r, n in enumerate(shares):
-            frame_work = 2 * n * per_frame / m.scale
+            frame_work = unit * n * per_frame / m.scale
             preprocess[r] -= frame_work
             if hw.host_overlaps_device and n:
                 chunks = -(-n // per_chunk)
@@ -219,8 +234,8 @@ def predict(
     if video_tokens and video_start is None:
         raise ValueError("a prompt with video needs video_start (the context tokens before the "
                          "video): pass it, or dims from checkpoint_dims() or a preset")
-    span = VideoSpan(min(video_start, context_len - video_tokens), video_tokens,
-                     tokens_per_patch) if video_tokens else None
+    span = _video_span(dims, context_len, video_start, patches, tokens_per_patch) \
+        if video_tokens else None
     rows = _embedding_rows(plan, span, ranges)
     if not spec.vit_split:  # every rank encoded everything: it only takes its own rows
         rows = [(0, 0, held) for _, _, held in rows]

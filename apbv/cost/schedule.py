@@ -132,7 +132,7 @@ def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine
     n, merged = patches * per_patch, patches * rows * cols
     vh, heads = dims.vision_hidden, dims.vision_heads
     embed = [(dims.in_channels * dims.temporal_patch_size * dims.patch_size**2, vh)]
-    merger = [(vh * merge**2, vh * merge**2), (vh * merge**2, dims.hidden)]
+    merger = dims.projector_linears()
     block = dims.vision_linears()
     # Per block: norms and residuals 10 passes over the hidden state, RoPE on q and k 10
     # passes each (upcast, rotate_half, products), the MLP activation 3 over the intermediate,

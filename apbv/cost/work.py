@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from apbv.cost.internvl import (
+    INTERNVL_VIDEO_END,
+    INTERNVL_VIDEO_START,
+    internvl_fields,
+    internvl_video_start,
+    released_internvl3,
+)
 from apbv.plan import QUERY_RANK, Plan
 from apbv.video import VideoMeta, VideoSpec, plan_sampling
 
@@ -97,6 +104,18 @@ class ModelDims:
     """Context tokens before the first video token under the checkpoint's chat template, for a
     user turn holding a video and a question (:func:`template_video_start`); None where no
     template was read (a prediction with video then needs ``video_start`` passed)."""
+    vision_gated: bool = True
+    """The vision MLP is gated (Qwen2.5-VL's SwiGLU: gate, up, down) or not (InternViT's
+    fc1, GELU, fc2)."""
+    projector_hidden: int | None = None
+    """Width of the projector's middle layer: None, Qwen2.5-VL's merger (vision hidden * merge
+    ** 2); InternVL3's pixel-shuffle MLP goes to the text hidden size at once."""
+    frame_side: int | None = None
+    """Every frame resized to this square (InternVL3: 448), or None: qwen-vl-utils' resize
+    rule (:func:`video_grid`)."""
+    unit_text_tokens: int = 0
+    """Text tokens around each temporal unit's video tokens in the prompt (InternVL3's
+    ``FrameN: <img>`` ... ``</img>`` and new line; about 7, more for long frame numbers)."""
 
     @property
     def window_tokens(self) -> int:
@@ -119,15 +138,22 @@ class ModelDims:
         vision = (self.in_channels * self.temporal_patch_size * self.patch_size**2 * vh
                   + self.vision_depth * (_weights(self.vision_linears())
                                          + 7 * vh + 2 * self.vision_intermediate)
-                  + vh + _weights([(vh * merge, vh * merge), (vh * merge, self.hidden)])
-                  + vh * merge + self.hidden)
+                  + vh + _weights(self.projector_linears()) + vh * merge + self.hidden)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return embeddings + self.layers * layer + self.hidden + vision
 
     def vision_linears(self) -> list[tuple[int, int]]:
-        """(in, out) of the matmuls of one vision block, per patch: qkv, proj, gate, up, down."""
+        """(in, out) of the matmuls of one vision block, per patch: qkv, proj, then gate, up,
+        down (gated MLP) or fc1, fc2."""
         h, i = self.vision_hidden, self.vision_intermediate
-        return [(h, 3 * h), (h, h), (h, i), (h, i), (i, h)]
+        mlp = [(h, i), (h, i), (i, h)] if self.vision_gated else [(h, i), (i, h)]
+        return [(h, 3 * h), (h, h), *mlp]
+
+    def projector_linears(self) -> list[tuple[int, int]]:
+        """(in, out) of the projector's matmuls per merged token (vision to text width)."""
+        wide = self.vision_hidden * self.spatial_merge_size**2
+        mid = self.projector_hidden or wide
+        return [(wide, mid), (mid, self.hidden)]
 
 
 def _required(section: Mapping[str, Any], where: str, *names: str) -> Any:
@@ -143,13 +169,17 @@ def _text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> ModelDims:
-    """ModelDims from a Qwen2.5-VL config.json dict (``video_start``: see :class:`ModelDims`).
+    """ModelDims from a Qwen2.5-VL or InternVL3 (``model_type`` internvl:
+    :func:`apbv.cost.internvl.internvl_fields`) config.json dict (``video_start``: see
+    :class:`ModelDims`).
 
     Both forms are read: transformers v5's nested one (``text_config`` and ``vision_config``)
     and the released checkpoints' flat one (text fields at the top, ``vision_config`` nested).
     ``num_key_value_heads`` and ``head_dim`` default as in transformers (to the attention heads
     and hidden / heads).
     """
+    if config.get("model_type") == "internvl":
+        return ModelDims(**internvl_fields(config, video_start=video_start))
     text = _text_section(config)
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -222,9 +252,13 @@ MODEL_PRESETS: dict[str, ModelDims] = {
                                 video_start=RELEASED_VIDEO_START),
     "qwen2.5-vl-7b": model_dims(_released_config(28, 3584, 28, 4, 18944, 152064, False),
                                 video_start=RELEASED_VIDEO_START),
+    "internvl3-2b": model_dims(released_internvl3(28, 1536, 12, 2, 8960, False),
+                               video_start=INTERNVL_VIDEO_START),
+    "internvl3-8b": model_dims(released_internvl3(28, 3584, 28, 4, 18944, False),
+                               video_start=INTERNVL_VIDEO_START),
 }
-"""Qwen2.5-VL-3B/7B-Instruct as released (config.json and chat template on the Hugging Face
-hub)."""
+"""Qwen2.5-VL-3B/7B-Instruct and InternVL3-2B/8B-hf as released (config.json and chat
+template on the Hugging Face hub; :func:`apbv.cost.internvl.released_internvl3`)."""
 
 
 def template_video_start(model_dir: str | Path) -> int:
@@ -241,6 +275,8 @@ def template_video_start(model_dir: str | Path) -> int:
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the processor (chat template and tokenizer) of "
                          f"{str(model_dir)!r}: {exc}") from None
+    if read_config(model_dir).get("model_type") == "internvl":
+        return internvl_video_start(processor)
     ids, _ = build_prompt(processor, "What happens in the video?", 1)
     return ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
 
@@ -281,6 +317,18 @@ def video_grid(frames: int, height: int, width: int, *, patch_size: int = 14,
     sampling = plan_sampling(spec, VideoMeta(frames, 2.0, height, width))
     t, h, w = sampling.grid_thw
     return t, h // 2, w // 2  # qwen-vl-utils sizes frames for a 2 x 2 spatial merge
+
+
+def video_context_len(dims: ModelDims, patches: int, grid: tuple[int, int]) -> int:
+    """Context tokens of a prompt holding ``patches`` temporal patches of rows x cols ``grid``
+    tokens: the template's ``dims.video_start`` tokens, the video tokens with
+    ``dims.unit_text_tokens`` between patches, and what closes the video (Qwen2.5-VL:
+    ``<|vision_end|>``; InternVL3: ``</img>`` and a new line)."""
+    tokens = patches * grid[0] * grid[1]
+    if dims.unit_text_tokens:
+        return dims.video_start + tokens + (patches - 1) * dims.unit_text_tokens + \
+            INTERNVL_VIDEO_END
+    return dims.video_start + tokens + 1
 
 
 def squarest_grid(tokens_per_patch: int) -> tuple[int, int]:

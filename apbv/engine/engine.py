@@ -55,7 +55,6 @@ from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision
 from apbv.model.adapter import VideoModel
 from apbv.model.families import load_adapter
 from apbv.plan import Range, patch_ranges
-from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
 from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
 from apbv.video.load import rank_frame_chunks
@@ -130,10 +129,8 @@ class Engine:
                       choice_token_ids(self.qwen.processor.tokenizer, request.choices))
 
         def preflight(sampling: Sampling) -> None:
-            t, h, w = sampling.grid_thw
-            merge = self.qwen.spatial_merge_size
-            ids.extend(build_prompt(self.qwen.processor, request.question,
-                                    t * (h // merge) * (w // merge), request.system))
+            t, h, w = self.qwen.video_grid(sampling)
+            ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             patch_ranges(t, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids)
@@ -151,11 +148,16 @@ class Engine:
         elif pipeline and isinstance(request.video, VideoSpec):  # decoded as it is encoded
             sampling, patches, chunks = rank_frame_chunks(
                 request.video, *share, frames_per_chunk=self.qwen.frames_per_chunk,
-                before_decode=preflight, device=self.frame_device)
+                before_decode=preflight, device=self.frame_device,
+                planner=self.qwen.plan_sampling)
         else:
             assert not isinstance(request.video, StreamRef), "a stream ask: Engine.generate"
+            if not isinstance(request.video, VideoSpec) and not self.qwen.streams:
+                raise ValueError(f"{self.qwen.family} answers video files; decoded frames "
+                                 f"are for Qwen2.5-VL (its frame geometry)")
             frames = load_rank_frames(request.video, *share, before_decode=preflight,
-                                      device=self.frame_device) \
+                                      device=self.frame_device,
+                                      planner=self.qwen.plan_sampling) \
                 if isinstance(request.video, VideoSpec) else \
                 decoded_rank_frames(request.video, *share, before_process=preflight)
             sampling, patches = frames.sampling, frames.patch_range
@@ -163,12 +165,12 @@ class Engine:
                 chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
             else:
                 pixel_values, local_grid = self.qwen.tower_rows(frames.frames)
-                t, h, w = sampling.grid_thw
+                t, h, w = self.qwen.video_grid(sampling)
                 assert local_grid == (patches[1] - patches[0], h, w), local_grid
         store = None if key is None or entry is not None else \
             partial(self._store_vision, key, sampling, patches)
         context_ids, query_ids = ids
-        t, h, w = sampling.grid_thw
+        t, h, w = self.qwen.video_grid(sampling)
         return PromptInputs(
             context_ids=context_ids,
             query_ids=query_ids,
@@ -254,6 +256,9 @@ class Engine:
             raise ValueError(f"a stream id must be a non-empty string, got {stream_id!r}")
         if stream_id in self.streams:
             raise ValueError(f"stream {stream_id[:64]!r} is already open")
+        if not self.qwen.streams:
+            raise ValueError(f"live streams run Qwen2.5-VL; the loaded model is "
+                             f"{self.qwen.family}")
         stream = Stream(self.qwen, self.info, spec, kernel=self.cfg.attention.kernel)
         self.streams[stream_id] = stream
         return stream.describe()

@@ -69,13 +69,12 @@ def run_prompt(
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
     choice_ids = inputs.choice_ids
     plan = request.plan(len(inputs.context_ids), len(inputs.query_ids), info.world_size)
-    start, length = qwen.video_span(ids)
-    if start + length > plan.context_len:
-        raise ValueError(f"the video tokens [{start}, {start + length}) must lie inside the "
-                         f"context of {plan.context_len} tokens")
     t, h, w = inputs.video_grid
     merge = qwen.spatial_merge_size
-    span = VideoSpan(start, length, (h // merge) * (w // merge))
+    span = VideoSpan(tuple(qwen.video_runs(ids)), (h // merge) * (w // merge))
+    if span.end > plan.context_len:
+        raise ValueError(f"the video tokens [{span.start}, {span.end}) must lie inside the "
+                         f"context of {plan.context_len} tokens")
     patch_range = inputs.patch_ranges[rank]
 
     with torch.inference_mode():

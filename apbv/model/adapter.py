@@ -9,14 +9,20 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    ValueError before any weight is read: :func:`apbv.model.families.load_adapter` checks the
    directory (:func:`apbv.model.checkpoint.validate_checkpoint`) and the family first, and an
    adapter refuses variants of its family it cannot run (e.g. MoE) from the config alone.
-2. **Frame processing.** Frames arrive sampled and resized by :mod:`apbv.video` (uint8
-   (F, 3, H, W)); :meth:`VideoModel.process_frames` / :meth:`VideoModel.tower_rows` turn them
+2. **Frame sampling and processing.** :meth:`VideoModel.plan_sampling` is the family's rule
+   for which frames of a file, at what size, in temporal units of
+   :attr:`apbv.video.Sampling.temporal_patch_size` frames (ranks split whole units); frames
+   arrive decoded and resized by :mod:`apbv.video` (uint8 (F, 3, H, W));
+   :meth:`VideoModel.video_grid` is the (t, h, w) patch grid of a sampling;
+   :meth:`VideoModel.process_frames` / :meth:`VideoModel.tower_rows` turn them
    into the rows the vision tower takes and their (t, h, w) patch grid, equal to the family's
    stock processor on the same frames; :meth:`VideoModel.frames_per_chunk` says how many
    frames make whole temporal units for chunked runs.
-3. **Prompt ids with the video span.** :attr:`VideoModel.processor` (tokenizer and chat
-   template), :attr:`VideoModel.video_token_id` and :meth:`VideoModel.video_span`: the one run
-   of video placeholder tokens in a prompt.
+3. **Prompt ids with the video runs.** :attr:`VideoModel.processor` (tokenizer and chat
+   template), :meth:`VideoModel.prompt` (context and query ids for a question over a video of
+   a given patch grid), :attr:`VideoModel.video_token_id` and :meth:`VideoModel.video_runs`:
+   the runs of video placeholder tokens in a prompt, in order (one for Qwen2.5-VL, one per
+   frame for InternVL3, text between).
 4. **The vision tower over a rank's frame share.** :meth:`VideoModel.vision_tower` (rows and
    grid) and :meth:`VideoModel.encode_frames` (frame chunks) -> embeddings (n_tokens, hidden)
    in video-token order, for whole temporal units only, so ranks encode disjoint frame shares
@@ -24,8 +30,9 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    tokens per temporal unit, ``(h / m) * (w / m)``; :meth:`VideoModel.set_vision` applies
    :class:`apbv.config.VisionConfig`.
 5. **Where each video embedding goes.** The k-th video embedding replaces the embedding
-   (:meth:`VideoModel.embed`) of the k-th ``video_token_id`` token of the prompt, on the rank
-   that owns that token (:mod:`apbv.engine.routing`).
+   (:meth:`VideoModel.embed`) of the k-th ``video_token_id`` token of the prompt, counted over
+   every run, on the rank that owns that token (:class:`apbv.ownership.VideoSpan`,
+   :mod:`apbv.engine.routing`).
 6. **Positions for any token range.** :meth:`VideoModel.positions` gives the (3, 1, T) RoPE
    positions of the whole prompt once; the engine shards them with the tokens. A 1-D RoPE
    family gives three equal rows. :attr:`VideoModel.rope_inv_freq` lets cached keys be moved
@@ -37,7 +44,11 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    (sizes the memory preflight reads); the cost model reads the same shapes from
    ``config.json`` (:func:`apbv.cost.model_dims`).
 
-Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL).
+Live streams (:mod:`apbv.engine.stream`) build Qwen2.5-VL's prompt; a family without them
+says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
+
+Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL),
+:class:`apbv.model.internvl.InternVL` (InternVL3).
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ if TYPE_CHECKING:
     import torch
 
     from apbv.config import VisionConfig
+    from apbv.plan import Range
+    from apbv.video import Sampling, VideoMeta, VideoSpec
 
 
 class VideoModel(Protocol):
@@ -62,6 +75,8 @@ class VideoModel(Protocol):
     preprocess: str
     """How frames become patch rows (``vision.preprocess``: levels, fused or processor); the
     memory preflight counts its rows' bytes."""
+    streams: bool
+    """Whether live streams run this family (the engine refuses to open one otherwise)."""
 
     @property
     def embeds_levels(self) -> bool:
@@ -119,7 +134,14 @@ class VideoModel(Protocol):
     def encode_frames(self, chunks: Iterable[torch.Tensor], *,
                       overlap: bool | None = None) -> torch.Tensor: ...
 
-    def video_span(self, ids: torch.Tensor) -> tuple[int, int]: ...
+    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling: ...
+
+    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]: ...
+
+    def prompt(self, question: str, video_grid: tuple[int, int, int],
+               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def video_runs(self, ids: torch.Tensor) -> list[Range]: ...
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float) -> torch.Tensor: ...

@@ -35,6 +35,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": Family("Qwen2.5-VL", "apbv.model.qwen2_5_vl"),
+    "internvl": Family("InternVL3", "apbv.model.internvl"),
 }
 """``config.json`` ``model_type`` -> :class:`Family`."""
 

@@ -11,10 +11,13 @@ line): :meth:`InternVL.prompt_ids`. Positions are plain 1-D RoPE (three equal ro
 (3, 1, T) layout of :class:`apbv.model.adapter.VideoModel`). The decoder's attention goes
 through :mod:`apbv.model.hook`.
 
-The video tokens are one run per frame, with text between the frames: the engine's routing
-of video embeddings assumes one run (Qwen2.5-VL), so this family is not in
-:data:`apbv.model.families.FAMILIES` yet and the engine refuses its checkpoints; the adapter's
-pieces are checked against transformers in tests/multirank/test_internvl_multirank.py.
+Frames are chosen by the stock video processor's rule
+(:func:`apbv.model.internvl_prompt.internvl_sampling`) at their native size and resized to the
+checkpoint's image size by the stock processor here; the temporal unit is one frame. The
+video tokens are one run per frame with text between the frames
+(:meth:`InternVL.video_runs`); the engine routes the k-th embedding to the k-th
+``<IMG_CONTEXT>`` token (:class:`apbv.ownership.VideoSpan`).
+Live streams and decoded-frame requests are Qwen2.5-VL's (:attr:`InternVL.streams` False).
 """
 
 from __future__ import annotations
@@ -31,18 +34,18 @@ from transformers.utils import logging as hf_logging
 from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.hf_compat import check_version, dtype_kwargs, tower_output
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.internvl_prompt import FAMILY, InternVLRules
+from apbv.plan import Range
 from apbv.positions import video_token_runs
-from apbv.sequence import text_ids
+from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import PIPELINE_CHUNK_ROWS
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
 
 MODEL_TYPE = "internvl"
-FAMILY = "InternVL3"
 TEXT_MODEL_TYPES = ("qwen2",)
 """Decoders this adapter runs (InternVL3's); others (e.g. InternVL3.5's qwen3) are refused."""
-_QUESTION = "\u2063apbv-question\u2063"  # stands in for the question while rendering
 
 
 @dataclass
@@ -56,6 +59,8 @@ class InternVL:
     preprocess: str = "processor"
     """Frames become patch rows through the stock processor (float rows)."""
     embeds_levels: bool = False
+    streams: bool = False
+    """Live streams and decoded-frame requests build Qwen2.5-VL's prompt: refused."""
 
     @property
     def family(self) -> str:
@@ -180,35 +185,26 @@ class InternVL:
             raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def prompt_ids(self, question: str, num_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Context ids (N,) and query ids (Q,) of the chat prompt over ``num_frames`` frames,
-        as the stock processor builds them (``<video>`` -> ``Frame1: <img>`` 256 x
-        ``<IMG_CONTEXT>`` ``</img>``, frames joined by a new line); the question is tokenized
-        apart as plain text (:func:`apbv.sequence.text_ids`), the query starts with it."""
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("the question must be a non-empty string")
-        tokenizer = self.processor.tokenizer
-        messages = [{"role": "user", "content": [{"type": "video"},
-                                                 {"type": "text", "text": _QUESTION}]}]
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
-        video, start, end = (tokenizer.video_token, tokenizer.start_image_token,
-                             tokenizer.end_image_token)
-        if text.count(video) != 1 or text.count(_QUESTION) != 1 or \
-                text.find(video) > text.find(_QUESTION):
-            raise ValueError(f"the chat template must place one {video} before the question; "
-                             f"it rendered {text!r}")
-        context, query = text.split(_QUESTION)
-        context_token = tokenizer.context_image_token
-        frames = "\n".join(f"Frame{i + 1}: {start}{context_token}{end}"
-                           for i in range(num_frames))
-        ids = tokenizer(context.replace(video, frames), add_special_tokens=False)["input_ids"]
-        per_frame = self.model.config.image_seq_length
-        context_ids = [t for i in ids for t in
-                       ([i] * per_frame if i == self.video_token_id else [i])]
-        query_ids = text_ids(tokenizer, question) + \
-            tokenizer(query, add_special_tokens=False)["input_ids"]
-        return (torch.tensor(context_ids, dtype=torch.long),
-                torch.tensor(query_ids, dtype=torch.long))
+    @property
+    def rules(self) -> InternVLRules:
+        """The weight-free frame choice and prompt (:mod:`apbv.model.internvl_prompt`)."""
+        return InternVLRules(self.processor)
+
+    def prompt_ids(self, question: str, num_frames: int, system: str | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ids (N,) and query ids (Q,) over ``num_frames`` frames, as the stock
+        processor builds them (:func:`apbv.model.internvl_prompt.internvl_prompt_ids`)."""
+        return self.rules.prompt_ids(question, num_frames, system)
+
+    def prompt(self, question: str, video_grid: tuple[int, int, int],
+               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rules.prompt(question, video_grid, system)
+
+    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
+        return self.rules.plan_sampling(spec, meta)
+
+    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
+        return self.rules.video_grid(sampling)
 
     def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
         """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,); the video
@@ -216,7 +212,7 @@ class InternVL:
         runs = self.video_runs(ids)
         return runs[0][0], sum(end - start for start, end in runs)
 
-    def video_runs(self, ids: torch.Tensor) -> list[tuple[int, int]]:
+    def video_runs(self, ids: torch.Tensor) -> list[Range]:
         """[start, end) of each frame's run of ``<IMG_CONTEXT>`` tokens in ``ids`` (T,)."""
         runs = video_token_runs(ids, self.video_token_id)
         if not runs:

@@ -22,6 +22,7 @@ from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
 from apbv.model.checkpoint import validate_checkpoint
+from apbv.model.front import QwenRules
 from apbv.model.hf_compat import (
     check_version,
     dtype_kwargs,
@@ -38,7 +39,9 @@ from apbv.model.tower import (
     set_tower,
     tower_chunks,
 )
+from apbv.plan import Range
 from apbv.positions import mrope_positions, video_token_runs
+from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import (
     PIPELINE_CHUNK_ROWS,
     levels_to_rows,
@@ -65,6 +68,8 @@ class QwenVL:
     preprocess_workers: int = 1
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
+    streams: bool = True
+    """Live streams (:mod:`apbv.engine.stream`) run this family."""
 
     @property
     def embeds_levels(self) -> bool:
@@ -179,6 +184,26 @@ class QwenVL:
                              f"{self.video_token_id}), found {found}")
         start, end = runs[0]
         return start, end - start
+
+    def video_runs(self, ids: torch.Tensor) -> list[Range]:
+        """The one run [start, end) of video tokens in a 1-D prompt ``ids`` (T,)."""
+        start, length = self.video_span(ids)
+        return [(start, start + length)]
+
+    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
+        """qwen-vl-utils' frame choice and resize (:func:`apbv.video.plan_sampling`)."""
+        return QwenRules(self.processor).plan_sampling(spec, meta)
+
+    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
+        """The processor's ``video_grid_thw`` of the sampled, resized frames."""
+        return QwenRules(self.processor).video_grid(sampling)
+
+    def prompt(self, question: str, video_grid: tuple[int, int, int],
+               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context ids (N,) with one run of ``(t * h * w) / merge**2`` video tokens for the
+        patch grid ``video_grid`` (t, h, w), and query ids (Q,)
+        (:func:`apbv.sequence.build_prompt`)."""
+        return QwenRules(self.processor).prompt(question, video_grid, system)
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float) -> torch.Tensor:

@@ -196,14 +196,15 @@ def _check_messages(messages: object) -> None:
 def check_request(request: Request, limits: Limits, processor: Any) -> dict[str, int]:
     """Duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
     ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured."""
-    from apbv.sequence import build_prompt
-    from apbv.video import plan_sampling, probe
+    from apbv.model.front import prompt_rules
+    from apbv.video import probe
 
     video = request.video
     assert isinstance(video, VideoSpec), video  # a chat request names a file
+    rules = prompt_rules(processor)  # the model family's frames and prompt
     try:
         meta = probe(video)
-        sampling = plan_sampling(video, meta)
+        sampling = rules.plan_sampling(video, meta)
     except ValueError as exc:
         raise ClientError(400, str(exc)) from None
     seconds = min(meta.duration, video.video_end or meta.duration) - (video.video_start or 0)
@@ -214,10 +215,7 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
     pixels = sampling.resized_height * sampling.resized_width
     limits.check("pixels", pixels, limits.max_pixels_per_frame, "max-pixels-per-frame",
                  "pixels per sampled frame")
-    t, h, w = sampling.grid_thw
-    merge = getattr(processor.video_processor, "merge_size", 2)
-    context, query = build_prompt(processor, request.question, t * (h // merge) * (w // merge),
-                                  request.system)
+    context, query = rules.prompt(request.question, rules.video_grid(sampling), request.system)
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from apbv import package_version
+from apbv.model.families import family_of
 from apbv.serve import api, page, responses, sse
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
@@ -269,7 +270,8 @@ class Server:
         async def models(request: Request) -> dict:
             self.authorize(request)
             return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
-                                                "created": 0, "owned_by": "apbv"}]}
+                                                "created": 0, "owned_by": "apbv",
+                                                "family": family_of(self.cfg.model.path).name}]}
 
         @app.get("/version")
         async def version() -> dict:

@@ -71,7 +71,8 @@ class RankFrames:
     def frame_range(self) -> Range:
         """[start, end) of this rank's frames among the sampled frames."""
         start, end = self.patch_range
-        return TEMPORAL_PATCH_SIZE * start, TEMPORAL_PATCH_SIZE * end
+        unit = self.sampling.temporal_patch_size
+        return unit * start, unit * end
 
     @property
     def indices(self) -> tuple[int, ...]:

@@ -14,7 +14,6 @@ from apbv.validate import check_int
 from apbv.video.decoders import _open, _Reader
 from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.sampling import (
-    TEMPORAL_PATCH_SIZE,
     Sampling,
     VideoMeta,
     VideoSpec,
@@ -85,8 +84,9 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
     per_frame = 3 * max(meta.height * meta.width, height * width)
     chunk = max(1, DECODE_CHUNK_ELEMENTS // per_frame)
     if frames_per_chunk is not None:
-        chunk = max(TEMPORAL_PATCH_SIZE, min(chunk, frames_per_chunk))
-        chunk -= chunk % TEMPORAL_PATCH_SIZE
+        unit = sampling.temporal_patch_size
+        chunk = max(unit, min(chunk, frames_per_chunk))
+        chunk -= chunk % unit
     reader.expect(indices)
     for start in range(0, len(indices), chunk):
         frames = reader.read(indices[start:start + chunk])  # (k, H, W, 3)
@@ -140,8 +140,14 @@ class FrameChunks:
             self._reader = None
 
 
+Planner = Callable[[VideoSpec, VideoMeta], Sampling]
+"""A model family's sampling rule: (spec, the file's meta) -> :class:`Sampling`
+(default :func:`apbv.video.sampling.plan_sampling`, qwen-vl-utils' rules)."""
+
+
 def _open_rank(spec: VideoSpec, rank: int, world_size: int,
                before_decode: Callable[[Sampling], None] | None,
+               planner: Planner = plan_sampling,
                ) -> tuple[_Reader, Sampling, Range]:
     """The open decoder, the global sampling and ``rank``'s temporal patches, checked (see
     :func:`load_rank_frames`); the decoder is closed when any check fails."""
@@ -150,7 +156,7 @@ def _open_rank(spec: VideoSpec, rank: int, world_size: int,
         raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
     reader = _open(spec, world_size)
     try:
-        sampling = plan_sampling(spec, reader.meta)
+        sampling = planner(spec, reader.meta)
         try:
             patches = patch_ranges(sampling.num_patches, world_size)[rank]
         except ValueError as err:
@@ -170,14 +176,15 @@ def rank_frame_chunks(
     spec: VideoSpec, rank: int, world_size: int, *,
     frames_per_chunk: Callable[[int, int], int],
     before_decode: Callable[[Sampling], None] | None = None,
-    device: torch.device | None = None,
+    device: torch.device | None = None, planner: Planner = plan_sampling,
 ) -> tuple[Sampling, Range, FrameChunks]:
     """:func:`load_rank_frames` without decoding yet: the sampling, ``rank``'s temporal
     patches, and its frames as :class:`FrameChunks` of at most ``frames_per_chunk(resized
     height, resized width)`` frames, resized on ``device``. The same checks, errors and
-    ``before_decode`` run here, before any frame is decoded."""
-    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
-    first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
+    ``before_decode`` run here, before any frame is decoded; ``planner``: the family's
+    sampling rule."""
+    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode, planner)
+    first, last = (sampling.temporal_patch_size * p for p in patches)
     size = frames_per_chunk(sampling.resized_height, sampling.resized_width)
     return sampling, patches, FrameChunks(reader, sampling.indices[first:last], sampling, size,
                                           device)
@@ -186,7 +193,7 @@ def rank_frame_chunks(
 def load_rank_frames(
     spec: VideoSpec, rank: int, world_size: int, *,
     before_decode: Callable[[Sampling], None] | None = None,
-    device: torch.device | None = None,
+    device: torch.device | None = None, planner: Planner = plan_sampling,
 ) -> RankFrames:
     """Decode and resize only the frames of ``rank``'s temporal patches (frame parallelism).
 
@@ -197,11 +204,12 @@ def load_rank_frames(
     ``before_decode(sampling)`` runs once the sampling is known and before any frame is
     decoded (the engine's preflight: prompt length and memory); its error stops the load.
     ``device``: where the frames are resized and returned (default the CPU: qwen-vl-utils'
-    pixels bit for bit; a GPU rounds differently).
+    pixels bit for bit; a GPU rounds differently). ``planner``: the model family's sampling
+    rule (:data:`Planner`).
     """
-    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode)
+    reader, sampling, patches = _open_rank(spec, rank, world_size, before_decode, planner)
     try:
-        first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
+        first, last = (sampling.temporal_patch_size * p for p in patches)
         frames = _decode_resized(reader, sampling.indices[first:last], sampling, device)
     finally:
         reader.close()
@@ -221,7 +229,7 @@ def decoded_rank_frames(
         raise ValueError(f"decoded video {video.identity()}: {err}") from err
     if before_process is not None:
         before_process(sampling)
-    first, last = (TEMPORAL_PATCH_SIZE * p for p in patches)
+    first, last = (sampling.temporal_patch_size * p for p in patches)
     return RankFrames(video.frames[first:last], patches, sampling, rank, world_size)
 
 

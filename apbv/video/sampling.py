@@ -220,9 +220,12 @@ class Sampling:
     moved: tuple[tuple[int, int, int], ...] = ()
     """With :attr:`VideoSpec.snap_to_keyframes`: (position among the sampled frames, frame
     index the rule gave, keyframe index taken instead) of every sampled frame that moved."""
+    temporal_patch_size: int = TEMPORAL_PATCH_SIZE
+    """Frames per temporal unit of the vision tower (Qwen2.5-VL 2; InternVL3 1: whole
+    frames); ranks split the video by whole units."""
 
     def __post_init__(self) -> None:
-        assert len(self.indices) % TEMPORAL_PATCH_SIZE == 0 and self.indices, self.indices
+        assert len(self.indices) % self.temporal_patch_size == 0 and self.indices, self.indices
 
     @property
     def num_frames(self) -> int:
@@ -230,13 +233,13 @@ class Sampling:
 
     @property
     def num_patches(self) -> int:
-        """T: temporal patches (pairs of consecutive sampled frames)."""
-        return len(self.indices) // TEMPORAL_PATCH_SIZE
+        """T: temporal patches (runs of ``temporal_patch_size`` consecutive sampled frames)."""
+        return len(self.indices) // self.temporal_patch_size
 
     @property
     def second_per_grid_t(self) -> float:
         """Seconds per temporal patch, temporal_patch_size / sample_fps (M-RoPE time step)."""
-        return TEMPORAL_PATCH_SIZE / self.sample_fps
+        return self.temporal_patch_size / self.sample_fps
 
     @property
     def grid_thw(self) -> tuple[int, int, int]:

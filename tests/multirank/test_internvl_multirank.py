@@ -5,9 +5,15 @@ on the same frames: its ``generate`` (greedy) and its first-token logits. apbv's
 adapter's prompt ids and pixel values (equal to the processor's), the vision tower on each
 rank's whole frames (the shares, concatenated, equal the stock image features), the ZigZag
 exact plan over the ranks with apbv's prefill and distributed greedy decode (fp32 logits
-within 1e-4, the same tokens), on a prompt whose length divides by neither 2 nor 3. The
-engine itself does not route InternVL's per-frame video runs yet (see apbv.model.internvl), so
-each rank places the gathered embeddings before taking its shard.
+within 1e-4, the same tokens), on a prompt whose length divides by neither 2 nor 3.
+
+The engine end to end (``Engine.generate`` on a video file, the checkpoint loaded through the
+family registry): the stock processor's frame choice on the decoded file (``num_frames``, its
+own resize) and greedy ``generate`` are the reference; exact mode's tokens and first-token
+logits equal it on 1, 2 and 3 ranks (each rank encodes whole frames, the per-frame runs of
+video tokens are routed to their owners), also with ``vision.pipeline`` (a frame per chunk),
+and spava answers alike on every rank; a live
+stream and a decoded-frames request (Qwen2.5-VL's frame geometry) are refused clearly.
 """
 
 from __future__ import annotations
@@ -19,18 +25,25 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.decode import decode_reserve
+from apbv.engine.engine import Engine
 from apbv.engine.prefill import prefill
+from apbv.engine.request import Request
 from apbv.engine.runner import finish_answer
+from apbv.engine.stream_plan import StreamSpec
 from apbv.layout import shard
 from apbv.model.internvl import InternVL, load
 from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
+from apbv.video import DecodedVideo
 
 QUESTION = "Which colour comes after the blue one?"
 NUM_FRAMES = 3
+FILE_FRAMES = 5
+"""Frames the engine samples from the test video (odd: InternVL3 needs no frame pairs)."""
 NEW_TOKENS = 6
 WORLD_SIZES = (1, 2, 3)
 LOGIT_TOL = 1e-4  # fp32: attention split over ranks reorders sums
@@ -71,6 +84,61 @@ def reference(internvl_dir: Path) -> dict:
             "tokens": out[0, len(ids):].tolist(), "features": features.reshape(-1, 96)}
 
 
+@pytest.fixture(scope="module")
+def video_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 s at 10 fps, 160x120 (not square: the processor's resize to 448x448 shows)."""
+    from apbv.synthetic.videos import write_test_video
+
+    return write_test_video(tmp_path_factory.mktemp("video") / "internvl.mp4", num_frames=30,
+                            fps=10.0, width=160, height=120, seed=4)
+
+
+@pytest.fixture(scope="module")
+def file_reference(internvl_dir: Path, video_file: Path) -> dict:
+    """transformers alone on the video file: every frame decoded, the stock processor's own
+    frame choice (``num_frames``, ``do_sample_frames``) and resize, greedy ``generate``."""
+    import decord
+    from transformers import AutoProcessor, InternVLForConditionalGeneration
+
+    reader = decord.VideoReader(str(video_file))
+    frames = torch.from_numpy(reader.get_batch(list(range(len(reader)))).asnumpy())
+    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
+    hf = InternVLForConditionalGeneration.from_pretrained(
+        internvl_dir, local_files_only=True, attn_implementation="sdpa").eval()
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(text=[text], videos=[frames.permute(0, 3, 1, 2)], return_tensors="pt",
+                       do_sample_frames=True, num_frames=FILE_FRAMES)
+    with torch.inference_mode():
+        out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+        logits = hf(**inputs).logits[0, -1].float()
+    ids = inputs["input_ids"][0]
+    return {"length": len(ids), "logits": logits, "tokens": out[0, len(ids):].tolist()}
+
+
+def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
+    """``Engine.generate`` on the video file: exact (tokens, first logits) and spava."""
+    engine = Engine(cfg, info)
+    exact = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                           max_new_tokens=NEW_TOKENS))
+    spava = engine.generate(engine.request(video, QUESTION, mode="spava",
+                                           max_new_tokens=NEW_TOKENS))
+    engine.set_vision(dataclasses.replace(cfg.vision, pipeline=True, chunk_rows=32 * 32))
+    piped = engine.generate(engine.request(video, QUESTION, mode="exact",
+                                           max_new_tokens=NEW_TOKENS))  # a frame per chunk
+    refused = []  # Qwen2.5-VL's frame geometry: refused before any work, on every rank
+    for attempt in (lambda: engine.open_stream("s", StreamSpec(height=56, width=56)),
+                    lambda: engine.generate(Request(DecodedVideo(
+                        torch.zeros(2, 3, 56, 56, dtype=torch.uint8), 2.0), QUESTION,
+                        "exact"))):
+        with pytest.raises(ValueError) as info:
+            attempt()
+        refused.append(str(info.value))
+    return {"exact": exact, "spava": spava.token_ids, "piped": piped.token_ids,
+            "refused": refused}
+
+
 def _world_job(adapter: InternVL, info: DistInfo) -> dict:
     """One world size: this rank's frame share through the tower, then exact and spava."""
     context_ids, query_ids = adapter.prompt_ids(QUESTION, NUM_FRAMES)
@@ -101,20 +169,26 @@ def _world_job(adapter: InternVL, info: DistInfo) -> dict:
     return out
 
 
-def _rank_job(info: DistInfo, model_dir: str) -> dict:
-    """World sizes 1..3 in one spawn: ranks [0, k) form world k (a subgroup), the model is
-    loaded once per process."""
+def _rank_job(info: DistInfo, model_dir: str, cfg: RuntimeConfig, video: str) -> dict:
+    """World sizes 1..3 in one spawn: ranks [0, k) form world k (a subgroup), the adapter is
+    loaded once per process (and once more per world by its engine)."""
     adapter = load(model_dir, device=CPU, dtype=torch.float32)
     groups = {k: dist.new_group(list(range(k))) for k in WORLD_SIZES}  # every rank, up front
-    return {k: _world_job(adapter, dataclasses.replace(info, world_size=k, group=groups[k]))
-            for k in WORLD_SIZES if info.rank < k}
+    out = {}
+    for k in WORLD_SIZES:
+        if info.rank < k:
+            world = dataclasses.replace(info, world_size=k, group=groups[k])
+            out[k] = {**_world_job(adapter, world), "engine": _engine_job(cfg, video, world)}
+    return out
 
 
 @pytest.fixture(scope="module")
-def per_world(internvl_dir: Path) -> dict:
+def per_world(internvl_dir: Path, video_file: Path) -> dict:
     """world size -> the per-rank results of that world."""
-    per_rank = spawn_local(_rank_job, max(WORLD_SIZES), (str(internvl_dir),), timeout_s=600,
-                           collective_timeout_s=120)
+    cfg = load_config("tiny_cpu", [f"model.path={str(internvl_dir)!r}",
+                                   f"video.nframes={FILE_FRAMES}"])
+    per_rank = spawn_local(_rank_job, max(WORLD_SIZES), (str(internvl_dir), cfg, str(video_file)),
+                           timeout_s=600, collective_timeout_s=120)
     return {k: [r[k] for r in per_rank[:k]] for k in WORLD_SIZES}
 
 
@@ -138,6 +212,31 @@ def test_exact_matches_transformers(world_size: int, per_world: dict, reference:
     assert len(reference["tokens"]) == NEW_TOKENS and len(set(reference["tokens"])) > 1
 
 
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
+                                           file_reference: dict) -> None:
+    """``Engine.generate`` on the file: the stock processor's frames, prompt and tokens."""
+    length = file_reference["length"]
+    assert length % 2 and length % 3, f"pick a prompt whose length ({length}) divides by neither"
+    for rank, r in enumerate(per_world[world_size]):
+        exact = r["engine"]["exact"]
+        assert exact.frames == FILE_FRAMES and exact.context_len + exact.query_len == length
+        err = (exact.first_logits - file_reference["logits"]).abs().max().item()
+        assert err <= LOGIT_TOL, (f"rank {rank}/{world_size}: engine exact first-token logits "
+                                  f"vs transformers: max err {err:.2e} > {LOGIT_TOL:g}")
+        assert exact.token_ids == file_reference["tokens"], (rank, exact.token_ids,
+                                                             file_reference["tokens"])
+        assert r["engine"]["piped"] == file_reference["tokens"], "vision.pipeline"
+        assert r["engine"]["spava"] == per_world[world_size][0]["engine"]["spava"]
+        stream, decoded = r["engine"]["refused"]
+        assert "live streams run Qwen2.5-VL" in stream and "InternVL3" in stream
+        assert "InternVL3 answers video files" in decoded
+        assert len(r["engine"]["spava"]) >= 1
+    if world_size > 1:
+        assert per_world[world_size][0]["engine"]["exact"].embedding_bytes > 0
+    assert len(set(file_reference["tokens"])) > 1
+
+
 def test_chunked_tower_and_frame_chunks_match(internvl_dir: Path, reference: dict) -> None:
     """One frame per tower call (``vision.chunk_rows`` = one frame's 1024 patch rows) and
     frames handed over in chunks give the stock image features."""
@@ -150,3 +249,22 @@ def test_chunked_tower_and_frame_chunks_match(internvl_dir: Path, reference: dic
     for got in (chunked, pieces):
         err = (got - reference["features"]).abs().max().item()
         assert err <= 1e-5, f"max err {err:.2e}"
+
+
+def test_cost_prompt_geometry_is_the_engines(internvl_dir: Path) -> None:
+    """The cost model's video_start and context length of a video prompt, as the engine
+    builds the prompt."""
+    from transformers import AutoProcessor
+
+    from apbv import cost
+    from apbv.cost.internvl import INTERNVL_VIDEO_START
+    from apbv.model.internvl_prompt import internvl_prompt_ids
+
+    dims = cost.checkpoint_dims(internvl_dir)
+    assert dims.video_start == INTERNVL_VIDEO_START == cost.preset_dims("internvl3-8b").video_start
+    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
+    for frames in (1, 4, 9):
+        context, _ = internvl_prompt_ids(processor, "What happens?", frames)
+        assert cost.video_context_len(dims, frames, (16, 16)) == len(context), frames
+    video = context.tolist().index(processor.tokenizer.context_image_token_id)
+    assert video == dims.video_start

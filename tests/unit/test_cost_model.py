@@ -197,7 +197,7 @@ def test_embedding_transfer_bytes() -> None:
     assert [r.transfer_bytes for r in p.ranks] == [2 * 8 * 2, 0]
     # Larger: the sum over ranks is what apbv.engine.routing reports as moved.
     p = _video_prediction("spava", 24, 30, world_size=3, dims=SMALL, hw=UNIT)
-    span = VideoSpan(SMALL.video_start, 24 * 30, 30)
+    span = VideoSpan.contiguous(SMALL.video_start, 24 * 30, 30)
     routes = embedding_routes(p.plan, span, [(0, 8), (8, 16), (16, 24)])
     moved, _ = transfer_bytes(routes, span.num_tokens, 8 * UNIT.dtype_bytes)
     assert sum(r.transfer_bytes for r in p.ranks) == moved > 0
@@ -339,7 +339,8 @@ def test_video_start_comes_from_the_chat_template(tiny_model_dir: Path, tmp_path
 
     assert cost.template_video_start(tiny_model_dir) == cost.RELEASED_VIDEO_START
     for name in cost.MODEL_PRESETS:
-        assert cost.preset_dims(name).video_start == cost.RELEASED_VIDEO_START
+        if name.startswith("qwen"):  # InternVL3's: tests/unit/test_internvl_cost.py
+            assert cost.preset_dims(name).video_start == cost.RELEASED_VIDEO_START
     dims = cost.checkpoint_dims(tiny_model_dir)
     assert dims == cost.model_dims(tiny_config().to_dict(), video_start=cost.RELEASED_VIDEO_START)
     # A config.json without processor files: a clear error, not a guessed number.
