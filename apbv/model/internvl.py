@@ -33,6 +33,7 @@ from transformers.utils import logging as hf_logging
 
 from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.hf_compat import check_version, dtype_kwargs, tower_output
+from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
 from apbv.model.internvl_prompt import FAMILY, InternVLRules
 from apbv.plan import Range
@@ -49,7 +50,7 @@ TEXT_MODEL_TYPES = ("qwen2",)
 
 
 @dataclass
-class InternVL:
+class InternVL(HFVisionLM):
     """A loaded InternVL3 checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: InternVLForConditionalGeneration
@@ -67,18 +68,6 @@ class InternVL:
         return FAMILY
 
     @property
-    def text_config(self) -> Any:
-        return self.model.config.text_config
-
-    @property
-    def vision_config(self) -> Any:
-        return self.model.config.vision_config
-
-    @property
-    def num_layers(self) -> int:
-        return self.text_config.num_hidden_layers
-
-    @property
     def video_token_id(self) -> int:
         return self.model.config.image_token_id
 
@@ -91,30 +80,6 @@ class InternVL:
     def tokens_per_second(self) -> float:
         """0: positions carry no time (1-D RoPE)."""
         return 0.0
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.processor.tokenizer.eos_token_id
-        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.lm_head.weight.dtype
-
-    @property
-    def max_positions(self) -> int:
-        return self.text_config.max_position_embeddings
-
-    @property
-    def rope_inv_freq(self) -> torch.Tensor:
-        """(head_dim / 2,) fp32 inverse frequencies of the decoder's RoPE."""
-        return self.model.model.language_model.rotary_emb.inv_freq.float()
 
     @property
     def patch_grid(self) -> tuple[int, int]:
@@ -225,13 +190,6 @@ class InternVL:
         (the video's grid and time do not move them)."""
         return torch.arange(len(ids)).view(1, 1, -1).expand(3, 1, -1).clone()
 
-    def on_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.device == self.device else t.to(self.device)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids (1, T) -> embeddings (1, T, hidden)."""
-        return self.model.model.language_model.embed_tokens(self.on_device(ids))
-
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T) (the
         first row is the 1-D position) or (1, T); attention through the installed
@@ -242,9 +200,6 @@ class InternVL:
                                               position_ids=self.on_device(position_ids),
                                               use_cache=False)
         return out.last_hidden_state
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(hidden)
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,

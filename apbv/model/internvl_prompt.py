@@ -19,7 +19,7 @@ import torch
 
 from apbv.sequence import SYSTEM_SLOT, text_ids
 from apbv.video import Sampling, VideoMeta, VideoSpec
-from apbv.video.sampling import snap_to_keyframes
+from apbv.video.sampling import snapped
 
 FAMILY = "InternVL3"
 PATCH_SIZE = 14
@@ -60,13 +60,7 @@ def internvl_sampling(spec: VideoSpec, meta: VideoMeta, frame_size: tuple[int, i
                          f"(the file's frames at {meta.fps:g} fps)")
     # The stock rule verbatim (Python floats, a float32 arange, truncation).
     indices = torch.arange(total / n / 2, total, total / n, dtype=torch.float32).int().tolist()
-    moved: tuple[tuple[int, int, int], ...] = ()
-    if spec.snap_to_keyframes is not None:
-        if meta.keyframes is None:
-            raise ValueError(f"{where}: snap_to_keyframes needs the file's keyframe index, "
-                             f"which {spec.backend} does not give for it")
-        indices, moved = snap_to_keyframes(indices, meta.keyframes,
-                                           spec.snap_to_keyframes * meta.fps)
+    indices, moved = snapped(indices, spec, meta, where)
     return Sampling(tuple(indices), len(indices) / total * meta.fps, meta.height, meta.width,
                     spec.image_patch_size, moved, temporal_patch_size=1)
 

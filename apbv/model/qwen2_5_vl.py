@@ -30,6 +30,7 @@ from apbv.model.hf_compat import (
     tower_output,
     video_processor_kwargs,
 )
+from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
 from apbv.model.tower import (
     CPU_CHUNK_ROWS,
@@ -57,7 +58,7 @@ FAMILY = "Qwen2.5-VL"
 
 
 @dataclass
-class QwenVL:
+class QwenVL(HFVisionLM):
     """A loaded Qwen2.5-VL checkpoint and the pieces apbv drives."""
 
     model: Qwen2_5_VLForConditionalGeneration
@@ -83,18 +84,6 @@ class QwenVL:
         return FAMILY
 
     @property
-    def text_config(self) -> Any:
-        return self.model.config.text_config
-
-    @property
-    def vision_config(self) -> Any:
-        return self.model.config.vision_config
-
-    @property
-    def num_layers(self) -> int:
-        return self.text_config.num_hidden_layers
-
-    @property
     def video_token_id(self) -> int:
         return self.model.config.video_token_id
 
@@ -105,31 +94,6 @@ class QwenVL:
     @property
     def tokens_per_second(self) -> float:
         return self.vision_config.tokens_per_second
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.processor.tokenizer.eos_token_id
-        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.lm_head.weight.dtype
-
-    @property
-    def max_positions(self) -> int:
-        """The model's context: prompt plus generated tokens at most."""
-        return self.text_config.max_position_embeddings
-
-    @property
-    def rope_inv_freq(self) -> torch.Tensor:
-        """(head_dim / 2,) fp32 inverse frequencies of the decoder's M-RoPE."""
-        return self.model.model.language_model.rotary_emb.inv_freq.float()
 
     def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
                        ) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -297,15 +261,6 @@ class QwenVL:
             raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def on_device(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` on the model's device: itself when it is there already (a decode step's
-        inputs), without asking for a copy."""
-        return t if t.device == self.device else t.to(self.device)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids (1, T) -> embeddings (1, T, hidden)."""
-        return self.model.model.language_model.embed_tokens(self.on_device(ids))
-
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T).
 
@@ -317,9 +272,6 @@ class QwenVL:
             use_cache=False,
         )
         return out.last_hidden_state
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(hidden)
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,

@@ -274,14 +274,21 @@ def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
     indices = torch.linspace(start, end, nframes, dtype=torch.float32).round().long().tolist()
     sample_fps = nframes / max(count, 1e-6) * meta.fps
     height, width = _resize_target(vp, spec, meta.height, meta.width, nframes, where)
-    moved: tuple[tuple[int, int, int], ...] = ()
-    if spec.snap_to_keyframes is not None:
-        if meta.keyframes is None:
-            raise ValueError(f"{where}: snap_to_keyframes needs the file's keyframe index, "
-                             f"which {spec.backend} does not give for it")
-        indices, moved = snap_to_keyframes(indices, meta.keyframes,
-                                           spec.snap_to_keyframes * meta.fps)
+    indices, moved = snapped(indices, spec, meta, where)
     return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved)
+
+
+def snapped(indices: list[int], spec: VideoSpec, meta: VideoMeta, where: str,
+            ) -> tuple[list[int], tuple[tuple[int, int, int], ...]]:
+    """``indices`` as :attr:`VideoSpec.snap_to_keyframes` asks (unset: unchanged, nothing
+    moved; see :func:`snap_to_keyframes`), or ValueError naming ``where`` when the decoder gave
+    no keyframe index."""
+    if spec.snap_to_keyframes is None:
+        return indices, ()
+    if meta.keyframes is None:
+        raise ValueError(f"{where}: snap_to_keyframes needs the file's keyframe index, "
+                         f"which {spec.backend} does not give for it")
+    return snap_to_keyframes(indices, meta.keyframes, spec.snap_to_keyframes * meta.fps)
 
 
 def snap_to_keyframes(indices: list[int], keyframes: tuple[int, ...], tolerance: float,
