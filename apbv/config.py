@@ -142,7 +142,7 @@ class VideoConfig:
         one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
         one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
-        integer("video.decode_threads", self.decode_threads, 1)
+        integer("video.decode_threads", self.decode_threads, 1, optional=True)
         number("video.snap_to_keyframes", self.snap_to_keyframes, optional=True)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
