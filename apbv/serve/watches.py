@@ -271,6 +271,8 @@ class Watches:
                     watch.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
                     continue
                 watch.eval_s = time.monotonic() - start - wait
+                if sw.watches.get(watch.id) is not watch:
+                    continue  # deleted meanwhile
                 self._judge(watch, result, footage_ts, arrived)
 
     def _judge(self, watch: Watch, result: Any, footage_ts: float, arrived: float) -> None:
@@ -353,8 +355,8 @@ class Watches:
             return
         for watch in sw.watches.values():
             _stop(watch)
-        if sw.task is not None:
-            sw.task.cancel()
+        sw.watches.clear()  # a running evaluation ends with its job (never cancelled: the
+        sw.pending = None   # replica answers its future), and starts no other
 
 
 def _share(watch: Watch, sw: StreamWatches) -> float:
