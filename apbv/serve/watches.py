@@ -192,7 +192,7 @@ class Watches:
             webhook = Webhook(url)
         return Watch("watch-" + uuid.uuid4().hex[:16], live.id, ask, rule, every_s, webhook)
 
-    async def list(self, stream_id: str, request: Request) -> JSONResponse:
+    async def list_watches(self, stream_id: str, request: Request) -> JSONResponse:
         self.server.authorize(request)
         live = self.registry.get(stream_id)
         sw = self.of.get(live.id, StreamWatches())
@@ -226,7 +226,7 @@ class Watches:
 
     def register(self, app: FastAPI) -> None:
         app.post("/v1/streams/{stream_id}/watches")(self.create)
-        app.get("/v1/streams/{stream_id}/watches")(self.list)
+        app.get("/v1/streams/{stream_id}/watches")(self.list_watches)
         app.delete("/v1/streams/{stream_id}/watches/{watch_id}")(self.delete)
         app.get("/v1/streams/{stream_id}/events")(self.stream_events)
         app.get("/v1/events")(self.events)
