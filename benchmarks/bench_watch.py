@@ -7,8 +7,8 @@ beside the loop a user builds without them (a one-shot ``choices`` ask every 2 s
 Starts ``python -m apbv serve`` (the trained tiny model, 2 CPU rank actors). Per K, twice:
 
 - **watch**: K pushed streams (56x56 frames at 2 fps, pushed in real time one temporal patch,
-  2 frames, per second), each with one standing question ("What colour is the flash?", the 8
-  colours, rule ``change``); one flash of a random colour (not cyan: the tiny model's answer
+  2 frames, per second, each camera at its own phase of the second), each with one standing
+  question ("What colour is the flash?", the 8 colours, rule ``change``); one flash of a random colour (not cyan: the tiny model's answer
   before any flash) at a random second in the middle; events read from ``GET /v1/events``.
 - **baseline**: the same cameras without watches; per camera a client asks the same question
   with ``choices`` every 2 s as a one-shot prefill of the last 30 s (``"fresh": true`` over a
@@ -100,8 +100,9 @@ def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int) -> dict[st
 
     def camera(cam: dict, index: int) -> None:
         frames = np.random.default_rng([seed, index])
+        offset = index / k  # cameras are not in step: each pushes at its own phase
         for s in range(seconds):
-            time.sleep(max(0.0, start + s - time.monotonic()))
+            time.sleep(max(0.0, start + offset + s - time.monotonic()))
             flash = cam["colour"] if s == cam["flash_at"] else None
             sent = time.monotonic()
             api.post(f"/streams/{cam['id']}/frames", json={"frames": _second(frames, flash)})
@@ -110,7 +111,7 @@ def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int) -> dict[st
             if s == 1 and not baseline:  # the watch, once the stream holds frames
                 api.post(f"/streams/{cam['id']}/watches",
                          json={"question": QUESTION, "choices": list(COLOURS)})
-            if s % 5 == 4:
+            if s % 2 == 1:
                 stats = api.get(f"/streams/{cam['id']}").json().get("watches", {})
                 cam["lag"] = max(cam["lag"], stats.get("lag_s") or 0.0)
 

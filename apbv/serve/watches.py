@@ -100,6 +100,8 @@ class StreamWatches:
     """(footage timestamp of the newest chunk, arrival of the oldest chunk not yet seen by an
     evaluation (monotonic s)); None: nothing new."""
     task: asyncio.Task | None = None
+    running: float | None = None
+    """Arrival of the oldest chunk the running evaluation round is the first to see."""
     coalesced: int = 0
     chunk_s: float | None = None
     """Footage seconds per appended chunk (the last one)."""
@@ -256,24 +258,33 @@ class Watches:
 
     async def _evaluate(self, live: LiveStream, sw: StreamWatches) -> None:
         """Evaluate the due watches on the newest state, again while chunks came meanwhile."""
-        while sw.pending is not None:
-            footage_ts, arrived = sw.pending
-            sw.pending = None
-            sw.last_ts = footage_ts
-            for watch in [w for w in sw.watches.values() if w.due(footage_ts)]:
-                if live.closing or self.registry.live.get(live.id) is not live:
-                    return
-                start = time.monotonic()
-                try:
-                    result, wait = await self.registry.run(live, Generate(watch.request))
-                except Exception as exc:  # noqa: BLE001  # kept on the watch for GET
-                    watch.errors += 1
-                    watch.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
-                    continue
-                watch.eval_s = time.monotonic() - start - wait
-                if sw.watches.get(watch.id) is not watch:
-                    continue  # deleted meanwhile
-                self._judge(watch, result, footage_ts, arrived)
+        try:
+            while sw.pending is not None:
+                footage_ts, arrived = sw.pending
+                sw.pending, sw.running = None, arrived
+                await self._round(live, sw, footage_ts, arrived)
+        finally:
+            sw.running = None
+
+    async def _round(self, live: LiveStream, sw: StreamWatches, footage_ts: float,
+                     arrived: float) -> None:
+        """One evaluation of each due watch on the state whose last frame is at
+        ``footage_ts``."""
+        sw.last_ts = footage_ts
+        for watch in [w for w in sw.watches.values() if w.due(footage_ts)]:
+            if live.closing or self.registry.live.get(live.id) is not live:
+                return
+            start = time.monotonic()
+            try:
+                result, wait = await self.registry.run(live, Generate(watch.request))
+            except Exception as exc:  # noqa: BLE001  # kept on the watch for GET
+                watch.errors += 1
+                watch.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+                continue
+            watch.eval_s = time.monotonic() - start - wait
+            if sw.watches.get(watch.id) is not watch:
+                continue  # deleted meanwhile
+            self._judge(watch, result, footage_ts, arrived)
 
     def _judge(self, watch: Watch, result: Any, footage_ts: float, arrived: float) -> None:
         """Fold an evaluation's ``result`` into ``watch``'s rule; publish an event if any."""
@@ -343,7 +354,7 @@ class Watches:
         evaluated = [w.last_ts for w in sw.watches.values() if w.last_ts is not None]
         return {"count": len(sw.watches), "coalesced": sw.coalesced,
                 "evaluating": sw.task is not None and not sw.task.done(),
-                "lag_s": 0.0 if sw.pending is None else time.monotonic() - sw.pending[1],
+                "lag_s": lag_s(sw),
                 "footage_lag_s": None if not evaluated or live.last_ts is None
                 else max(0.0, live.last_ts - min(evaluated)),
                 "replica_load": self.load(live)}
@@ -357,6 +368,13 @@ class Watches:
             _stop(watch)
         sw.watches.clear()  # a running evaluation ends with its job (never cancelled: the
         sw.pending = None   # replica answers its future), and starts no other
+
+
+def lag_s(sw: StreamWatches) -> float:
+    """Wall seconds the oldest chunk no evaluation has finished with has waited (0: none)."""
+    oldest = sw.running if sw.running is not None else \
+        None if sw.pending is None else sw.pending[1]
+    return 0.0 if oldest is None else time.monotonic() - oldest
 
 
 def _share(watch: Watch, sw: StreamWatches) -> float:
