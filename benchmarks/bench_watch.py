@@ -8,8 +8,9 @@ Starts ``python -m apbv serve`` (the trained tiny model, 2 CPU rank actors). Per
 
 - **watch**: K pushed streams (56x56 frames at 2 fps, pushed in real time one temporal patch,
   2 frames, per second, each camera at its own phase of the second), each with one standing
-  question ("What colour is the flash?", the 8 colours, rule ``change``); one flash of a random colour (not cyan: the tiny model's answer
-  before any flash) at a random second in the middle; events read from ``GET /v1/events``.
+  question ("What colour is the flash?", the 8 colours, rule ``change``); one flash of a
+  random colour (not cyan: the tiny model's answer before any flash) at a random second in
+  the middle; events read from ``GET /v1/events``.
 - **baseline**: the same cameras without watches; per camera a client asks the same question
   with ``choices`` every 2 s as a one-shot prefill of the last 30 s (``"fresh": true`` over a
   30 s window: a ``spava`` prefill from the kept vision embeddings, so the vision tower is not
@@ -193,6 +194,7 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     for ax in (lat, rec):
         ax.set_xticks(sorted({r["k"] for r in report["runs"]}))
         ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        ax.minorticks_off()
     save_figure(fig, path, styled=(lat, rec))
 
 
