@@ -17,10 +17,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from apbv.serve.policy import ClientError
+
 log = logging.getLogger("apbv.serve")
 
 QUEUE_SIZE = 256
 """Events one subscriber's (or one webhook's) queue holds at most."""
+MAX_SUBSCRIBERS = 64
+"""Event streams open at once; one more is a 429."""
 KEEPALIVE_S = 15.0
 """An idle event stream sends a comment line this often (proxies keep it open)."""
 WEBHOOK_TIMEOUT_S = 5.0
@@ -53,6 +57,11 @@ class EventHub:
         self.dropped = 0
 
     def subscribe(self, stream: str | None = None, watch: str | None = None) -> Subscriber:
+        """A new subscriber taking the events of ``stream`` and ``watch`` (None: any), or
+        ClientError(429) when :data:`MAX_SUBSCRIBERS` are subscribed."""
+        if len(self.subscribers) >= MAX_SUBSCRIBERS:
+            raise ClientError(429, f"{len(self.subscribers)} event streams are open, the limit "
+                                   f"is {MAX_SUBSCRIBERS}: close one first")
         sub = Subscriber(stream, watch)
         self.subscribers.add(sub)
         return sub

@@ -37,6 +37,17 @@ def test_subscribers_take_what_their_filter_takes_and_count_drops():
     asyncio.run(main())
 
 
+def test_event_streams_open_at_once_are_bounded():
+    from apbv.serve.policy import ClientError
+
+    hub = EventHub()
+    subs = [hub.subscribe() for _ in range(events.MAX_SUBSCRIBERS)]
+    with pytest.raises(ClientError, match="64 event streams are open, the limit is 64"):
+        hub.subscribe("s1")
+    hub.subscribers.discard(subs[0])  # one left
+    hub.subscribe("s1")
+
+
 def test_the_event_stream_is_server_sent_events_and_unsubscribes():
     async def main():
         hub = EventHub()
