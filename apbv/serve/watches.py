@@ -76,7 +76,11 @@ class Watch:
     """Seconds of its last evaluation (queue wait excluded)."""
 
     def due(self, footage_ts: float) -> bool:
-        return self.every_s is None or self.last_ts is None or \
+        """Whether the state whose last frame is at ``footage_ts`` is to be evaluated (never
+        twice the same state)."""
+        if self.last_ts is None:
+            return True
+        return footage_ts != self.last_ts if self.every_s is None else \
             footage_ts - self.last_ts >= self.every_s
 
     def describe(self) -> dict[str, Any]:
@@ -148,8 +152,8 @@ class Watches:
         sw.watches[watch.id] = watch
         log.info("watch %s on %s: %r, choices %s, rule %s", watch.id, live.id,
                  watch.request.question[:80], list(watch.request.choices or ()), watch.rule.kind)
-        if live.last_ts is not None and live.last_push_wall is not None:
-            self._schedule(live, sw, live.last_ts, time.monotonic())  # its baseline now
+        if live.last_ts is not None and sw.pending is None:  # its baseline now (a pending
+            self._schedule(live, sw, live.last_ts, time.monotonic())  # round takes it in)
         return JSONResponse(watch.describe(), status_code=201)
 
     def _watch(self, live: LiveStream, body: object) -> Watch:

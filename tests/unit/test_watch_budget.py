@@ -75,3 +75,11 @@ def test_chunks_landing_during_an_evaluation_are_coalesced_into_the_newest_state
         await sw.task
         assert seen == [1.0, 4.0] and sw.pending is None and lag_s(sw) == 0.0
     asyncio.run(main())
+
+
+def test_a_watch_is_due_once_per_state_or_every_s_of_footage():
+    every_chunk, every_2s = _watch("s"), _watch("s", every_s=2.0)
+    assert every_chunk.due(1.0) and every_2s.due(1.0)  # never evaluated
+    every_chunk.last_ts = every_2s.last_ts = 1.0
+    assert not every_chunk.due(1.0) and every_chunk.due(1.5)  # the same state: not again
+    assert not every_2s.due(2.5) and every_2s.due(3.0)
