@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from apbv.cli.common import distributed, require_model
+from apbv.serve.watch_rules import RULES
 
 
 def register(sub: Any) -> None:
@@ -46,14 +47,30 @@ def register(sub: Any) -> None:
     watch.add_argument("--buffer-frames", type=int, default=256,
                        help="captured frames waiting at most (then the oldest are dropped)")
     watch.add_argument("--json", action="store_true", help="one JSON line per event")
+    watch.add_argument("--watch", metavar="QUESTION",
+                       help="a standing question asked after every appended batch of frames; "
+                            "an event is printed when its answer changes (with --choices)")
+    watch.add_argument("--choices", help="the standing question's closed vocabulary: a,b,c")
+    watch.add_argument("--rule", choices=RULES, default="change",
+                       help="change: the top choice changes; threshold: --choice's probability "
+                            "crosses --threshold (back under it less --hysteresis)")
+    watch.add_argument("--choice", help="the choice a threshold rule watches")
+    watch.add_argument("--threshold", type=float, default=0.5)
+    watch.add_argument("--hysteresis", type=float, default=0.1)
+    watch.add_argument("--hold", type=int, default=1,
+                       help="evaluations in a row a new answer must hold before an event")
+    watch.add_argument("--watch-every", type=float, metavar="S",
+                       help="ask the standing question at most once per S seconds of video")
     watch.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from apbv.cli.watch_loop import WatchOptions, run_watch
+    from apbv.cli.watch_standing import StandingQuestion, parse_choices
     from apbv.config import load_config
     from apbv.engine.agree import raise_if_any_failed
     from apbv.engine.engine import Engine
+    from apbv.serve.watch_rules import Rule
 
     overrides = list(args.set)
     if args.model is not None:
@@ -62,13 +79,22 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"generate.max_new_tokens={args.max_new_tokens}")
     cfg = load_config(args.config, overrides)
     require_model(cfg)
+    standing = None
+    if (args.watch is None) != (args.choices is None):
+        raise ValueError("--watch and --choices go together: a standing question answers "
+                         "from a closed vocabulary")
+    if args.watch is not None:
+        standing = StandingQuestion(
+            args.watch, parse_choices(args.choices),
+            Rule(args.rule, args.choice, args.threshold, args.hysteresis, args.hold),
+            args.watch_every)
     options = WatchOptions(  # checked before any work
         source=args.source, fps=args.fps, window_s=args.window_s,
         window_tokens=args.window_tokens, min_pixels=args.min_pixels,
         max_pixels=args.max_pixels, max_new_tokens=cfg.generate.max_new_tokens,
         ask_every=args.ask_every, question=args.question, until_eof=args.until_eof,
         follow=args.follow, end_after_s=args.end_after_s or None,
-        buffer_frames=args.buffer_frames, as_json=args.json)
+        buffer_frames=args.buffer_frames, as_json=args.json, standing=standing)
     with distributed(cfg) as info:
         error = None  # a missing source is found before loading the model
         if info.rank == 0 and "://" not in options.source and \

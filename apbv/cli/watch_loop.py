@@ -31,6 +31,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -38,6 +39,7 @@ from typing import IO, Any
 import torch
 
 from apbv import comm
+from apbv.cli.watch_standing import StandingQuestion
 from apbv.distributed import DistInfo
 from apbv.validate import integer, positive
 
@@ -73,6 +75,8 @@ class WatchOptions:
     buffer_frames: int = 256
     """Captured frames waiting for the model at most (then the oldest are dropped)."""
     as_json: bool = False
+    standing: StandingQuestion | None = None
+    """A standing question asked after every appended batch (``--watch``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -253,6 +257,7 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                 if comm.any_rank(signals.count > 0, group):
                     reason = "interrupted"
                     break
+                taken = time.monotonic()  # when this iteration's frames left the capture
                 if lead:
                     message = planner.step()
                     comm.broadcast_object({k: v for k, v in message.items() if k != "stats"},
@@ -277,6 +282,9 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                                 printer.emit("error", f"error: {exc}", message=str(exc))
                             code, reason = 1, "the stream could not take more frames"
                             break
+                        if options.standing is not None:
+                            _standing(engine, stream, options.standing, stamps, taken,
+                                      printer if lead else None)
                     elif step[0] == "ask":
                         _, question, why, mark = step
                         _ask(engine, stream, question, why, mark, options,
@@ -330,6 +338,16 @@ def _report_source_errors(planner: _Planner, stats: dict[str, Any], printer: _Pr
                      message=text, segments_done=stats["segments_done"],
                      segments_failed=stats["segments_failed"])
     planner.errors_seen = len(errors)
+
+
+def _standing(engine: Any, stream: str, standing: StandingQuestion, stamps: list[float],
+              taken: float, printer: _Printer | None) -> None:
+    try:
+        standing.after_append(engine, stream, stamps, taken, printer)
+    except ValueError as exc:  # raised on every rank alike (e.g. past the model's context)
+        if printer is not None:
+            printer.emit("error", f"error: {standing.question!r}: {exc}",
+                         question=standing.question, message=str(exc))
 
 
 def _ask(engine: Any, stream: str, question: str, why: str, mark: float | None,

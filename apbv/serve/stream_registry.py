@@ -85,6 +85,11 @@ class StreamRegistry:
     def __init__(self, replicas: list[Replica], limits: Limits, options: StreamOptions):
         self.replicas, self.limits, self.opt = replicas, limits, options
         self.live: dict[str, LiveStream] = {}
+        self.on_append: Callable[[LiveStream, float, float, float], None] | None = None
+        """Called after each append with (the stream, its last frame's timestamp, when the
+        frames arrived (monotonic s), their seconds of footage): the standing questions."""
+        self.on_forget: Callable[[LiveStream], None] | None = None
+        """Called when a stream is closed or lost."""
 
     def held(self, replica: Replica) -> int:
         return sum(s.reserved for s in self.live.values() if s.replica is replica)
@@ -114,6 +119,8 @@ class StreamRegistry:
 
     def forget(self, live: LiveStream) -> None:
         self.live.pop(live.id, None)
+        if self.on_forget is not None:
+            self.on_forget(live)
         if live.feeder is not None:
             live.feeder.cancel()
         if live.capture is not None:
@@ -197,6 +204,7 @@ class StreamRegistry:
         live.spec, live.sized, live.reserved = spec, True, need
 
     async def append(self, live: LiveStream, frames: torch.Tensor, stamps: list[float]) -> dict:
+        arrived = time.monotonic()
         if not live.opened_on_ranks:
             await self.run(live, OpenStream(live.id, live.spec))
             live.opened_on_ranks = True
@@ -205,6 +213,8 @@ class StreamRegistry:
         live.pushes += 1
         live.last_ts = stamps[-1]
         live.last_push_wall = time.monotonic()
+        if self.on_append is not None:
+            self.on_append(live, stamps[-1], arrived, len(stamps) / live.spec.fps)
         return {"appended": len(stamps), "chunk": result.chunk, "owner": result.owner,
                 "tokens": result.tokens, "evicted": result.evicted}
 

@@ -42,6 +42,7 @@ from apbv.serve.stream_registry import (
     StreamRegistry,
     start_capture,
 )
+from apbv.serve.watches import Watches
 
 if TYPE_CHECKING:
     from apbv.serve.app import Server
@@ -64,6 +65,7 @@ class Streams:
     def __init__(self, server: Server, options: StreamOptions):
         self.server, self.opt = server, options
         self.registry = StreamRegistry(server.replicas, server.opt.limits, options)
+        self.watches = Watches(self)
 
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
                                          tuple[int, int] | None]:
@@ -224,6 +226,7 @@ class Streams:
         self.server.authorize(request)
         live = self.registry.get(stream_id)
         out = self.registry.summary(live)
+        out["watches"] = self.watches.stats(live)
         if live.opened_on_ranks:
             info, _ = await self.registry.run(live, DescribeStream(live.id))
             out["engine"] = dataclasses.asdict(info)
@@ -241,3 +244,4 @@ class Streams:
         app.post("/v1/streams/{stream_id}/ask")(self.ask)
         app.get("/v1/streams/{stream_id}")(self.stats)
         app.delete("/v1/streams/{stream_id}")(self.close)
+        self.watches.register(app)

@@ -1,0 +1,144 @@
+"""Where standing questions' events go: server-sent event subscribers and webhooks.
+
+:class:`EventHub` hands each event (a JSON-able dict with ``stream`` and ``watch`` ids) to
+every subscriber whose filter takes it; a subscriber's queue is bounded (``queue_size``
+events): an event that does not fit is dropped for that subscriber and counted (its
+``dropped``, and the hub's). :class:`Webhook` posts each event of one watch as JSON to its
+URL (checked against the media-domain policy when the watch is made), one at a time, with
+retries; its queue is bounded too, drops counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from apbv.serve.policy import ClientError
+
+log = logging.getLogger("apbv.serve")
+
+QUEUE_SIZE = 256
+"""Events one subscriber's (or one webhook's) queue holds at most."""
+MAX_SUBSCRIBERS = 64
+"""Event streams open at once; one more is a 429."""
+KEEPALIVE_S = 15.0
+"""An idle event stream sends a comment line this often (proxies keep it open)."""
+WEBHOOK_TIMEOUT_S = 5.0
+"""Wall-clock seconds of one webhook POST."""
+WEBHOOK_RETRIES = 3
+"""Tries of one webhook POST after the first failed (1 s, 2 s, 4 s apart)."""
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One event stream's client: the events it takes (``stream`` / ``watch`` id: None takes
+    every one) and its bounded queue."""
+
+    stream: str | None = None
+    watch: str | None = None
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    dropped: int = 0
+
+    def takes(self, event: dict[str, Any]) -> bool:
+        return (self.stream is None or event["stream"] == self.stream) and \
+            (self.watch is None or event["watch"] == self.watch)
+
+
+class EventHub:
+    """The event stream subscribers of one server."""
+
+    def __init__(self) -> None:
+        self.subscribers: set[Subscriber] = set()
+        self.published = 0
+        self.dropped = 0
+
+    def subscribe(self, stream: str | None = None, watch: str | None = None) -> Subscriber:
+        """A new subscriber taking the events of ``stream`` and ``watch`` (None: any), or
+        ClientError(429) when :data:`MAX_SUBSCRIBERS` are subscribed."""
+        if len(self.subscribers) >= MAX_SUBSCRIBERS:
+            raise ClientError(429, f"{len(self.subscribers)} event streams are open, the limit "
+                                   f"is {MAX_SUBSCRIBERS}: close one first")
+        sub = Subscriber(stream, watch)
+        self.subscribers.add(sub)
+        return sub
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """``event`` to every subscriber that takes it (dropped, and counted, where its queue
+        is full)."""
+        self.published += 1
+        for sub in self.subscribers:
+            if sub.takes(event):
+                try:
+                    sub.queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    sub.dropped += 1
+                    self.dropped += 1
+
+    async def stream(self, sub: Subscriber) -> AsyncIterator[bytes]:
+        """``sub``'s events as server-sent events (``event: watch``), a keep-alive comment
+        when none came for :data:`KEEPALIVE_S`; unsubscribed when the client leaves."""
+        try:
+            yield b": subscribed\n\n"
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                yield f"event: watch\ndata: {json.dumps(event)}\n\n".encode()
+        finally:
+            self.subscribers.discard(sub)
+
+
+@dataclass(eq=False)
+class Webhook:
+    """Posts one watch's events to ``url`` in order (:meth:`run`, a task per watch)."""
+
+    url: str
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    sent: int = 0
+    failed: int = 0
+    """Events given up after every retry failed."""
+    dropped: int = 0
+    """Events that found the queue full."""
+
+    def put(self, event: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.warning("webhook %s: queue full (%d events), an event was dropped", self.url,
+                        QUEUE_SIZE)
+
+    async def run(self) -> None:
+        """Post the queued events until cancelled (each with :data:`WEBHOOK_RETRIES` retries;
+        an answer other than 2xx counts as a failure; redirects are not followed)."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S,
+                                     follow_redirects=False) as client:
+            while True:
+                event = await self.queue.get()
+                for attempt in range(WEBHOOK_RETRIES + 1):
+                    try:
+                        response = await client.post(self.url, json=event)
+                        if response.is_success:
+                            self.sent += 1
+                            break
+                        why = f"HTTP {response.status_code}"
+                    except httpx.HTTPError as exc:
+                        why = f"{type(exc).__name__}: {exc}"
+                    if attempt == WEBHOOK_RETRIES:
+                        self.failed += 1
+                        log.warning("webhook %s: gave up on an event after %d tries (%s)",
+                                    self.url, attempt + 1, why)
+                    else:
+                        await asyncio.sleep(2.0 ** attempt)
+
+    def stats(self) -> dict[str, Any]:
+        return {"url": self.url, "sent": self.sent, "failed": self.failed,
+                "dropped": self.dropped, "queued": self.queue.qsize()}

@@ -1,0 +1,242 @@
+"""Standing questions on live streams against the real server (one start, 2 CPU ranks, the
+trained tiny model, pushed 56x56 frames): an event within one chunk of a flash (server-sent
+events and the webhook), none on flash-free frames, the minimum hold of a threshold rule,
+coalescing under load, a watch on a closed stream, bad watches refused (a webhook to a
+disallowed host among them)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("ray")
+pytest.importorskip("fastapi")
+
+from apbv.synthetic.needles import COLOURS, FRAME_SIZE, QUESTIONS  # noqa: E402
+from tests.serve.server import serving  # noqa: E402
+
+NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
+KEY = "watch-key"
+QUESTION = QUESTIONS["retrieval"]  # "What colour is the flash?"
+CHOICES = list(COLOURS)
+OPEN = {"fps": 2.0, "width": FRAME_SIZE, "height": FRAME_SIZE, "min_pixels": 3136,
+        "max_pixels": 3136}
+WAIT_S = 60.0
+
+
+class _Hooks(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802  # http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hook_url():
+    """A webhook receiver on 127.0.0.1 (the server allows that host)."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/hook"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base():
+    with serving(NEEDLE_TINY, "--world-size", "2", "--api-key", KEY, "--allow-media-domain",
+                 "127.0.0.1", "--set", "parallel.timeout_s=60") as srv:
+        srv.wait_ready()
+        yield srv.base
+
+
+def _call(method: str, url: str, **kwargs) -> httpx.Response:
+    return httpx.request(method, url, timeout=60, headers={"Authorization": f"Bearer {KEY}"},
+                         **kwargs)
+
+
+def _refused(response: httpx.Response, status: int, text: str) -> None:
+    assert response.status_code == status, response.text
+    assert text in response.json()["error"]["message"], response.text
+
+
+def _png(pixels: torch.Tensor) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _chunk(seed: int, flash: str | None = None) -> list[str]:
+    """4 frames (2 s at 2 fps, 2 temporal patches): noise, or noise then a ``flash``."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randint(0, 256, (3, FRAME_SIZE, FRAME_SIZE), generator=g, dtype=torch.uint8)
+    second = noise if flash is None else \
+        torch.tensor(COLOURS[flash], dtype=torch.uint8).view(3, 1, 1).expand_as(noise)
+    return [_png(noise), _png(noise), _png(second), _png(second)]
+
+
+def _open(base: str) -> str:
+    opened = _call("POST", base + "/v1/streams", json=OPEN)
+    assert opened.status_code == 201, opened.text
+    return f"{base}/v1/streams/{opened.json()['id']}"
+
+
+def _push(url: str, frames: list[str]) -> float:
+    pushed = _call("POST", url + "/frames", json={"frames": frames})
+    assert pushed.status_code == 200, pushed.text
+    return _call("GET", url).json()["last_timestamp"]
+
+
+def _watch(url: str, **body) -> dict:
+    made = _call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+                                                 **body})
+    assert made.status_code == 201, made.text
+    return made.json()
+
+
+def _settled(url: str, ts: float) -> dict[str, dict]:
+    """The stream's watches once every one evaluated the frame at ``ts`` (bounded wait)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        watches = {w["id"]: w for w in _call("GET", url + "/watches").json()["data"]}
+        if all(w["last_timestamp"] == ts for w in watches.values()):
+            return watches
+        assert time.monotonic() < deadline, f"not evaluated at {ts} s: {watches}"
+        time.sleep(0.1)
+
+
+class _Events:
+    """The server-sent events of ``url`` read by a thread until ``count`` came."""
+
+    def __init__(self, url: str, count: int):
+        self.events: list[dict] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, args=(url, count), daemon=True).start()
+        assert self.ready.wait(10), "the event stream did not open"
+
+    def _read(self, url: str, count: int) -> None:
+        with httpx.stream("GET", url, timeout=WAIT_S,
+                          headers={"Authorization": f"Bearer {KEY}"}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for line in response.iter_lines():
+                self.ready.set()
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+                    if len(self.events) >= count:
+                        return
+
+    def wait(self, count: int) -> list[dict]:
+        deadline = time.monotonic() + WAIT_S
+        while len(self.events) < count:
+            assert time.monotonic() < deadline, f"{len(self.events)} events: {self.events}"
+            time.sleep(0.05)
+        return self.events
+
+
+def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
+    flashed, plain = _open(base), _open(base)
+    sid = flashed.rsplit("/", 1)[1]
+    for url in (flashed, plain):
+        _push(url, _chunk(1))
+    change = _watch(flashed, webhook=hook_url)
+    held = _watch(flashed, rule="threshold", choice="red", threshold=0.6, hysteresis=0.2,
+                  hold=2)
+    quiet = _watch(plain)
+    events = _Events(f"{base}/v1/events?stream={sid}", 2)
+    stream_events = _Events(f"{flashed}/events?watch={held['id']}", 1)
+    for seed in (2, 3):
+        _settled(plain, _push(plain, _chunk(seed)))
+        _settled(flashed, _push(flashed, _chunk(seed)))
+    assert events.events == []  # noise only: no event yet
+    flash_ts = _push(flashed, _chunk(4, flash="red"))
+    first = events.wait(1)[0]
+    assert first["watch"] == change["id"] and first["stream"] == sid
+    assert first["answer"] == "red" and first["previous"] not in (None, "red")
+    assert first["footage_ts"] == flash_ts and first["probs"]["red"] > 0.5
+    assert 0 < first["capture_to_event_s"] < WAIT_S and first["ttft_s"] > 0
+    # the threshold rule holds 2 evaluations: no event on the flash's chunk, one on the next
+    watches = _settled(flashed, flash_ts)
+    assert watches[held["id"]]["events"] == 0 and watches[held["id"]]["answer"] == "below"
+    next_ts = _push(flashed, _chunk(5))
+    second = events.wait(2)[1]
+    assert (second["watch"], second["previous"], second["answer"], second["footage_ts"]) == \
+        (held["id"], "below", "above", next_ts)
+    assert stream_events.wait(1)[0]["watch"] == held["id"]
+    _settled(plain, _push(plain, _chunk(5)))
+    quiet_now = _call("GET", plain + "/watches").json()["data"][0]
+    assert quiet_now["id"] == quiet["id"] and quiet_now["events"] == 0 and \
+        quiet_now["evaluations"] >= 3
+    deadline = time.monotonic() + 10
+    while not _Hooks.received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [h["watch"] for h in _Hooks.received] == [change["id"]]
+    assert _Hooks.received[0]["answer"] == "red"
+    metrics = httpx.get(base + "/metrics").text
+    assert 'apbv:events_total{model_name=' in metrics
+    assert "apbv:capture_to_event_seconds_count" in metrics
+    for url in (flashed, plain):
+        assert _call("DELETE", url).status_code == 200
+
+
+def test_evaluations_coalesce_under_load(base):
+    url = _open(base)
+    _push(url, _chunk(1))
+    for _ in range(3):
+        _watch(url)
+    with ThreadPoolExecutor(4) as pool:  # pushes back to back while evaluations run
+        list(pool.map(lambda s: _call("POST", url + "/frames", json={"frames": _chunk(s)}),
+                      range(10, 18)))
+    last = _call("GET", url).json()["last_timestamp"]
+    watches = _settled(url, last)  # the newest state is evaluated in the end
+    stats = _call("GET", url).json()["watches"]
+    assert stats["count"] == 3 and stats["coalesced"] >= 1, stats
+    # fewer evaluations than one per watch per chunk (9 chunks), as many as were not folded
+    assert all(w["evaluations"] < 9 for w in watches.values()), watches
+    assert stats["footage_lag_s"] == 0.0 and stats["lag_s"] == 0.0
+    _refused(_call("DELETE", url + "/watches/watch-nonesuch"), 404, "no watch 'watch-nonesuch'")
+    gone = next(iter(watches))
+    assert _call("DELETE", f"{url}/watches/{gone}").json() == {"id": gone, "deleted": True}
+    assert len(_call("GET", url + "/watches").json()["data"]) == 2
+    assert _call("DELETE", url).status_code == 200
+
+
+def test_a_watch_on_a_closed_stream_and_bad_watches_are_refused(base):
+    url = _open(base)
+    _push(url, _chunk(1))
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION}), 400,
+             "choices is required")
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+                                                   "webhook": "http://alerts.example.com/x"}),
+             400, "host 'alerts.example.com' is not in --allow-media-domain (127.0.0.1)")
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+                                                   "webhook": "file:///tmp/x"}),
+             400, "webhook must be an http(s) URL")
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+                                                   "rule": "threshold", "choice": "pink"}),
+             400, "the rule's choice 'pink' is not one of the choices")
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+                                                   "hold": 0}),
+             400, "hold must be an integer in 1 .. 100")
+    assert _call("GET", url + "/watches").json()["data"] == []
+    _watch(url)
+    assert _call("DELETE", url).status_code == 200
+    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES}),
+             404, "no open stream")
+    _refused(_call("GET", url + "/watches"), 404, "no open stream")
+    _refused(_call("GET", url + "/events"), 404, "no open stream")
