@@ -54,10 +54,11 @@ from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.adapter import VideoModel
 from apbv.model.families import load_adapter
-from apbv.plan import Range, patch_ranges
+from apbv.plan import Range
 from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
 from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
+from apbv.video.gop import frame_split
 from apbv.video.load import rank_frame_chunks
 
 
@@ -135,7 +136,7 @@ class Engine:
             ids.extend(build_prompt(self.qwen.processor, request.question,
                                     t * (h // merge) * (w // merge), request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
-                            patch_ranges(t, world)[rank] if split else (0, t), (h, w),
+                            frame_split(sampling, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids)
 
         key, entry = None, None
@@ -174,7 +175,7 @@ class Engine:
             query_ids=query_ids,
             video_grid=(t, h, w),
             second_per_grid_t=sampling.second_per_grid_t,
-            patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
+            patch_ranges=frame_split(sampling, world) if split else ((0, t),) * world,
             pixel_values=pixel_values,
             num_frames=sampling.num_frames,
             choice_ids=choice_ids,

@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from apbv.plan import Range, patch_ranges
+from apbv.plan import Range
 from apbv.validate import check_int
 from apbv.video.decoders import _open, _Reader
+from apbv.video.gop import frame_split
 from apbv.video.sampling import (
     TEMPORAL_PATCH_SIZE,
     DecodedVideo,
@@ -30,10 +31,20 @@ DECODE_CHUNK_ELEMENTS = 1 << 25
 def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     """uint8 (F, 3, H, W) -> (F, 3, h, w) for ``size`` (h, w), as qwen-vl-utils resizes:
     torchvision's bicubic tensor resize with antialiasing (keep the strides qwen-vl-utils
-    sees, channels-last from a decoder, for bit-equal frames)."""
+    sees, channels-last from a decoder, for bit-equal frames). On the CPU one frame at a time:
+    the same bits as one call on the batch (each output pixel depends on its own frame only),
+    and a 1080p frame's float32 copy (25 MB) stays in cache where a batch's does not (about
+    1.5-2x faster on camera footage, measured)."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
-    return functional.resize(frames, list(size),
-                             interpolation=functional.InterpolationMode.BICUBIC, antialias=True)
+
+    def resize(batch: torch.Tensor) -> torch.Tensor:
+        return functional.resize(batch, list(size),
+                                 interpolation=functional.InterpolationMode.BICUBIC,
+                                 antialias=True)
+
+    if frames.device.type != "cpu" or frames.shape[0] <= 1:
+        return resize(frames)
+    return torch.cat([resize(frames[i:i + 1]) for i in range(frames.shape[0])])
 
 
 _SAME_FRAMES = ("path", "decode", "decode_threads")
@@ -153,7 +164,7 @@ def _open_rank(spec: VideoSpec, rank: int, world_size: int,
     try:
         sampling = plan_sampling(spec, reader.meta)
         try:
-            patches = patch_ranges(sampling.num_patches, world_size)[rank]
+            patches = frame_split(sampling, world_size)[rank]
         except ValueError as err:
             raise ValueError(
                 f"video {spec.path!r}: {err} ({sampling.num_frames} frames sampled at "
@@ -217,7 +228,7 @@ def decoded_rank_frames(
     the temporal patches (views, no copy). ``before_process`` as ``before_decode`` there."""
     sampling = video.sampling
     try:
-        patches = patch_ranges(sampling.num_patches, world_size)[rank]
+        patches = frame_split(sampling, world_size)[rank]
     except ValueError as err:
         raise ValueError(f"decoded video {video.identity()}: {err}") from err
     if before_process is not None:

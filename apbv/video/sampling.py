@@ -98,6 +98,10 @@ class VideoSpec:
     """Seconds (opt-in, approximate sampling): a sampled frame that lies within this of a
     keyframe is replaced by the nearest keyframe, which decodes alone instead of after the
     frames before it; :attr:`Sampling.moved` lists the frames that moved. None: exact."""
+    keyframe_split: bool = False
+    """Split the frames over the ranks at keyframe intervals (:func:`apbv.video.gop.frame_split`,
+    at most one temporal patch from the balanced split) instead of the balanced split; needs
+    the file's keyframe index. The same frames and tokens."""
     follow_symlinks: bool = True
     """False: open the file without following a symbolic link anywhere on ``path`` (a link is
     an error), and decode the file so opened whatever the path is swapped for meanwhile (the
@@ -112,6 +116,8 @@ class VideoSpec:
         object.__setattr__(self, "path", path)
         if not isinstance(self.follow_symlinks, bool):
             raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
+        if not isinstance(self.keyframe_split, bool):
+            raise ValueError(f"keyframe_split must be a bool, got {self.keyframe_split!r}")
         if self.backend not in BACKENDS + DEVICE_BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or {DEVICE_BACKENDS[0]!r} "
                              f"(a GPU's), got {self.backend!r}")
@@ -221,6 +227,9 @@ class Sampling:
     moved: tuple[tuple[int, int, int], ...] = ()
     """With :attr:`VideoSpec.snap_to_keyframes`: (position among the sampled frames, frame
     index the rule gave, keyframe index taken instead) of every sampled frame that moved."""
+    keyframes: tuple[int, ...] | None = field(default=None, repr=False)
+    """With :attr:`VideoSpec.keyframe_split`: the file's keyframe indices, which place the
+    ranks' split (:func:`apbv.video.gop.frame_split`); None: the balanced split."""
 
     def __post_init__(self) -> None:
         assert len(self.indices) % TEMPORAL_PATCH_SIZE == 0 and self.indices, self.indices
@@ -341,13 +350,16 @@ def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
     sample_fps = nframes / max(count, 1e-6) * meta.fps
     height, width = _resize_target(vp, spec, meta.height, meta.width, nframes, where)
     moved: tuple[tuple[int, int, int], ...] = ()
+    for name in ("snap_to_keyframes", "keyframe_split"):
+        if getattr(spec, name) and meta.keyframes is None:
+            raise ValueError(f"{where}: {name} needs the file's keyframe index, which "
+                             f"{spec.backend} does not give for it")
     if spec.snap_to_keyframes is not None:
-        if meta.keyframes is None:
-            raise ValueError(f"{where}: snap_to_keyframes needs the file's keyframe index, "
-                             f"which {spec.backend} does not give for it")
+        assert meta.keyframes is not None
         indices, moved = snap_to_keyframes(indices, meta.keyframes,
                                            spec.snap_to_keyframes * meta.fps)
-    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved)
+    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved,
+                    meta.keyframes if spec.keyframe_split else None)
 
 
 def snap_to_keyframes(indices: list[int], keyframes: tuple[int, ...], tolerance: float,

@@ -1,0 +1,64 @@
+"""video.keyframe_split through the engine on 2 and 3 gloo ranks: each rank decodes and encodes
+the keyframe-aligned share (apbv.video.gop.frame_split), routing moves the embedding rows to
+their owners, and the answer is the balanced split's: the same tokens and first-token logits."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from apbv.config import RuntimeConfig
+from apbv.distributed import DistInfo, spawn_local
+from apbv.engine.engine import Engine
+from apbv.engine.runner import run_prompt
+from apbv.plan import patch_ranges
+from apbv.timing import StageTimer
+
+QUESTION = "What moves across the scene?"
+LOGIT_TOL = 1e-4  # fp32: the tower encodes other batches of the same patches
+
+
+@pytest.fixture(scope="module")
+def gop_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """9 s of 112x112 camera footage at 10 fps, a keyframe every 2 s, 2 B-frames: 18 frames
+    sampled at 2 fps (9 patches), whose balanced split on 2 and 3 ranks cuts a keyframe
+    interval that the aligned split does not."""
+    from apbv.video.footage import write_camera_video
+
+    return write_camera_video(tmp_path_factory.mktemp("video") / "gop.mp4", seconds=9, fps=10,
+                              width=112, height=112, gop_seconds=2.0, bframes=2)
+
+
+def _job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    engine = Engine(cfg, info)
+    out = {}
+    for split in (False, True):
+        request = engine.request(video, QUESTION, mode="spava", max_new_tokens=4)
+        request = dataclasses.replace(
+            request, video=dataclasses.replace(request.video, keyframe_split=split))
+        inputs = engine.preprocess(request)
+        result = run_prompt(engine.qwen, inputs, request, info, StageTimer(info.device))
+        out[split] = (inputs.patch_ranges, result.token_ids, result.first_logits)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_keyframe_split_gives_the_balanced_answer(world_size: int, tiny_config: RuntimeConfig,
+                                                  gop_video: Path) -> None:
+    cfg = dataclasses.replace(tiny_config, video=dataclasses.replace(
+        tiny_config.video, backend="pyav", fps=2.0))
+    per_rank = spawn_local(_job, world_size, (cfg, str(gop_video)), timeout_s=300,
+                           collective_timeout_s=120)
+    balanced, tokens, logits = per_rank[0][False]
+    aligned = per_rank[0][True][0]
+    assert balanced == patch_ranges(9, world_size)
+    # keyframes at frames 0, 20, 40, ...; samples at linspace(0, 89, 18): the split moved.
+    assert aligned == {2: ((0, 4), (4, 9)), 3: ((0, 2), (2, 6), (6, 9))}[world_size], aligned
+    assert len(set(tokens)) > 1, tokens  # not a degenerate answer
+    for rank, r in enumerate(per_rank):
+        assert r[True][0] == aligned and r[False][0] == balanced, (rank, r[True][0])
+        assert r[True][1] == tokens and r[False][1] == tokens, (rank, r[True][1], tokens)
+        err = (r[True][2] - logits).abs().max().item()
+        assert err <= LOGIT_TOL, f"rank {rank}: keyframe split's first logits differ by {err:.2e}"
