@@ -182,6 +182,8 @@ class Engine:
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
             frame_chunks=chunks,
+            snapped=sampling.moved if getattr(request.video, "snap_to_keyframes", None)
+            else None,
         )
 
     def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,

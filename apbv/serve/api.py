@@ -434,7 +434,7 @@ def apbv_block(result: Any, queue_wait_s: float, replica: int = 0) -> dict[str, 
            "query_len": result.query_len, "anchor_len": result.anchor_len,
            "passing_len": result.passing_len, "frames": result.frames,
            "token_ids": list(result.token_ids), "queue_wait_s": queue_wait_s}
-    for name in ("vision_cache_hit", "choices"):
+    for name in ("vision_cache_hit", "choices", "snapped_frames"):
         value = getattr(result, name, None)
         if value is not None:
             out[name] = value
