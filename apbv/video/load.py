@@ -28,13 +28,18 @@ DECODE_CHUNK_ELEMENTS = 1 << 25
 """Frames decoded and resized at once: about this many uint8 values (at least one frame)."""
 
 
+RESIZE_ONE_BY_ONE = 1 << 16
+"""Values per frame (3 x H x W) above which :func:`resize_frames` resizes frame by frame."""
+
+
 def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     """uint8 (F, 3, H, W) -> (F, 3, h, w) for ``size`` (h, w), as qwen-vl-utils resizes:
     torchvision's bicubic tensor resize with antialiasing (keep the strides qwen-vl-utils
-    sees, channels-last from a decoder, for bit-equal frames). On the CPU one frame at a time:
-    the same bits as one call on the batch (each output pixel depends on its own frame only),
-    and a 1080p frame's float32 copy (25 MB) stays in cache where a batch's does not (about
-    1.5-2x faster on camera footage, measured)."""
+    sees, channels-last from a decoder, for bit-equal frames). Frames over
+    :data:`RESIZE_ONE_BY_ONE` values (about 150x150) on the CPU one at a time: the same bits as
+    one call on the batch (each output pixel depends on its own frame only), and a 1080p
+    frame's float32 copy (25 MB) stays in cache where a batch's does not (about 1.5-2x faster,
+    measured)."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
 
     def resize(batch: torch.Tensor) -> torch.Tensor:
@@ -42,7 +47,8 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
                                  interpolation=functional.InterpolationMode.BICUBIC,
                                  antialias=True)
 
-    if frames.device.type != "cpu" or frames.shape[0] <= 1:
+    if frames.device.type != "cpu" or frames.shape[0] <= 1 \
+            or frames[0].numel() <= RESIZE_ONE_BY_ONE:
         return resize(frames)
     return torch.cat([resize(frames[i:i + 1]) for i in range(frames.shape[0])])
 

@@ -57,3 +57,22 @@ def test_frame_split_follows_the_keyframes_only_when_asked() -> None:
     assert shared_intervals(KEYS, aligned.indices, split) == 0
     with pytest.raises(ValueError, match="patches"):  # fewer patches than ranks, as balanced
         frame_split(aligned, aligned.num_patches + 1)
+
+
+def test_frame_by_frame_resize_gives_the_batch_resize_bits(monkeypatch) -> None:
+    """resize_frames resizes large CPU frames one at a time: bit-equal to one batched call, for
+    channels-last decoder frames and contiguous ones."""
+    import torch
+
+    import apbv.video.load as load
+
+    gen = torch.Generator().manual_seed(0)
+    decoded = torch.randint(0, 256, (3, 270, 480, 3), dtype=torch.uint8, generator=gen)
+    for frames in (decoded.permute(0, 3, 1, 2), decoded.permute(0, 3, 1, 2).contiguous()):
+        assert frames[0].numel() > load.RESIZE_ONE_BY_ONE
+        one_by_one = load.resize_frames(frames, (84, 140))
+        monkeypatch.setattr(load, "RESIZE_ONE_BY_ONE", frames[0].numel())  # one batched call
+        batched = load.resize_frames(frames, (84, 140))
+        monkeypatch.undo()
+        assert one_by_one.shape == batched.shape == (3, 3, 84, 140)
+        assert torch.equal(one_by_one, batched)
