@@ -117,6 +117,10 @@ class VideoConfig:
     snap_to_keyframes: float | None = None
     """Seconds (opt-in, approximate): a sampled frame within this of a keyframe takes the
     keyframe instead (decoded alone); unset: exact sampling."""
+    keyframe_split: bool = False
+    """Opt-in: move each boundary of the ranks' frame split by at most one temporal patch to
+    where the two ranks' frames lie in different keyframe intervals, so no two ranks walk the
+    same GOP (apbv/video/gop.py); the same tokens as the balanced split."""
     resize_device: str = "cpu"
     """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
@@ -129,6 +133,7 @@ class VideoConfig:
         one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
         integer("video.decode_threads", self.decode_threads, 1, optional=True)
         number("video.snap_to_keyframes", self.snap_to_keyframes, optional=True)
+        boolean("video.keyframe_split", self.keyframe_split)
         if self.fps is not None and self.nframes is not None:
             raise ValueError("video.fps and video.nframes are exclusive; set one of them")
         number("video.fps", self.fps, optional=True)

@@ -21,7 +21,9 @@ share the cores and the memory bus as in a benchmark, with the runtime's own cod
   ``tower_rows``: one integer product of the levels by default; the constant keeps its name
   ``conv_flops``);
 - host overhead: the tiny checkpoint's prefill (per decoder layer), vision tower (per block)
-  and one vision attention call, on inputs too small to cost compute.
+  and one vision attention call, on inputs too small to cost compute;
+- decode per coded frame walked on camera footage (20 s of 1080p H.264, a keyframe every 2 s,
+  3 B-frames; ``benchmarks/footage_decode.py``), in this process after the runs.
 
 The single-process ``full`` baseline runs with H threads: its speedup over one thread is
 measured in this process. ``--runs`` whole runs (3 by default) are made and each constant is
@@ -34,6 +36,7 @@ reads it, and ``apbv.cost.CPU`` holds the committed values.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import sys
@@ -310,10 +313,21 @@ def main(argv: list[str] | None = None) -> None:
             efficiency = _thread_efficiency(args.world_size)
             runs.append({"per_rank": per_rank, "thread_efficiency": efficiency,
                          "hardware": constants(per_rank, efficiency, args.world_size)})
-    hw = _round(median_constants([r["hardware"] for r in runs]))
+        from footage_decode import coded_frame_rates
+
+        from apbv.video.footage import write_camera_video
+
+        print("[calibrate] decode per coded frame on camera footage", file=sys.stderr,
+              flush=True)
+        footage = coded_frame_rates(str(write_camera_video(
+            Path(tmp) / "camera.mp4", seconds=20, fps=30, width=1920, height=1080,
+            gop_seconds=2.0, bframes=3)))
+    hw = _round(dataclasses.replace(median_constants([r["hardware"] for r in runs]),
+                                    coded_frame_s_per_pixel=footage["coded_frame_s_per_pixel"]))
     report = {
         "hardware": hw.to_json(),
-        "measurements": {"runs": [{**r, "hardware": r["hardware"].to_json()} for r in runs]},
+        "measurements": {"footage_decode": footage,
+                         "runs": [{**r, "hardware": r["hardware"].to_json()} for r in runs]},
         "setup": {"world_size": args.world_size, "runs": args.runs, "matmul": MATMUL,
                   "head_dims": HEAD_DIMS,
                   "attention": {"shapes": ATTN_SHAPES, "heads": ATTN_HEADS,

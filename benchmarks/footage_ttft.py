@@ -14,8 +14,9 @@ pixel budget's frame count (qwen-vl-utils' max_frames, 768), frames resized unde
 
 Checked in the same run: every rank's sampled frames (a sha256 of its resized frames) and the
 first tokens are identical in both variants. Reported per variant: every stage (slowest rank,
-best of the repeats), the preprocess share of TTFT, coded frames decoded per rank, and the
-preprocess ratio needed / all.
+best of the repeats), the preprocess share of TTFT, coded frames decoded per rank, the CPU
+seconds each rank's decoding and resizing thread used (``time.thread_time``: what a loaded
+machine's waiting leaves out of the wall seconds), and the ratios needed / all of both.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ VARIANTS = ("all", "needed")
 
 SNAPPED = "needed, snapped"
 """The third variant's name (``--footage-snap``): needed with ``video.snap_to_keyframes``."""
+
+ALIGNED = "needed, keyframe split"
+"""The variant with ``video.keyframe_split`` (``--footage-keyframe-split``): exact frames."""
 
 QUESTION = "What moves across the scene?"
 
@@ -70,6 +74,7 @@ class _Probe:
         self.readers: list[Any] = []
         self.digest = hashlib.sha256()
         self.moved = 0
+        self.cpu_s = 0.0
         opened, decoded = load._open, load._decode_resized
 
         def open_reader(*args: Any, **kwargs: Any) -> Any:
@@ -79,22 +84,25 @@ class _Probe:
 
         def decode(*args: Any, **kwargs: Any) -> Any:
             self.moved = len(args[2].moved)  # (reader, indices, sampling, ...)
+            start = time.thread_time()
             frames = decoded(*args, **kwargs)
+            self.cpu_s += time.thread_time() - start
             self.digest.update(frames.contiguous().numpy().tobytes())
             return frames
 
         load._open, load._decode_resized = open_reader, decode
 
-    def take(self) -> tuple[int, str]:
-        """(coded frames decoded, sha256 of the frames) since the last take."""
+    def take(self) -> tuple[int, str, float]:
+        """(coded frames decoded, sha256 of the frames, CPU seconds of decoding and resizing)
+        since the last take."""
         count = sum(getattr(r, "frames_decoded", 0) for r in self.readers)
-        digest = self.digest.hexdigest()[:16]
-        self.readers, self.digest = [], hashlib.sha256()
-        return count, digest
+        digest, cpu_s = self.digest.hexdigest()[:16], self.cpu_s
+        self.readers, self.digest, self.cpu_s = [], hashlib.sha256(), 0.0
+        return count, digest, cpu_s
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
-              repeats: int, snap: float | None) -> dict[str, Any]:
+              repeats: int, snap: float | None, aligned: bool) -> dict[str, Any]:
     from apbv.engine.engine import Engine
 
     probe = _Probe()
@@ -102,6 +110,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
     variants = {name: {"decode": name} for name in VARIANTS}
     if snap is not None:
         variants[SNAPPED] = {"decode": "needed", "snap_to_keyframes": snap}
+    if aligned:
+        variants[ALIGNED] = {"decode": "needed", "keyframe_split": True}
 
     def answer(path: str, decode: str) -> Any:
         request = engine.request(path, QUESTION, mode="spava", max_new_tokens=2)
@@ -116,9 +126,10 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
     for _ in range(repeats):
         for decode in variants:
             result = answer(video, decode)
-            decoded, digest = probe.take()
+            decoded, digest, cpu_s = probe.take()
             row = out.setdefault(decode, {"stage_best_s": {}, "digests": set(),
-                                          "tokens": set(), "best": None})
+                                          "tokens": set(), "best": None, "cpu_s": cpu_s})
+            row["cpu_s"] = min(row["cpu_s"], cpu_s)
             row["decoded"], row["frames"] = decoded, result.frames
             row["moved"] = probe.moved
             row["digests"].add(digest)
@@ -152,7 +163,7 @@ def run_footage(args: argparse.Namespace) -> str:
             "cache.vision_gb=0", f"parallel.timeout_s={args.timeout}"])
         per_rank = spawn_local(_rank_job, args.world_size,
                                (cfg, str(warmup), str(video), args.repeats,
-                                args.footage_snap),
+                                args.footage_snap, args.footage_keyframe_split),
                                threads_per_rank=1, timeout_s=7200,
                                collective_timeout_s=args.timeout)
     report = _report(per_rank, video, wrote, args)
@@ -171,23 +182,31 @@ def _report(per_rank: list[dict[str, Any]], video: Path, wrote: float,
              + f"), {args.world_size} CPU ranks x 1 thread, video.backend=pyav, "
              f"{rank0['all']['frames']} frames sampled, best of {args.repeats}.", "",
              "| video.decode | prompt tokens | TTFT s | " + " | ".join(STAGES)
-             + " | preprocess share | coded frames decoded per rank |",
-             "|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---|"]
+             + " | preprocess share | coded frames decoded per rank | frame CPU s per rank |",
+             "|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---|---|"]
     for decode in rank0:
         row = rank0[decode]
         best = row["stage_best_s"]
         ttft = row["best"]["ttft_s"]
         decoded = ", ".join(str(r[decode]["decoded"]) for r in per_rank)
+        cpu = ", ".join(f"{r[decode]['cpu_s']:.1f}" for r in per_rank)
         lines.append(f"| {decode} | {row['best']['prompt_tokens']} | {ttft:.2f} | "
                      + " | ".join(f"{best.get(s, 0.0):.2f}" for s in STAGES)
-                     + f" | {best.get('preprocess', 0.0) / ttft:.0%} | {decoded} |")
+                     + f" | {best.get('preprocess', 0.0) / ttft:.0%} | {decoded} | {cpu} |")
     ratio = rank0["needed"]["stage_best_s"]["preprocess"] / \
         rank0["all"]["stage_best_s"]["preprocess"]
     frames_same = all(len(r["all"]["digests"] | r["needed"]["digests"]) == 1 for r in per_rank)
     tokens_same = len(rank0["all"]["tokens"] | rank0["needed"]["tokens"]) == 1
-    lines += ["", f"preprocess needed / all: **{ratio:.2f}x**; sampled frames identical on "
-              f"every rank: {'yes' if frames_same else 'NO'}; tokens identical: "
+    cpu_ratio = max(r["needed"]["cpu_s"] for r in per_rank) / \
+        max(r["all"]["cpu_s"] for r in per_rank)
+    lines += ["", f"preprocess needed / all: **{ratio:.2f}x** (wall), **{cpu_ratio:.2f}x** "
+              f"(frame CPU seconds, slowest rank); sampled frames identical on every rank: "
+              f"{'yes' if frames_same else 'NO'}; tokens identical: "
               f"{'yes' if tokens_same else 'NO'}."]
+    if ALIGNED in rank0:
+        same = rank0[ALIGNED]["tokens"] == rank0["all"]["tokens"]
+        lines.append(f"With video.keyframe_split: tokens equal to the balanced split's: "
+                     f"{'yes' if same else 'NO'}.")
     if SNAPPED in rank0:
         snapped = rank0[SNAPPED]["stage_best_s"]["preprocess"] / \
             rank0["all"]["stage_best_s"]["preprocess"]
@@ -207,4 +226,6 @@ def add_footage_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--footage-max-pixels", type=int, default=16 * 28 * 28,
                         help="video.max_pixels of the footage run")
     parser.add_argument("--footage-snap", type=float,
-                        help="also a third variant with video.snap_to_keyframes=SECONDS")
+                        help="also a variant with video.snap_to_keyframes=SECONDS")
+    parser.add_argument("--footage-keyframe-split", action="store_true",
+                        help="also a variant with video.keyframe_split=true")

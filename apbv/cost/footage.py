@@ -3,16 +3,17 @@
 The file's packet index is read once (PyAV demuxes it, no frame is decoded); the sampling is
 the runtime's (:func:`apbv.video.plan_sampling`); per rank, :func:`apbv.video.gop.rank_walks`
 counts the coded frames walked from the keyframe before each of its samples, for the balanced
-split and the keyframe-aligned one. Predicted seconds: the coded frames walked times the
-hardware's per-pixel decode cost (``decode_s_per_pixel``, calibrated by decoding every frame
-of a video) times the source frame's pixels, plus the resize and processing of the sampled
-frames. Skipped frames (``video.decode=needed`` drops the frames nothing refers to) make the
-walk an upper bound of the decode work.
+split and the keyframe-aligned one (``video.keyframe_split``). Predicted seconds: each
+sampled frame's decode, resize and processing (``decode_s_per_pixel`` per source pixel,
+``process_s_per_pixel`` per resized one), plus every other coded frame walked at
+``coded_frame_s_per_pixel`` per source pixel (:func:`apbv.cost.predict.walk_s`; measured on
+camera footage with ``video.decode=needed``, which skips the frames nothing refers to).
 """
 
 from __future__ import annotations
 
 from apbv.cost.hardware import Hardware
+from apbv.cost.predict import walk_s
 from apbv.plan import patch_ranges
 from apbv.video import VideoSpec, plan_sampling
 from apbv.video.gop import keyframe_aligned_ranges, rank_walks, shared_intervals
@@ -49,8 +50,9 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
             line = (f"  rank {rank}: {2 * (end - start)} sampled frames, {walk} coded frames "
                     "walked")
             if hw is not None:
-                seconds = (hw.preprocess_fixed_s + walk * hw.decode_s_per_pixel * pixels
-                           + 2 * (end - start) * hw.process_s_per_pixel * resized)
+                sampled = 2 * (end - start)
+                seconds = (hw.preprocess_fixed_s + walk_s(hw, walk, sampled, pixels) + sampled
+                           * (hw.decode_s_per_pixel * pixels + hw.process_s_per_pixel * resized))
                 line += f", predicted frame work {seconds:.2f} s on {hw.name}"
             lines.append(line)
     return lines

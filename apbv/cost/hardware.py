@@ -63,6 +63,12 @@ class Hardware:
     q/k rotary in fp32, the MLP's activation; as the cost model counts them) reach: fitted
     by ``benchmarks/calibrate_gpu.py`` from the tower's measured time per temporal patch;
     1.0 where not fitted."""
+    coded_frame_s_per_pixel: float = 0.0
+    """Host seconds per source pixel of each coded frame a decoder walks past on the way to a
+    sampled one (``video.decode=needed``: the frames nothing refers to are skipped, so this is
+    an average over the file's frame types), measured on camera footage with 3 B-frames
+    (``benchmarks/footage_decode.py``); a sampled frame itself costs ``decode_s_per_pixel``.
+    0.0: not measured (only the sampled frames are counted)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,6 +117,7 @@ CPU = Hardware(
     full_uses_all_ranks=True,
     thread_efficiency=0.938,
     dtype_bytes=4,
+    coded_frame_s_per_pixel=4.107e-10,
 )
 """The 2-core development machine, one thread per rank: the values of
 benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
@@ -164,6 +171,8 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
         link_bw=link_bw,
         link_latency_s=20e-6,
         decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
+        coded_frame_s_per_pixel=CPU.coded_frame_s_per_pixel / (HOST_SPEEDUP
+                                                               * HOST_CORES_PER_GPU),
         process_s_per_pixel=CPU.process_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         preprocess_fixed_s=CPU.preprocess_fixed_s / HOST_SPEEDUP,
         tokenize_s_per_token=CPU.tokenize_s_per_token / HOST_SPEEDUP,

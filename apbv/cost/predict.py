@@ -10,6 +10,7 @@ slowest rank's time.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,12 @@ def _embedding_rows(plan: Plan, span: VideoSpan | None, patch_ranges: list[tuple
              count(needed_video_tokens(plan, span, r))) for r in range(world)]
 
 
+def walk_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> float:
+    """Host seconds of the coded frames a decoder walks past on the way to ``sampled`` frames
+    (``walked`` counts both) of ``pixels`` each: ``hw.coded_frame_s_per_pixel`` apiece."""
+    return max(walked - sampled, 0) * hw.coded_frame_s_per_pixel * pixels
+
+
 def predict(
     mode: str,
     dims: ModelDims,
@@ -144,6 +151,7 @@ def predict(
     vision_attention: str = "grouped",
     pipeline: bool = False,
     answer_tokens: int = 1,
+    walked_frames: Sequence[int] | None = None,
 ) -> Prediction:
     """Predicted work and stage times of one request in ``mode`` on ``world_size`` ranks.
 
@@ -170,6 +178,10 @@ def predict(
             chunk's tower do not overlap), elsewhere F + V.
         answer_tokens: tokens of the answer, the first included: the ``decode`` stage holds
             the greedy steps after the first token (:func:`apbv.cost.decode.decode_s`).
+        walked_frames: per rank, the coded frames its decoder walks to reach its sampled
+            frames (:func:`apbv.video.gop.rank_walks` of the file's keyframes, the sampled
+            ones included; ``plan --video``); each one beyond the sampled frames costs
+            ``hw.coded_frame_s_per_pixel`` per source pixel. None: the sampled frames only.
     """
     spec = get_mode(mode)
     unit = dims.temporal_patch_size  # frames per temporal patch (InternVL3: 1)
@@ -208,8 +220,14 @@ def predict(
     per_frame = (hw.decode_s_per_pixel * (source_pixels or resized)
                  + hw.process_s_per_pixel * resized)
     tokenize = hw.tokenize_s_per_token * plan.total_len
-    preprocess = [hw.preprocess_fixed_s + tokenize + unit * n * per_frame / m.scale
-                  for n in shares]
+    frame_work = [unit * n * per_frame / m.scale for n in shares]
+    if walked_frames is not None:
+        if len(walked_frames) != ranks:
+            raise ValueError(f"walked_frames must give one count per rank ({ranks}), got "
+                             f"{len(walked_frames)}")
+        for r, (n, walked) in enumerate(zip(shares, walked_frames)):
+            frame_work[r] += walk_s(hw, walked, unit * n, source_pixels or resized) / m.scale
+    preprocess = [hw.preprocess_fixed_s + tokenize + work for work in frame_work]
     if vision_attention not in ("grouped", "per_window"):
         raise ValueError(f"vision_attention must be grouped or per_window, got "
                          f"{vision_attention!r}")
@@ -218,15 +236,13 @@ def predict(
     if pipeline and patches:
         per_chunk = patches_per_chunk(tokens_per_patch * dims.spatial_merge_size ** 2,
                                       PIPELINE_CHUNK_ROWS)
-        for r, n in enumerate(shares):
-            frame_work = unit * n * per_frame / m.scale
-            preprocess[r] -= frame_work
+        for r, (n, work) in enumerate(zip(shares, frame_work)):
+            preprocess[r] -= work
             if hw.host_overlaps_device and n:
                 chunks = -(-n // per_chunk)
-                vision_s[r] = (max(frame_work, vision_s[r])
-                               + min(frame_work, vision_s[r]) / chunks)
+                vision_s[r] = max(work, vision_s[r]) + min(work, vision_s[r]) / chunks
             else:
-                vision_s[r] += frame_work
+                vision_s[r] += work
 
     # Transfer: every rank's video embeddings to the ranks whose tokens they are.
     if video_start is None:

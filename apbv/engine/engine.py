@@ -54,9 +54,10 @@ from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
 from apbv.engine.vision_cache import VisionCache, VisionEntry, VisionKey, vision_key
 from apbv.model.adapter import VideoModel
 from apbv.model.families import load_adapter
-from apbv.plan import Range, patch_ranges
+from apbv.plan import Range
 from apbv.timing import StageTimer
 from apbv.video import Sampling, VideoSpec, decoded_rank_frames, load_rank_frames
+from apbv.video.gop import frame_split
 from apbv.video.load import rank_frame_chunks
 
 
@@ -132,7 +133,7 @@ class Engine:
             t, h, w = self.qwen.video_grid(sampling)
             ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
-                            patch_ranges(t, world)[rank] if split else (0, t), (h, w),
+                            frame_split(sampling, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids)
 
         key, entry = None, None
@@ -176,13 +177,15 @@ class Engine:
             query_ids=query_ids,
             video_grid=(t, h, w),
             second_per_grid_t=sampling.second_per_grid_t,
-            patch_ranges=patch_ranges(t, world) if split else ((0, t),) * world,
+            patch_ranges=frame_split(sampling, world) if split else ((0, t),) * world,
             pixel_values=pixel_values,
             num_frames=sampling.num_frames,
             choice_ids=choice_ids,
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
             frame_chunks=chunks,
+            snapped=sampling.moved if getattr(request.video, "snap_to_keyframes", None)
+            else None,
         )
 
     def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,

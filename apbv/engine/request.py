@@ -258,6 +258,8 @@ class PromptInputs:
     vision_store: Callable[[torch.Tensor], None] | None = field(default=None, repr=False,
                                                                 compare=False)
     """Called with this rank's vision tower output when it was computed (fills the cache)."""
+    snapped: tuple[tuple[int, int, int], ...] | None = None
+    """With ``video.snap_to_keyframes``: :attr:`apbv.video.Sampling.moved`; None otherwise."""
 
 
 @dataclass
@@ -296,6 +298,11 @@ class Result:
     logprobs: list[dict[str, Any]] | None = None
     """With ``Request.sampling.logprobs``: per generated token, its
     :meth:`~apbv.engine.sampling.Sampling.record` (from the query rank's fp32 logits)."""
+    snapped_frames: list[dict[str, int]] | None = None
+    """With ``video.snap_to_keyframes``: per sampled frame that moved to a keyframe,
+    {"position" (among the sampled frames), "frame" (the index the sampling rule gave),
+    "keyframe" (the index decoded instead)}, indices into the file's frames (seconds: index /
+    the file's fps); [] when none moved. None without snapping (exact sampling)."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -131,7 +131,7 @@ def run_prompt(
         frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
-        vision_cache_hit=cache_hit, logprobs=logprobs)
+        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped)
 
 
 def build_result(
@@ -140,6 +140,7 @@ def build_result(
     mode: str, frames: int, context_len: int, query_len: int, anchor_len: int = 0,
     passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
     vision_cache_hit: bool = False, logprobs: list[dict] | None = None,
+    snapped: Sequence[tuple[int, int, int]] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
     stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
@@ -166,6 +167,8 @@ def build_result(
         choices=choices,
         finish_reason=finish,
         logprobs=logprobs,
+        snapped_frames=None if snapped is None else [
+            {"position": p, "frame": i, "keyframe": k} for p, i, k in snapped],
     )
 
 

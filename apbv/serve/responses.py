@@ -30,7 +30,7 @@ def apbv_block(result: Result, queue_wait_s: float, replica: int = 0) -> dict[st
            "query_len": result.query_len, "anchor_len": result.anchor_len,
            "passing_len": result.passing_len, "frames": result.frames,
            "token_ids": list(result.token_ids), "queue_wait_s": queue_wait_s}
-    for name in ("vision_cache_hit", "choices"):
+    for name in ("vision_cache_hit", "choices", "snapped_frames"):
         value = getattr(result, name, None)
         if value is not None:
             out[name] = value

@@ -7,8 +7,9 @@ shares meet inside one keyframe interval both walk its start (:func:`shared_inte
 
 :func:`keyframe_aligned_ranges` moves each boundary of :func:`apbv.plan.patch_ranges` by at
 most one temporal patch to a place where the two ranks' frames fall in different keyframe
-intervals, where there is one; no boundary moves otherwise. It is a plan only: the engine
-splits the vision tower and routes embeddings with :func:`apbv.plan.patch_ranges`.
+intervals, where there is one; no boundary moves otherwise. :func:`frame_split` is the split
+the engine decodes, encodes and routes embeddings by: this one with ``video.keyframe_split``,
+the balanced one otherwise (routing moves every embedding row to its owner either way).
 
 ``keyframes``: ascending frame indices (0-based, in the decoder's index space) of the keyframes;
 ``indices``: the sampled frame indices (non-decreasing); ranges are in temporal patches.
@@ -20,7 +21,7 @@ import bisect
 from collections.abc import Sequence
 
 from apbv.plan import Range, patch_ranges
-from apbv.video.sampling import TEMPORAL_PATCH_SIZE
+from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling
 
 
 def interval_of(keyframes: Sequence[int], frame: int) -> int:
@@ -81,3 +82,13 @@ def keyframe_aligned_ranges(keyframes: Sequence[int], indices: Sequence[int],
                 bounds[i] = b
                 break
     return [(bounds[i], bounds[i + 1]) for i in range(world_size)]
+
+
+def frame_split(sampling: Sampling, world_size: int) -> tuple[Range, ...]:
+    """Each rank's temporal patches: :func:`keyframe_aligned_ranges` when ``sampling`` carries
+    the file's keyframes (:attr:`apbv.video.VideoSpec.keyframe_split`), else the balanced
+    :func:`apbv.plan.patch_ranges`. ValueError (from the latter) with fewer patches than
+    ranks."""
+    if sampling.keyframes is None:
+        return patch_ranges(sampling.num_patches, world_size)
+    return tuple(keyframe_aligned_ranges(sampling.keyframes, sampling.indices, world_size))

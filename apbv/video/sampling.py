@@ -97,6 +97,10 @@ class VideoSpec:
     """Seconds (opt-in, approximate sampling): a sampled frame that lies within this of a
     keyframe is replaced by the nearest keyframe, which decodes alone instead of after the
     frames before it; :attr:`Sampling.moved` lists the frames that moved. None: exact."""
+    keyframe_split: bool = False
+    """Split the frames over the ranks at keyframe intervals (:func:`apbv.video.gop.frame_split`,
+    at most one temporal patch from the balanced split) instead of the balanced split; needs
+    the file's keyframe index. The same frames and tokens."""
     follow_symlinks: bool = True
     """False: open the file without following a symbolic link anywhere on ``path`` (a link is
     an error), and decode the file so opened whatever the path is swapped for meanwhile (the
@@ -111,6 +115,8 @@ class VideoSpec:
         object.__setattr__(self, "path", path)
         if not isinstance(self.follow_symlinks, bool):
             raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
+        if not isinstance(self.keyframe_split, bool):
+            raise ValueError(f"keyframe_split must be a bool, got {self.keyframe_split!r}")
         if self.backend not in BACKENDS + DEVICE_BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or {DEVICE_BACKENDS[0]!r} "
                              f"(a GPU's), got {self.backend!r}")
@@ -223,6 +229,9 @@ class Sampling:
     temporal_patch_size: int = TEMPORAL_PATCH_SIZE
     """Frames per temporal unit of the vision tower (Qwen2.5-VL 2; InternVL3 1: whole
     frames); ranks split the video by whole units."""
+    keyframes: tuple[int, ...] | None = field(default=None, repr=False)
+    """With :attr:`VideoSpec.keyframe_split`: the file's keyframe indices, which place the
+    ranks' split (:func:`apbv.video.gop.frame_split`); None: the balanced split."""
 
     def __post_init__(self) -> None:
         assert len(self.indices) % self.temporal_patch_size == 0 and self.indices, self.indices
@@ -274,8 +283,12 @@ def plan_sampling(spec: VideoSpec, meta: VideoMeta) -> Sampling:
     indices = torch.linspace(start, end, nframes, dtype=torch.float32).round().long().tolist()
     sample_fps = nframes / max(count, 1e-6) * meta.fps
     height, width = _resize_target(vp, spec, meta.height, meta.width, nframes, where)
+    if spec.keyframe_split and meta.keyframes is None:
+        raise ValueError(f"{where}: keyframe_split needs the file's keyframe index, which "
+                         f"{spec.backend} does not give for it")
     indices, moved = snapped(indices, spec, meta, where)
-    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved)
+    return Sampling(tuple(indices), sample_fps, height, width, spec.image_patch_size, moved,
+                    keyframes=meta.keyframes if spec.keyframe_split else None)
 
 
 def snapped(indices: list[int], spec: VideoSpec, meta: VideoMeta, where: str,
