@@ -2,8 +2,8 @@
 
 ``apbv make-test-video --needle magenta --out media/needle.mp4`` writes one: noise frames
 with one flash of the named colour halfway through, drawn exactly as the model's training
-videos (:func:`apbv.needles.make_sample`, kind ``retrieval``: 56x56 frames, 2 fps, one temporal
-patch per second), encoded nearly losslessly so the noise stays noise. Asked "What colour is
+videos (:func:`apbv.synthetic.needles.make_sample`, kind ``retrieval``: 56x56 frames, 2 fps,
+one temporal patch per second), encoded nearly losslessly so the noise stays noise. Asked "What colour is
 the flash?", the tiny model answers the colour.
 """
 
@@ -19,7 +19,7 @@ MAX_DRAWS = 2000
 def needle_sample_of(colour: str, seconds: float, seed: int = 0):
     """The first retrieval sample (from ``seed``, index 0, 1, ...) whose flash is ``colour``,
     about ``seconds`` long, the flash halfway; ValueError naming the allowed colours."""
-    from apbv.needles import COLOURS, FPS, MAX_COUNT, make_sample
+    from apbv.synthetic.needles import COLOURS, FPS, MAX_COUNT, make_sample
 
     if colour not in COLOURS:
         raise ValueError(f"unknown needle colour {colour!r}; allowed: {', '.join(COLOURS)}")
@@ -34,10 +34,10 @@ def needle_sample_of(colour: str, seconds: float, seed: int = 0):
 def write_needle_video(path: str | os.PathLike[str], colour: str, *, seconds: float = 40.0,
                        seed: int = 0) -> Path:
     """Write :func:`needle_sample_of`'s frames to ``path`` (its directories made); returns the
-    path. The question to ask is :data:`apbv.needles.QUESTIONS` ``["retrieval"]``."""
+    path. The question to ask is :data:`apbv.synthetic.needles.QUESTIONS` ``["retrieval"]``."""
     import av
 
-    from apbv.needles import FPS
+    from apbv.synthetic.needles import FPS
 
     sample = needle_sample_of(colour, seconds, seed)
     path = Path(path)

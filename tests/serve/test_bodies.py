@@ -271,9 +271,11 @@ def test_guard_ends_an_event_stream_with_the_shutdown_error():
 def test_a_stream_window_whose_frame_count_overflows_is_a_400():
     from types import SimpleNamespace
 
+    from apbv.serve.metrics import Metrics
     from apbv.serve.streams import StreamOptions, Streams
 
-    streams = Streams(SimpleNamespace(replicas=[], opt=SimpleNamespace(limits=Limits())),
+    streams = Streams(SimpleNamespace(replicas=[], opt=SimpleNamespace(limits=Limits()),
+                                      metrics=Metrics()),
                       StreamOptions(budget_bytes=1 << 30))
     assert "window_s x fps (1e+308 x 2) overflows" in _refused(
         streams._spec, {"fps": 2, "window_s": 1e308})
