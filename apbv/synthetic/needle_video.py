@@ -3,8 +3,8 @@
 ``apbv make-test-video --needle magenta --out media/needle.mp4`` writes one: noise frames
 with one flash of the named colour halfway through, drawn exactly as the model's training
 videos (:func:`apbv.synthetic.needles.make_sample`, kind ``retrieval``: 56x56 frames, 2 fps,
-one temporal patch per second), encoded nearly losslessly so the noise stays noise. Asked "What colour is
-the flash?", the tiny model answers the colour.
+one temporal patch per second), encoded nearly losslessly so the noise stays noise. Asked
+"What colour is the flash?", the tiny model answers the colour.
 """
 
 from __future__ import annotations
