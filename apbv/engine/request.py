@@ -20,7 +20,8 @@ import torch
 
 from apbv.engine.sampling import GREEDY, Sampling
 from apbv.modes import Mode, get_mode
-from apbv.plan import Plan, Range, check_int
+from apbv.plan import Plan, Range
+from apbv.validate import check_int
 from apbv.video import DecodedVideo, VideoSpec
 
 if TYPE_CHECKING:

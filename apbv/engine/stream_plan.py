@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.plan import check_int
+from apbv.validate import check_int, positive
 from apbv.video import TEMPORAL_PATCH_SIZE
 
 MAX_TIMESTAMP_S = 1e10
@@ -57,15 +57,6 @@ def check_timestamps(stamps: Sequence[Any], last: float | None) -> list[float]:
     return out
 
 
-def _check_positive(name: str, value: object, *, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class StreamSpec:
     """How a stream samples and keeps its video (fixed at open)."""
@@ -90,8 +81,8 @@ class StreamSpec:
             value = check_int(name, getattr(self, name), 28)
             if value % 28:
                 raise ValueError(f"{name} must be a multiple of 28, got {value}")
-        object.__setattr__(self, "fps", _check_positive("fps", self.fps, allow_none=False))
-        object.__setattr__(self, "window_s", _check_positive("window_s", self.window_s))
+        object.__setattr__(self, "fps", positive("fps", self.fps))
+        object.__setattr__(self, "window_s", positive("window_s", self.window_s, allow_none=True))
         if self.window_tokens is not None:
             check_int("window_tokens", self.window_tokens, 1)
         if self.rebase_at is not None:
