@@ -122,7 +122,7 @@ class Watches:
         self.of: dict[str, StreamWatches] = {}
         self.hub = EventHub()
         r, label = self.server.metrics.registry, ["model_name"]
-        name = self.server.metrics.model_name
+        name = self.server.opt.model_name
         self.events_total = Counter("apbv:events", "Standing questions' events", label,
                                     registry=r).labels(name)
         self.latency = Histogram("apbv:capture_to_event_seconds", "Arrival of the chunk to "

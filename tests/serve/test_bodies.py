@@ -274,7 +274,8 @@ def test_a_stream_window_whose_frame_count_overflows_is_a_400():
     from apbv.serve.metrics import Metrics
     from apbv.serve.streams import StreamOptions, Streams
 
-    streams = Streams(SimpleNamespace(replicas=[], opt=SimpleNamespace(limits=Limits()),
+    streams = Streams(SimpleNamespace(replicas=[],
+                                      opt=SimpleNamespace(limits=Limits(), model_name="m"),
                                       metrics=Metrics()),
                       StreamOptions(budget_bytes=1 << 30))
     assert "window_s x fps (1e+308 x 2) overflows" in _refused(

@@ -29,7 +29,8 @@ def _streams(**options) -> tuple[Streams, Replica]:
     group = SimpleNamespace(pids=[], world_size=1)
     replica = Replica(0, group, Admission(2), Metrics(), lambda _: None)
     replica.status = "ready"
-    streams = Streams(SimpleNamespace(replicas=[replica], opt=SimpleNamespace(limits=Limits()),
+    streams = Streams(SimpleNamespace(replicas=[replica],
+                                      opt=SimpleNamespace(limits=Limits(), model_name="m"),
                                       metrics=Metrics()),
                       StreamOptions(budget_bytes=100 * KIB, **options))
     return streams, replica
