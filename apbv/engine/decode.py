@@ -125,13 +125,20 @@ def step_token(logits: torch.Tensor, received: torch.Tensor, sampling: Sampling 
     return token.masked_fill_((received[:, 1] != received[0, 1]).any(), DIVERGED)
 
 
+_PINNED: dict[torch.dtype, torch.Tensor] = {}
+"""The pinned host buffer :func:`host_token` reads a token into, one per dtype (the event wait
+finishes the read before the next token's copy can start)."""
+
+
 def host_token(token: torch.Tensor) -> int:
     """The value of a (1,) int64 token tensor on the host: the one read back per decoded token
     (for ``on_token``, EOS and stop texts). On CUDA it is a non-blocking copy to pinned memory
     waited on by an event, so only this token's work is waited for; on the CPU a plain read."""
     if token.device.type != "cuda":
         return int(token[0])
-    pinned = torch.empty(1, dtype=token.dtype, pin_memory=True)
+    pinned = _PINNED.get(token.dtype)
+    if pinned is None:  # allocated once per dtype, not per token (pinning is costly)
+        pinned = _PINNED[token.dtype] = torch.empty(1, dtype=token.dtype, pin_memory=True)
     pinned.copy_(token, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()

@@ -184,8 +184,8 @@ class Engine:
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
             frame_chunks=chunks,
-            snapped=sampling.moved if getattr(request.video, "snap_to_keyframes", None)
-            else None,
+            snapped=sampling.moved if isinstance(request.video, VideoSpec)
+            and request.video.snap_to_keyframes is not None else None,
         )
 
     def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,

@@ -30,8 +30,8 @@ def apbv_block(result: Result, queue_wait_s: float, replica: int = 0) -> dict[st
            "query_len": result.query_len, "anchor_len": result.anchor_len,
            "passing_len": result.passing_len, "frames": result.frames,
            "token_ids": list(result.token_ids), "queue_wait_s": queue_wait_s}
-    for name in ("vision_cache_hit", "choices", "snapped_frames"):
-        value = getattr(result, name, None)
+    for name, value in (("vision_cache_hit", result.vision_cache_hit),
+                        ("choices", result.choices), ("snapped_frames", result.snapped_frames)):
         if value is not None:
             out[name] = value
     return out
@@ -64,7 +64,7 @@ def logprobs(result: Result, tokenizer: Tokenizer | None) -> dict[str, Any] | No
     """OpenAI's ``logprobs`` of a choice ({"content": [{"token", "logprob", "bytes",
     "top_logprobs": [...]}, ...]}, one entry per generated token) from the result's records
     (:meth:`apbv.engine.sampling.Sampling.record`); None when none were asked for."""
-    records = getattr(result, "logprobs", None)
+    records = result.logprobs
     if records is None or tokenizer is None:
         return None
 
