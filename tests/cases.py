@@ -11,6 +11,15 @@ from apbv.plan import Plan
 from tests.oracle import causal_attention, masked_attention, oracle_attention, visible_keys
 
 FP32_TOL = 1e-5  # the op vs the fp64 oracle in fp32: rounding of sums over <= 1k keys
+# A choice's log-probability (fp32, tens of nats) computed two ways through the whole model:
+# relative to its size, since the rounding grows with it. About 170 ulps; the same pairs have
+# measured 1e-7 to 3e-6 on different CPUs, a wrong context is off by 1e-2 or more.
+LOGPROB_RTOL = 2e-5
+
+
+def logprob_error(got: float, want: float) -> float:
+    """|got - want| relative to max(1, |want|), to compare with LOGPROB_RTOL."""
+    return abs(got - want) / max(1.0, abs(want))
 
 
 @dataclass(frozen=True)
