@@ -153,14 +153,12 @@ class Engine:
                 planner=self.qwen.plan_sampling)
         else:
             assert not isinstance(request.video, StreamRef), "a stream ask: Engine.generate"
-            if not isinstance(request.video, VideoSpec) and not self.qwen.streams:
-                raise ValueError(f"{self.qwen.family} answers video files; decoded frames "
-                                 f"are for Qwen2.5-VL (its frame geometry)")
             frames = load_rank_frames(request.video, *share, before_decode=preflight,
                                       device=self.frame_device,
                                       planner=self.qwen.plan_sampling) \
                 if isinstance(request.video, VideoSpec) else \
-                decoded_rank_frames(request.video, *share, before_process=preflight)
+                decoded_rank_frames(request.video, *share, before_process=preflight,
+                                    temporal_patch_size=self.qwen.temporal_patch_size)
             sampling, patches = frames.sampling, frames.patch_range
             if pipeline:  # frames already in memory: the chunks are views
                 chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
@@ -260,8 +258,7 @@ class Engine:
         if stream_id in self.streams:
             raise ValueError(f"stream {stream_id[:64]!r} is already open")
         if not self.qwen.streams:
-            raise ValueError(f"live streams run Qwen2.5-VL; the loaded model is "
-                             f"{self.qwen.family}")
+            raise ValueError(f"the loaded model ({self.qwen.family}) runs no live streams")
         stream = Stream(self.qwen, self.info, spec, kernel=self.cfg.attention.kernel)
         self.streams[stream_id] = stream
         return stream.describe()

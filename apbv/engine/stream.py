@@ -1,30 +1,36 @@
 """A live video stream held over the ranks: append frames as they arrive, ask at any moment.
 
 A stream's prompt is the one a one-shot request would build on the frames so far: the chat
-template's header (prefilled at open), the video tokens growing chunk by chunk, and at an ask
+template's header (prefilled at open), the frames' rows growing chunk by chunk, and at an ask
 (a :class:`~apbv.engine.request.Request` whose video is a
 :class:`~apbv.engine.request.StreamRef`, answered by :mod:`apbv.engine.stream_ask`) the rest of
 the template with the question. The engine holds its streams by id
 (:meth:`apbv.engine.engine.Engine.open_stream`); every method is called on every rank alike,
 with the same arguments (checked: a mismatch is a ValueError on every rank). The pure
-bookkeeping (owners, row starts, eviction, patch indices) is :mod:`apbv.engine.stream_plan`.
+bookkeeping (owners, row starts, eviction, patch indices) is :mod:`apbv.engine.stream_plan`;
+the prompt's pieces and their positions are the model family's
+(:meth:`apbv.model.adapter.VideoModel.stream_prompt`): this module builds neither.
 
-Appending a chunk (the whole temporal patches of one :meth:`Stream.append`; an odd last frame
-waits for its pair): the chunk goes to the rank holding the fewest tokens (its *owner*), which
-runs the vision tower on it and broadcasts the embeddings; every rank then feeds the chunk's
-rows through the decoder (hidden states replicated, as in decode), and in each layer attends
-them to the keys it holds (the owner: causally to its cache plus the chunk); the H partials
-are merged by log-sum-exp (:class:`apbv.engine.decode.DecodeContext`). That is exact attention
-of the chunk over everything before it, and only the owner stores the chunk's KV, so memory
-stays balanced. An ask feeds the rest of the prompt the same way (owned by the query rank),
-answers (greedy tokens or closed-vocabulary choices, exact) and then forgets the question's
-rows and whatever decode added: the stream goes on unchanged.
+Appending a chunk (the whole temporal units of one :meth:`Stream.append`, the family's
+:attr:`~apbv.model.adapter.VideoModel.temporal_patch_size` frames each; a last frame short of a
+unit waits for the next append): the chunk goes to the rank holding the fewest tokens (its
+*owner*), which runs the vision tower on it and broadcasts the embeddings; every rank then
+feeds the chunk's rows (its video tokens, and the family's text around its frames, e.g.
+InternVL3's ``FrameN: <img>...</img>``) through the decoder (hidden states replicated, as in
+decode), and in each layer attends them to the keys it holds (the owner: causally to its cache
+plus the chunk); the H partials are merged by log-sum-exp
+(:class:`apbv.engine.decode.DecodeContext`). That is exact attention of the chunk over
+everything before it, and only the owner stores the chunk's KV, so memory stays balanced. An
+ask feeds the rest of the prompt the same way (owned by the query rank), answers (greedy tokens
+or closed-vocabulary choices, exact) and then forgets the question's rows and whatever decode
+added: the stream goes on unchanged.
 
-M-RoPE positions are the one-shot prompt's: temporal patch g (counted from the stream's first
-frame, at ``2 / fps`` seconds per patch, from the timestamps) gets temporal position
-``floor(g * 2 / fps * tokens_per_second)``; text after the video starts at the maximum + 1.
-So while nothing is evicted, an ask returns the tokens of one-shot ``exact`` mode on the same
-frames (``Request(video=DecodedVideo(frames, fps))``).
+Positions are the one-shot prompt's: for Qwen2.5-VL's M-RoPE, temporal patch g (counted from
+the stream's first frame, at ``2 / fps`` seconds per patch, from the timestamps) gets temporal
+position ``floor(g * 2 / fps * tokens_per_second)``; for a 1-D family (InternVL3) the rows
+follow each other; text after the video starts at the maximum + 1. So while nothing is evicted,
+an ask returns the tokens of one-shot ``exact`` mode on the same frames
+(``Request(video=DecodedVideo(frames, fps))``).
 
 A window (``window_s``, or ``window_tokens`` per rank) evicts the oldest whole chunks and frees
 their rows on the rank that held them. The survivors keep their KV and positions: they were
@@ -64,11 +70,11 @@ from apbv.engine.stream_plan import (
     row_start,
 )
 from apbv.model.adapter import VideoModel
+from apbv.model.stream_prompt import ChunkPlace
 from apbv.plan import QUERY_RANK
-from apbv.positions import rope_shift, video_positions
-from apbv.sequence import VIDEO_PAD, build_prompt
+from apbv.positions import rope_shift
 from apbv.timing import StageTimer
-from apbv.video import TEMPORAL_PATCH_SIZE
+from apbv.video import Sampling
 
 
 class Stream:
@@ -88,14 +94,18 @@ class Stream:
         self._last_ts: float | None = None  # the newest frame's timestamp
         self._next_patch = 0
         self._chunk_index = 0
+        self._frames_fed = 0  # frames in every chunk so far (evicted ones included)
+        self.unit = qwen.temporal_patch_size  # frames per temporal unit (a patch)
+        self.seconds_per_patch = self.unit / spec.fps
         merge = qwen.spatial_merge_size
-        self.grid_hw = (spec.height // 14, spec.width // 14)
+        _, *hw = qwen.video_grid(Sampling(tuple(range(self.unit)), spec.fps, spec.height,
+                                          spec.width, temporal_patch_size=self.unit))
+        self.grid_hw = (hw[0], hw[1])
         self.tokens_per_patch = (self.grid_hw[0] // merge) * (self.grid_hw[1] // merge)
         self.rebase_at = spec.rebase_at or qwen.max_positions // 2
-        ids, _ = build_prompt(qwen.processor, "?", 1)
-        cut = ids.tolist().index(qwen.processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
-        self.header_ids, self.after_ids = ids[:cut], ids[cut + 1:]
-        self.header_len = cut
+        self.prompt = qwen.stream_prompt(self.grid_hw)
+        self.header_ids, self.after_ids = self.prompt.header, self.prompt.after
+        self.header_len = cut = len(self.header_ids)
         self.tokens = [0] * self.info.world_size  # tokens each rank holds (every rank knows)
         self.max_position = cut - 1  # the largest position fed so far (after shifts)
         with torch.inference_mode():
@@ -107,7 +117,7 @@ class Stream:
 
     @property
     def frames_held(self) -> int:
-        return TEMPORAL_PATCH_SIZE * sum(c.patches for c in self.chunks)
+        return self.unit * sum(c.patches for c in self.chunks)
 
     @property
     def context_len(self) -> int:
@@ -157,12 +167,16 @@ class Stream:
             raise ValueError(f"{frames.shape[0]} frames but {len(stamps)} timestamps")
         return frames, stamps
 
-    def _positions(self, patches: list[int]) -> torch.Tensor:
-        """(3, 1, tokens) M-RoPE positions of the chunk's tokens (after the current shift)."""
-        merge = self.qwen.spatial_merge_size
-        return video_positions(patches, self.grid_hw[0] // merge, self.grid_hw[1] // merge,
-                               self.spec.seconds_per_patch, self.qwen.tokens_per_second,
-                               self.header_len - self.stats.shift).unsqueeze(1)
+    def _chunk_rows(self, patches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` (after
+        the current shift), from the family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
+        return self.prompt.chunk(ChunkPlace(
+            self._frames_fed, patches, self.seconds_per_patch,
+            self.header_len - self.stats.shift, self.max_position + 1))
+
+    def query_ids(self, question: str) -> torch.Tensor:
+        """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
+        return self.qwen.prompt(question, (1, *self.grid_hw))[1]
 
     def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> Appended:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
@@ -182,7 +196,7 @@ class Stream:
             frames = torch.cat([self._pending[0].unsqueeze(0), frames])
             stamps = [self._pending[1]] + stamps
             self._pending = None
-        if len(stamps) % TEMPORAL_PATCH_SIZE:
+        if len(stamps) % self.unit:
             self._pending = (frames[-1].clone(), stamps[-1])
             frames, stamps = frames[:-1], stamps[:-1]
         if not stamps:
@@ -192,19 +206,19 @@ class Stream:
     def _append_chunk(self, frames: torch.Tensor, stamps: list[float]) -> Appended:
         info = self.info
         assert self._t0 is not None
-        patches = patch_indices(stamps[::TEMPORAL_PATCH_SIZE], self._t0,
-                                self.spec.seconds_per_patch, self._next_patch)
-        tokens = len(patches) * self.tokens_per_patch
+        patches = patch_indices(stamps[::self.unit], self._t0, self.seconds_per_patch,
+                                self._next_patch)
+        ids, positions = self._chunk_rows(patches)
+        tokens = len(ids)
         check_room(sum(self.tokens), tokens, self.qwen.max_positions)
-        positions = self._positions(patches)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
-            positions = self._positions(patches)
+            ids, positions = self._chunk_rows(patches)
         owner = pick_owner(self.tokens)
         timer = StageTimer(info.device, info.group)
         mark = self.cache.lengths()
         try:
-            embeds = self._encode_and_feed(frames, positions, tokens, owner, timer)
+            embeds = self._encode_and_feed(frames, ids, positions, owner, timer)
         except BaseException:
             self.cache.truncate(mark)  # a failed chunk leaves the stream as it was
             raise
@@ -216,6 +230,7 @@ class Stream:
         self.tokens[owner] += tokens
         self.max_position = max(self.max_position, int(positions.max()))
         self._next_patch = patches[-1] + 1
+        self._frames_fed += len(stamps)
         self._chunk_index += 1
         self.stats.chunks += 1
         evicted = self._evict()
@@ -226,11 +241,14 @@ class Stream:
                         seconds=seconds)
 
     @torch.inference_mode()
-    def _encode_and_feed(self, frames: torch.Tensor, positions: torch.Tensor, tokens: int,
+    def _encode_and_feed(self, frames: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                          owner: int, timer: StageTimer) -> torch.Tensor:
-        """The owner encodes the chunk and broadcasts its embeddings (tokens, hidden); every
-        rank feeds them; the owner keeps their KV."""
+        """The owner encodes the chunk and broadcasts its embeddings (video tokens, hidden);
+        every rank feeds the chunk's rows ``ids`` (R,), the embeddings in place of its video
+        tokens; the owner keeps their KV. Returns the embeddings."""
         qwen, group = self.qwen, self.info.group
+        video = ids == qwen.video_token_id
+        tokens = int(video.sum())
         with timer.stage("vision"):
             embeds = None
             with agreement(group):  # e.g. out of memory on the owner only
@@ -243,7 +261,12 @@ class Stream:
                                      device=qwen.device)
             embeds = comm.broadcast(embeds.to(qwen.dtype), src=owner, group=group)
         with timer.stage("prefill"):
-            self.feed(embeds.unsqueeze(0), positions, owner=owner)
+            if bool(video.all()):  # the rows are the video tokens alone
+                rows = embeds.unsqueeze(0)
+            else:
+                rows = qwen.embed(ids.unsqueeze(0))
+                rows[0, video.to(rows.device)] = embeds.to(rows.dtype)
+            self.feed(rows, positions, owner=owner)
         return embeds
 
     @torch.inference_mode()  # the cached tensors are inference tensors
@@ -290,11 +313,10 @@ class Stream:
             gathered.update(part)
         return torch.cat([gathered[c.index] for c in self.chunks])
 
-    def window_ids(self, video_tokens: int) -> torch.Tensor:
-        """(N,) the context ids of a one-shot prompt on the held window: the header,
-        ``video_tokens`` placeholders and the template's rest before the question."""
-        pad = self.qwen.processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
-        return torch.cat([self.header_ids, torch.full((video_tokens,), pad), self.after_ids])
+    def window_ids(self) -> torch.Tensor:
+        """(N,) the context ids of the family's one-shot prompt on the held window's frames."""
+        held = sum(c.patches for c in self.chunks)
+        return self.qwen.prompt("?", (held, *self.grid_hw))[0]
 
     def close(self) -> None:
         """Free this rank's KV and kept embeddings (no collective)."""

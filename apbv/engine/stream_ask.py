@@ -25,9 +25,7 @@ from apbv.engine.runner import build_result, check_context, finish_answer
 from apbv.engine.stream import Stream
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK, patch_ranges
-from apbv.sequence import build_prompt
 from apbv.timing import StageTimer
-from apbv.video import TEMPORAL_PATCH_SIZE
 
 HELD_MODE = "exact"
 """The mode of a question over a stream's held KV: exact attention over the held cache."""
@@ -55,7 +53,7 @@ def asked_stream(streams: Mapping[str, Stream], request: Request, rank: int) -> 
         raise ValueError(f"no stream {ref.stream_id[:64]!r} on rank {rank}")
     if not stream.chunks:
         raise ValueError("the stream holds no frames yet: append at least one whole "
-                         f"temporal patch ({TEMPORAL_PATCH_SIZE} frames) first")
+                         f"temporal patch ({stream.unit} frames) first")
     if request.system is not None:
         raise ValueError("a stream's prompt took the chat template's default system turn when "
                          "it was opened: a question about it takes no system text")
@@ -75,8 +73,7 @@ def held_ask(qwen: VideoModel, stream: Stream, request: Request) -> HeldAsk:
     (:func:`apbv.engine.runner.check_context`: everything the stream holds, or its positions
     when they went past that, is the context)."""
     tokenizer = qwen.processor.tokenizer
-    _, query_ids = build_prompt(qwen.processor, request.question, 0)
-    rows = torch.cat([stream.after_ids, query_ids])
+    rows = torch.cat([stream.after_ids, stream.query_ids(request.question)])
     choice_ids = None if request.choices is None else \
         choice_token_ids(tokenizer, request.choices)
     check_context(request, stream.context_len, len(rows), choice_ids, qwen.max_positions)
@@ -92,13 +89,12 @@ def window_inputs(qwen: VideoModel, stream: Stream, request: Request, info: Dist
     ranges = patch_ranges(t, info.world_size) if request.mode.vit_split else \
         ((0, t),) * info.world_size
     p0, p1 = ranges[info.rank]
-    _, query_ids = build_prompt(qwen.processor, request.question, 0)
     choice_ids = None if request.choices is None else \
         choice_token_ids(qwen.processor.tokenizer, request.choices)
     return PromptInputs(
-        context_ids=stream.window_ids(len(video)), query_ids=query_ids,
-        video_grid=(t, *stream.grid_hw), second_per_grid_t=stream.spec.seconds_per_patch,
-        patch_ranges=tuple(ranges), pixel_values=None, num_frames=TEMPORAL_PATCH_SIZE * t,
+        context_ids=stream.window_ids(), query_ids=stream.query_ids(request.question),
+        video_grid=(t, *stream.grid_hw), second_per_grid_t=stream.seconds_per_patch,
+        patch_ranges=tuple(ranges), pixel_values=None, num_frames=stream.unit * t,
         choice_ids=choice_ids,
         vision_embeds=video[p0 * tokens_per_patch:p1 * tokens_per_patch].to(qwen.device))
 

@@ -44,8 +44,15 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    (sizes the memory preflight reads); the cost model reads the same shapes from
    ``config.json`` (:func:`apbv.cost.model_dims`).
 
-Live streams (:mod:`apbv.engine.stream`) build Qwen2.5-VL's prompt; a family without them
-says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
+9. **Live streams.** :meth:`VideoModel.stream_prompt` gives the family's
+   :class:`apbv.model.stream_prompt.StreamPrompt` for frames of a patch grid: the header ids
+   before the first frame, each appended chunk's ids (its video tokens and the family's text
+   around them, e.g. InternVL3's ``FrameN: <img>...</img>`` numbered on from the frames fed
+   before it) with their positions, and the ids after the video; the query ids are
+   :meth:`VideoModel.prompt`'s. :attr:`VideoModel.temporal_patch_size` frames make a unit (a
+   stream chunk and a decoded-frames request hold whole units). The engine's stream code
+   (:mod:`apbv.engine.stream`) builds no prompt and no position itself. A family without
+   streams says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
 
 Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL),
 :class:`apbv.model.internvl.InternVL` (InternVL3).
@@ -60,6 +67,7 @@ if TYPE_CHECKING:
     import torch
 
     from apbv.config import VisionConfig
+    from apbv.model.stream_prompt import StreamPrompt
     from apbv.plan import Range
     from apbv.video import Sampling, VideoMeta, VideoSpec
 
@@ -100,6 +108,10 @@ class VideoModel(Protocol):
 
     @property
     def spatial_merge_size(self) -> int: ...
+
+    @property
+    def temporal_patch_size(self) -> int:
+        """Frames per temporal unit of the vision tower (Qwen2.5-VL 2, InternVL3 1)."""
 
     @property
     def tokens_per_second(self) -> float: ...
@@ -145,6 +157,10 @@ class VideoModel(Protocol):
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float) -> torch.Tensor: ...
+
+    def stream_prompt(self, grid_hw: tuple[int, int]) -> StreamPrompt:
+        """The live-stream pieces of the prompt for frames of the (h, w) patch grid
+        ``grid_hw`` (:meth:`video_grid`'s, before the merge)."""
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
 

@@ -17,7 +17,9 @@ checkpoint's image size by the stock processor here; the temporal unit is one fr
 video tokens are one run per frame with text between the frames
 (:meth:`InternVL.video_runs`); the engine routes the k-th embedding to the k-th
 ``<IMG_CONTEXT>`` token (:class:`apbv.ownership.VideoSpan`).
-Live streams and decoded-frame requests are Qwen2.5-VL's (:attr:`InternVL.streams` False).
+Live streams hold the same prompt frame by frame (:class:`apbv.model.internvl_prompt.
+InternVLStreamPrompt`: each chunk's ``FrameN`` text numbered on from the frames fed before it);
+decoded-frame requests take every frame as its own temporal unit.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.hf_compat import check_version, dtype_kwargs, tower_output
 from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
-from apbv.model.internvl_prompt import FAMILY, InternVLRules
+from apbv.model.internvl_prompt import FAMILY, InternVLRules, InternVLStreamPrompt
+from apbv.model.stream_prompt import sequential_positions
 from apbv.plan import Range
 from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -60,8 +63,10 @@ class InternVL(HFVisionLM):
     preprocess: str = "processor"
     """Frames become patch rows through the stock processor (float rows)."""
     embeds_levels: bool = False
-    streams: bool = False
-    """Live streams and decoded-frame requests build Qwen2.5-VL's prompt: refused."""
+    streams: bool = True
+    """Live streams run this family (:meth:`stream_prompt`)."""
+    temporal_patch_size: int = 1
+    """Frames per temporal unit: one (ranks and stream chunks hold whole frames)."""
 
     @property
     def family(self) -> str:
@@ -188,7 +193,12 @@ class InternVL(HFVisionLM):
                   second_per_grid_t: float) -> torch.Tensor:
         """(3, 1, T) 1-D RoPE positions 0..T-1 of the prompt ``ids`` (T,), in three equal rows
         (the video's grid and time do not move them)."""
-        return torch.arange(len(ids)).view(1, 1, -1).expand(3, 1, -1).clone()
+        return sequential_positions(0, len(ids))
+
+    def stream_prompt(self, grid_hw: tuple[int, int]) -> InternVLStreamPrompt:
+        """The live-stream pieces of :meth:`prompt_ids`' prompt (``grid_hw`` is always the
+        448x448 frame's patch grid here)."""
+        return InternVLStreamPrompt(self.processor)
 
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T) (the

@@ -12,11 +12,13 @@ engine's adapter (:mod:`apbv.model.internvl`) and the server's front end
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from apbv.model.stream_prompt import ChunkPlace, sequential_positions
 from apbv.sequence import SYSTEM_SLOT, text_ids
 from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.sampling import snapped
@@ -75,35 +77,54 @@ def internvl_prompt_ids(processor: Any, question: str, num_frames: int,
     if not isinstance(question, str) or not question.strip():
         raise ValueError("the question must be a non-empty string")
     tokenizer = processor.tokenizer
+    context, query = _rendered(processor, system)
+    frames = frames_text(tokenizer, 0, num_frames)
+    head, _, rest = context.replace(tokenizer.video_token, frames).rpartition(SYSTEM_SLOT)
+    ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
+    if system is not None:
+        ids += text_ids(tokenizer, system)
+    ids += tokenizer(rest, add_special_tokens=False)["input_ids"]
+    query_ids = text_ids(tokenizer, question) + \
+        tokenizer(query, add_special_tokens=False)["input_ids"]
+    return expand_frames(processor, ids), torch.tensor(query_ids, dtype=torch.long)
+
+
+def _rendered(processor: Any, system: str | None) -> tuple[str, str]:
+    """The chat template's text before and after the question (the context holds the one
+    ``<video>``, and :data:`apbv.sequence.SYSTEM_SLOT` where the system text goes)."""
+    tokenizer = processor.tokenizer
     messages: list[dict] = [{"role": "user", "content": [
         {"type": "video"}, {"type": "text", "text": _QUESTION}]}]
     if system is not None:
         messages.insert(0, {"role": "system",
                             "content": [{"type": "text", "text": SYSTEM_SLOT}]})
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    video, start, end = (tokenizer.video_token, tokenizer.start_image_token,
-                         tokenizer.end_image_token)
+    video = tokenizer.video_token
     if text.count(video) != 1 or text.count(_QUESTION) != 1 or \
             text.find(video) > text.find(_QUESTION) or (system is not None and (
                 text.count(SYSTEM_SLOT) != 1 or text.find(SYSTEM_SLOT) > text.find(video))):
         raise ValueError(f"the chat template must place one {video} (after the system "
                          f"text, if any) before the question; it rendered {text!r}")
     context, query = text.split(_QUESTION)
-    context_token = tokenizer.context_image_token
-    frames = "\n".join(f"Frame{i + 1}: {start}{context_token}{end}"
-                       for i in range(num_frames))
-    head, _, rest = context.replace(video, frames).rpartition(SYSTEM_SLOT)
-    ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
-    if system is not None:
-        ids += text_ids(tokenizer, system)
-    ids += tokenizer(rest, add_special_tokens=False)["input_ids"]
-    per_frame = processor.image_seq_length
-    context_ids = [t for i in ids for t in
-                   ([i] * per_frame if i == tokenizer.context_image_token_id else [i])]
-    query_ids = text_ids(tokenizer, question) + \
-        tokenizer(query, add_special_tokens=False)["input_ids"]
-    return (torch.tensor(context_ids, dtype=torch.long),
-            torch.tensor(query_ids, dtype=torch.long))
+    return context, query
+
+
+def frames_text(tokenizer: Any, first: int, count: int) -> str:
+    """The text of frames ``first + 1 .. first + count`` as the stock processor writes them
+    (``FrameN: <img><IMG_CONTEXT></img>``, joined by a new line; one ``<IMG_CONTEXT>`` per
+    frame, :func:`expand_frames` repeats it)."""
+    start, end = tokenizer.start_image_token, tokenizer.end_image_token
+    return "\n".join(f"Frame{i + 1}: {start}{tokenizer.context_image_token}{end}"
+                     for i in range(first, first + count))
+
+
+def expand_frames(processor: Any, ids: list[int]) -> torch.Tensor:
+    """(N,) int64 ``ids`` with each ``<IMG_CONTEXT>`` repeated ``image_seq_length`` times (256:
+    a frame's tokens after the pixel shuffle)."""
+    context_id, per_frame = processor.tokenizer.context_image_token_id, \
+        processor.image_seq_length
+    return torch.tensor([t for i in ids for t in ([i] * per_frame if i == context_id else [i])],
+                        dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -132,3 +153,40 @@ class InternVLRules:
                system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`internvl_prompt_ids` over the ``video_grid[0]`` frames of the grid."""
         return internvl_prompt_ids(self.processor, question, video_grid[0], system)
+
+
+@dataclass
+class InternVLStreamPrompt:
+    """InternVL3's live-stream prompt (:class:`apbv.model.stream_prompt.StreamPrompt`): the
+    template's text before ``<video>`` (no system turn), per chunk its frames' text numbered on
+    from the frames fed before it (:func:`frames_text`, a new line before every frame but the
+    stream's first) at 1-D positions following everything fed, and the text after ``<video>``.
+    Built from the same text as :func:`internvl_prompt_ids`, so the pieces join into its
+    context ids (checked at construction: ValueError if the tokenizer merged them otherwise)."""
+
+    processor: Any
+
+    def __post_init__(self) -> None:
+        tokenizer = self.processor.tokenizer
+        before, _, after = _rendered(self.processor, None)[0].partition(tokenizer.video_token)
+        self.header = self._ids(before)
+        self.after = self._ids(after)
+        place = ChunkPlace(0, (0,), 1.0, 0, 0)
+        joined = torch.cat([self.header, self.chunk(place)[0],
+                            self.chunk(dataclasses.replace(place, first_frame=1))[0], self.after])
+        whole, _ = internvl_prompt_ids(self.processor, "?", 2)
+        if not torch.equal(joined, whole):
+            raise ValueError(f"{FAMILY}'s chat template does not tokenize frame by frame as a "
+                             "whole: live streams cannot hold its prompt")
+
+    def _ids(self, text: str) -> torch.Tensor:
+        ids = self.processor.tokenizer(text, add_special_tokens=False)["input_ids"] if text \
+            else []
+        return expand_frames(self.processor, ids)
+
+    def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's frames' ids (one frame per temporal unit) at 1-D positions from
+        ``place.next_position``."""
+        text = frames_text(self.processor.tokenizer, place.first_frame, len(place.patches))
+        ids = self._ids(("\n" if place.first_frame else "") + text)
+        return ids, sequential_positions(place.next_position, len(ids))

@@ -32,6 +32,7 @@ from apbv.model.hf_compat import (
 )
 from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.stream_prompt import QwenStreamPrompt
 from apbv.model.tower import (
     CPU_CHUNK_ROWS,
     grid_rows,
@@ -70,7 +71,12 @@ class QwenVL(HFVisionLM):
     chunk_rows: int = 0
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
     streams: bool = True
-    """Live streams (:mod:`apbv.engine.stream`) run this family."""
+    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
+
+    @property
+    def temporal_patch_size(self) -> int:
+        """Frames per temporal patch of the vision tower (2)."""
+        return self.processor.video_processor.temporal_patch_size
 
     @property
     def embeds_levels(self) -> bool:
@@ -178,6 +184,13 @@ class QwenVL(HFVisionLM):
                                video_token_id=self.video_token_id,
                                spatial_merge_size=self.spatial_merge_size,
                                tokens_per_second=self.tokens_per_second)
+
+    def stream_prompt(self, grid_hw: tuple[int, int]) -> QwenStreamPrompt:
+        """A live stream's pieces of :meth:`prompt`'s prompt for frames of the ``grid_hw``
+        (h, w) patch grid: one run of video tokens, M-RoPE positions from their times."""
+        merge = self.spatial_merge_size
+        return QwenStreamPrompt(self.processor, (grid_hw[0] // merge, grid_hw[1] // merge),
+                                self.tokens_per_second)
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Set up the vision tower and the patch rows as ``vision`` says: the tower's modules

@@ -15,6 +15,7 @@ from apbv.video.decoders import _open, _Reader
 from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.gop import frame_split
 from apbv.video.sampling import (
+    TEMPORAL_PATCH_SIZE,
     Sampling,
     VideoMeta,
     VideoSpec,
@@ -236,10 +237,12 @@ def load_rank_frames(
 def decoded_rank_frames(
     video: DecodedVideo, rank: int, world_size: int, *,
     before_process: Callable[[Sampling], None] | None = None,
+    temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
 ) -> RankFrames:
     """:func:`load_rank_frames` for frames already decoded and resized: this rank's share of
-    the temporal patches (views, no copy). ``before_process`` as ``before_decode`` there."""
-    sampling = video.sampling
+    the temporal patches of ``temporal_patch_size`` frames (the model family's; views, no
+    copy). ``before_process`` as ``before_decode`` there."""
+    sampling = dataclasses.replace(video.sampling, temporal_patch_size=temporal_patch_size)
     try:
         patches = frame_split(sampling, world_size)[rank]
     except ValueError as err:

@@ -1,0 +1,89 @@
+"""A live stream of the tiny InternVL3 on 2 gloo ranks (fp32): a question over the held KV
+equals one-shot exact on the same frames (``Request(video=DecodedVideo(frames, fps))``, each
+frame its own temporal unit): the greedy tokens are equal and the choices' log-probabilities
+agree within ``LOGPROB_RTOL`` after pushes of 1, 2 and 3 frames (each chunk's ``FrameN`` text
+numbered on from the frames before it), the tokens also after one more push; a fresh ask
+(one-shot prefill of the held frames from the kept embeddings) equals it too, and every rank
+answers alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apbv.config import RuntimeConfig, load_config
+from apbv.distributed import DistInfo, spawn_local
+from apbv.engine.engine import Engine
+from apbv.engine.request import Request, StreamRef
+from apbv.engine.stream_plan import StreamSpec
+from apbv.video import DecodedVideo
+from tests.cases import LOGPROB_RTOL, logprob_error
+
+QUESTION = "Which colour comes after the blue one?"
+CHOICES = ("red", "blue square")
+FPS, SIZE, NEW_TOKENS = 2.0, 56, 4
+PUSHES = (1, 2, 3)
+"""Frames per push before the first ask (6 in all); then one push of 2 more."""
+
+
+@pytest.fixture(scope="module")
+def internvl_config(tmp_path_factory: pytest.TempPathFactory) -> RuntimeConfig:
+    from apbv.model.tiny_internvl import write_tiny_internvl
+
+    path = write_tiny_internvl(tmp_path_factory.mktemp("model") / "tiny-internvl3")
+    return load_config("tiny_cpu", [f"model.path={str(path)!r}"])
+
+
+def _answers(engine: Engine, video: DecodedVideo | StreamRef,
+             choices: bool = True) -> tuple[list[int], list[float]]:
+    """Greedy tokens and (with ``choices``) the choices' log-probabilities."""
+    said = engine.generate(Request(video=video, question=QUESTION, mode="exact",
+                                   max_new_tokens=NEW_TOKENS))
+    if not choices:
+        return said.token_ids, []
+    scored = engine.generate(Request(video=video, question=QUESTION, mode="exact",
+                                     choices=CHOICES))
+    assert scored.choices is not None
+    return said.token_ids, [c["logprob"] for c in scored.choices]
+
+
+def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
+    engine = Engine(cfg, info)
+    frames = torch.randint(0, 256, (8, 3, SIZE, SIZE), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(5))
+    stamps = [i / FPS for i in range(len(frames))]
+    engine.open_stream("s", StreamSpec(height=SIZE, width=SIZE, fps=FPS, keep_vision=True))
+    cut = 0
+    for n in PUSHES:
+        engine.append("s", frames[cut:cut + n], stamps[cut:cut + n])
+        cut += n
+    out = {"held": _answers(engine, StreamRef("s")),
+           "one": _answers(engine, DecodedVideo(frames[:cut], FPS)),
+           "chunks": engine.describe_stream("s").chunks_held}
+    engine.append("s", frames[cut:], stamps[cut:])
+    out["later"] = _answers(engine, StreamRef("s"), choices=False)
+    out["one_later"] = _answers(engine, DecodedVideo(frames, FPS), choices=False)
+    out["fresh"] = engine.generate(Request(video=StreamRef("s", fresh=True), question=QUESTION,
+                                           mode="exact", max_new_tokens=NEW_TOKENS)).token_ids
+    return out
+
+
+def _check_same(got: tuple[list[int], list[float]], want: tuple[list[int], list[float]],
+                what: str) -> None:
+    assert got[0] == want[0], (what, got[0], want[0])
+    errors = [logprob_error(a, b) for a, b in zip(got[1], want[1], strict=True)]
+    assert len(errors) == len(want[1])
+    assert max(errors, default=0.0) <= LOGPROB_RTOL, (
+        f"{what}: choice log-probabilities over the stream vs one-shot: max relative err "
+        f"{max(errors):.2e} > {LOGPROB_RTOL:g}; {got[1]} vs {want[1]}")
+
+
+def test_internvl_stream_ask_equals_one_shot(internvl_config: RuntimeConfig) -> None:
+    per_rank = spawn_local(_stream_job, 2, (internvl_config,), timeout_s=600,
+                           collective_timeout_s=120)
+    r = per_rank[0]
+    assert r["chunks"] == len(PUSHES)
+    _check_same(r["held"], r["one"], "after pushes of 1, 2 and 3 frames")
+    _check_same(r["later"], r["one_later"], "after one more push")
+    assert r["fresh"] == r["one_later"][0], (r["fresh"], r["one_later"][0])
+    assert per_rank[1]["held"] == r["held"] and per_rank[1]["later"] == r["later"]
