@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from apbv.engine.engine import Engine
     from apbv.eval.data import parse_where
     from apbv.eval.harness import EvalSpec, run_eval, summary
+    from apbv.model.checkpoint import read_config
 
     cfg = config_from_args(args)
     require_model(cfg)
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                     out=args.out or f"eval_results/{args.bench}_{mode}.jsonl",
                     annotation=args.annotation, limit=args.limit, where=parse_where(args.where),
                     compare=args.compare, max_new_tokens=args.max_new_tokens,
-                    retry_failed=args.retry_failed, skip_missing=args.skip_missing)
+                    retry_failed=args.retry_failed, skip_missing=args.skip_missing,
+                    model_type=read_config(cfg.model.path).get("model_type"))
     with distributed(cfg) as info:
         results = run_eval(spec, cfg, lambda: Engine(cfg, info), progress=sys.stderr)
         if results is not None:

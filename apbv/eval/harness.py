@@ -58,6 +58,7 @@ from apbv.eval.data import (
     load_samples,
 )
 from apbv.eval.parse import parse_choice
+from apbv.eval.prompts import family_prompt
 from apbv.eval.report import Progress, summary
 from apbv.eval.score import Row, letters_agree, results_document
 from apbv.eval.settings import check_settings, read_settings, run_settings, write_settings
@@ -96,8 +97,13 @@ class EvalSpec:
     skip_missing: bool = False
     """Run even though some video files are missing: their samples are recorded as failed
     without running (and retried by the next run). False: refuse to start."""
+    model_type: str | None = None
+    """The checkpoint's ``model_type``: its family's lmms-eval system turn
+    (:func:`apbv.eval.prompts.family_prompt`); None: the chat template's default turn."""
 
     def __post_init__(self) -> None:
+        if self.model_type is not None:
+            family_prompt(self.model_type)  # an unknown family fails here, naming the known
         if self.bench not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {self.bench!r}; allowed: "
                              f"{', '.join(BENCHMARKS)}")
@@ -121,6 +127,11 @@ class EvalSpec:
         return TASK_NAMES[self.bench]
 
     @property
+    def system(self) -> str | None:
+        """The system turn's text of every sample (None: the chat template's default)."""
+        return None if self.model_type is None else family_prompt(self.model_type).system
+
+    @property
     def new_tokens(self) -> int:
         if self.max_new_tokens is None:
             return DEFAULT_MAX_NEW_TOKENS[self.bench]
@@ -132,14 +143,17 @@ class EvalSpec:
         return out.with_name(f"{out.name.removesuffix('.jsonl')}_results.json")
 
 
-def _call_engine(engine: Any, sample: Sample, mode: str, max_new_tokens: int) -> Any:
+def _call_engine(engine: Any, sample: Sample, mode: str, max_new_tokens: int,
+                 system: str | None = None) -> Any:
     """The harness's only call into the engine: answer ``sample`` in ``mode``, greedily, with at
     most ``max_new_tokens`` tokens. The prompt is the sample's plain text (question and options
-    as data); the engine applies the chat template. Returns the engine's result (``answer``,
+    as data) with the family's ``system`` text (:attr:`EvalSpec.system`; None: the template's
+    default turn); the engine applies the chat template. Returns the engine's result (``answer``,
     ``token_ids``, ``frames``, ``context_len``, ``query_len``, ``ttft_s``, ``seconds``);
     raises ValueError for a bad sample (on every rank alike)."""
+    extra = {} if system is None else {"system": system}
     return engine.generate(engine.request(sample.video_path, sample.prompt, mode=mode,
-                                          max_new_tokens=max_new_tokens))
+                                          max_new_tokens=max_new_tokens, **extra))
 
 
 def _failed(error: str) -> Row:
@@ -147,11 +161,11 @@ def _failed(error: str) -> Row:
             "token_ids": [], "frames": None, "context_len": None, "query_len": None}
 
 
-def _answer(engine: Any, sample: Sample, mode: str,
-            max_new_tokens: int) -> tuple[Row, dict[str, Any] | None]:
+def _answer(engine: Any, sample: Sample, mode: str, max_new_tokens: int,
+            system: str | None = None) -> tuple[Row, dict[str, Any] | None]:
     """One engine call: the answer's row fields, and its timing (None when it failed)."""
     try:
-        result = _call_engine(engine, sample, mode, max_new_tokens)
+        result = _call_engine(engine, sample, mode, max_new_tokens, system)
     except ValueError as exc:
         return _failed(str(exc)), None
     parsed = parse_choice(result.answer, sample.letters)
@@ -178,12 +192,13 @@ def failed_row(sample: Sample, spec: EvalSpec, error: str) -> Row:
 def run_sample(engine: Any, sample: Sample, spec: EvalSpec) -> Row:
     """The row of one sample (every rank computes the same row but its timing)."""
     row = _row_head(sample, spec)
-    fields, timing = _answer(engine, sample, spec.mode, spec.new_tokens)
+    fields, timing = _answer(engine, sample, spec.mode, spec.new_tokens, spec.system)
     row.update(fields)
     if spec.compare is not None:
         row["exact"] = None
         if timing is not None:
-            exact, exact_timing = _answer(engine, sample, spec.compare, spec.new_tokens)
+            exact, exact_timing = _answer(engine, sample, spec.compare, spec.new_tokens,
+                                          spec.system)
             row["exact"] = {k: exact[k] for k in ("pred", "parsed_pred", "correct", "error",
                                                   "token_ids")}
             row["exact"]["same_letter"] = letters_agree(fields["parsed_pred"],
