@@ -122,6 +122,7 @@ def request_memory(
     row_bytes: int = 1,
     processor_copies: float = 0.0,
     call_rows: int = 0,
+    frame_hw: tuple[int, int] | None = None,
 ) -> MemoryEstimate:
     """Bytes rank ``rank`` needs for one request under ``plan``.
 
@@ -142,6 +143,11 @@ def request_memory(
             rows once, chunk by chunk.
         call_rows: patch rows per vision-tower call (``vision.chunk_rows``, whole temporal
             patches); 0: the rank's share in one call.
+        frame_hw: (height, width) in pixels of each decoded frame as the rank holds it before
+            the patch rows are made (InternVL3: the file's native size, resized to the
+            checkpoint's tile by its processor; the processor's float copies are counted at
+            this size too, the safe side); None: the patch grid's size (frames arrive resized,
+            as for Qwen2.5-VL).
     """
     integer("patches", patches, 0)
     integer("reserve_tokens", reserve_tokens, 0)
@@ -158,12 +164,16 @@ def request_memory(
     if patches and (gh <= 0 or gw <= 0 or gh % merge or gw % merge):
         raise ValueError(f"grid_hw must be two positive multiples of the spatial merge size "
                          f"{merge}, got {grid_hw!r}")
+    if frame_hw is not None and (len(frame_hw) != 2 or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in frame_hw)):
+        raise ValueError(f"frame_hw must be two positive integers (pixels), got {frame_hw!r}")
     e, f32 = dtype_bytes, 4
     d, hq, kv = dims.head_dim, dims.heads, dims.kv_heads
 
     # Video: frames, patch rows, the vision tower's activations, the merged embeddings.
     vit_patches = patches * gh * gw
-    frame_pixels = gh * gw * dims.patch_size**2
+    frame_pixels = gh * gw * dims.patch_size**2 if frame_hw is None or not patches \
+        else frame_hw[0] * frame_hw[1]
     frames = patches * dims.temporal_patch_size * frame_pixels * dims.in_channels
     patch_row = dims.in_channels * dims.temporal_patch_size * dims.patch_size**2
     pixel_values = vit_patches * patch_row * row_bytes

@@ -134,7 +134,8 @@ class Engine:
             ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             frame_split(sampling, world)[rank] if split else (0, t), (h, w),
-                            choice_ids=choice_ids)
+                            choice_ids=choice_ids,
+                            frame_hw=(sampling.resized_height, sampling.resized_width))
 
         key, entry = None, None
         if self.vision_cache.enabled and isinstance(request.video, VideoSpec):
@@ -197,14 +198,15 @@ class Engine:
 
     def check_fits(self, request: Request, context_len: int, query_len: int,
                    patches: Range, grid_hw: tuple[int, int], *,
-                   choice_ids: list[list[int]] | None) -> None:
+                   choice_ids: list[list[int]] | None,
+                   frame_hw: tuple[int, int] | None = None) -> None:
         """ValueError unless the prompt plus max_new_tokens (with choices, ``choice_ids``: the
         longest choice's tokens) fits the model's context and this rank's memory estimate fits
-        its budget (both named in the message)."""
+        its budget (both named in the message); ``frame_hw`` as in :meth:`memory_estimate`."""
         check_context(request, context_len, query_len, choice_ids, self.qwen.max_positions)
         reserve, _ = decode_reserve(request.max_new_tokens, choice_ids)
         estimate = self.memory_estimate(request, context_len, query_len, patches, grid_hw,
-                                        reserve)
+                                        reserve, frame_hw)
         need, budget, source = self._memory_need_and_budget(estimate)
         if need > budget:
             raise ValueError(
@@ -215,10 +217,12 @@ class Engine:
                 f"or raise parallel.memory_gb")
 
     def memory_estimate(self, request: Request, context_len: int, query_len: int,
-                        patches: Range, grid_hw: tuple[int, int],
-                        reserve: int) -> MemoryEstimate:
+                        patches: Range, grid_hw: tuple[int, int], reserve: int,
+                        frame_hw: tuple[int, int] | None = None) -> MemoryEstimate:
         """:func:`apbv.cost.request_memory` for ``request`` on this rank (``patches``: its
-        temporal patches, ``grid_hw``: a frame's patch grid, ``reserve``: decode rows), with
+        temporal patches, ``grid_hw``: a frame's patch grid, ``reserve``: decode rows,
+        ``frame_hw``: the decoded frames' (height, width) as they are held, e.g. InternVL3's
+        native size before its processor resizes them; None: the grid's size), with
         this engine's patch rows (levels or float32, made by the processor or not) and tower
         calls (``vision.chunk_rows``). It counts the rank's whole video decoded at once, also
         where ``vision.pipeline`` holds a chunk or two (the safe side)."""
@@ -229,7 +233,7 @@ class Engine:
             dtype_bytes=qwen.dtype.itemsize, reserve_tokens=reserve, rank=self.info.rank,
             row_bytes=1 if qwen.preprocess == "levels" and qwen.embeds_levels else 4,
             processor_copies=PROCESSOR_FLOAT_COPIES if qwen.preprocess == "processor" else 0.0,
-            call_rows=qwen.chunk_rows)
+            call_rows=qwen.chunk_rows, frame_hw=frame_hw)
 
     def _memory_need_and_budget(self, estimate: MemoryEstimate) -> tuple[int, int, str]:
         """(bytes needed, bytes available, what the budget is): parallel.memory_gb counts the
