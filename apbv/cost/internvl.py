@@ -78,7 +78,7 @@ def internvl_fields(config: Mapping[str, Any], *, video_start: int | None = None
         "tied_embeddings": bool(config.get("tie_word_embeddings",
                                            text.get("tie_word_embeddings", False))),
         "video_start": video_start, "vision_gated": False, "projector_hidden": hidden,
-        "frame_side": side, "unit_text_tokens": INTERNVL_UNIT_TEXT,
+        "tiled_frames": True, "unit_text_tokens": INTERNVL_UNIT_TEXT,
     }
 
 
@@ -88,7 +88,17 @@ def released_internvl3(layers: int, hidden: int, heads: int, kv_heads: int,
     reads. Source: the OpenGVLab InternVL3-2B-hf / InternVL3-8B-hf config.json files on the
     Hugging Face hub (the decoders are Qwen2.5-1.5B and Qwen2.5-7B; the vision tower is
     InternViT-300M-448px-V2_5 in both), vocabulary 151674 (Qwen2.5's plus InternVL's 9
-    tokens)."""
+    tokens).
+
+    Checked against public sources (the -hf config.json files themselves were not among
+    them): the InternViT-300M shapes (hidden 1024, MLP 4096, 24 layers, 16 heads, 448-pixel
+    tiles of 14-pixel patches), ``vocab_size`` 151674 and ``tie_word_embeddings`` false in the
+    InternVL3 remote-code config.json files (``internvl_chat``, ``template`` internvl2_5)
+    published with InternVL3-1B; 28 decoder layers and 256 tokens per tile for InternVL3-2B
+    (radxa-docs, ``aicore/ax-m1/VLM/internvl3-2b.md``); the decoders' shapes are those of
+    Qwen2.5-1.5B (28 x 1536, 12 heads, 2 KV heads, MLP 8960) and Qwen2.5-7B (28 x 3584, 28
+    heads, 4 KV heads, MLP 18944); the presets' parameter counts match the model cards'
+    (tests/unit/test_internvl_cost.py)."""
     return {
         "model_type": "internvl", "downsample_ratio": 0.5, "tie_word_embeddings": tied,
         "text_config": {

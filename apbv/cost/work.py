@@ -110,12 +110,17 @@ class ModelDims:
     projector_hidden: int | None = None
     """Width of the projector's middle layer: None, Qwen2.5-VL's merger (vision hidden * merge
     ** 2); InternVL3's pixel-shuffle MLP goes to the text hidden size at once."""
-    frame_side: int | None = None
-    """Every frame resized to this square (InternVL3: 448), or None: qwen-vl-utils' resize
-    rule (:func:`video_grid`)."""
+    tiled_frames: bool = False
+    """Every frame is resized to one square tile of ``window_size`` pixels, its one attention
+    window (InternVL3: 448); False: qwen-vl-utils' resize rule (:func:`video_grid`)."""
     unit_text_tokens: int = 0
     """Text tokens around each temporal unit's video tokens in the prompt (InternVL3's
     ``FrameN: <img>`` ... ``</img>`` and new line; about 7, more for long frame numbers)."""
+
+    @property
+    def frame_side(self) -> int | None:
+        """The side of the square tile every frame is resized to (None: not tiled)."""
+        return self.window_size if self.tiled_frames else None
 
     @property
     def window_tokens(self) -> int:

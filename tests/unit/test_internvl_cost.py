@@ -42,3 +42,15 @@ def test_plan_predicts_internvl3(capsys: pytest.CaptureFixture[str]) -> None:
     assert "448x448 tiles (256 tokens each)" in out and f"N={n} " in out, out
     assert "64 frames, 16x16 tokens per 1 frame" in out
     assert "spava" in out and "full" in out
+
+
+def test_the_tile_side_is_held_once() -> None:
+    """The tile's side is the vision config's image size, held once (``window_size``: the
+    tile is the one attention window); ``frame_side`` reads it."""
+    import dataclasses
+
+    dims = cost.preset_dims("internvl3-2b")
+    assert "frame_side" not in {f.name for f in dataclasses.fields(dims)}
+    assert dims.frame_side == dims.window_size == 448 and dims.tiled_frames
+    assert dataclasses.replace(dims, window_size=224).frame_side == 224
+    assert cost.preset_dims("qwen2.5-vl-7b").frame_side is None
