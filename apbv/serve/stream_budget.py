@@ -6,13 +6,16 @@ token): the video tokens its window keeps per rank, plus one largest push (a chu
 on one rank before the window evicts anything):
 
 - ``window_tokens``: that many per rank (the engine keeps the average at or below it);
-- ``window_s``: the patches of ``window_s`` seconds at ``fps`` (two frames a patch, plus one),
-  spread over the ranks;
+- ``window_s``: the temporal units of ``window_s`` seconds at ``fps`` (the family's frames a
+  unit: two for Qwen2.5-VL, one for InternVL3; plus one), spread over the ranks;
 - both: the smaller; neither (or a window wider than that): the model's context spread over
   the ranks (a stream never holds more: the engine refuses a chunk past the context).
 
 Frame size unknown at open (the first push fixes it): the largest frame the stream allows
-(its ``max_pixels``, else ``--max-pixels-per-frame``) until then.
+(its ``max_pixels``, else ``--max-pixels-per-frame``) until then. A unit's tokens
+(:meth:`KVSizing.unit_tokens`) follow the frame size (Qwen2.5-VL: one per 28x28 pixels), or
+not at all where every frame is one fixed tile (InternVL3: 256 video tokens and its
+``FrameN: <img>`` ... text, whatever the frame size).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ class KVSizing:
     max_positions: int
     world_size: int
     max_frames_per_push: int
+    frames_per_unit: int = 2
+    """Frames per temporal unit of the family (Qwen2.5-VL 2, InternVL3 1)."""
+    tile_tokens: int | None = None
+    """Rows per unit when every frame is one fixed tile (InternVL3: its video tokens plus the
+    text around them); None: they follow the frame size."""
 
     @classmethod
     def of_checkpoint(cls, model_dir: str, dtype_bytes: int, world_size: int,
@@ -52,8 +60,17 @@ class KVSizing:
         config = cost.read_config(model_dir)
         text = config.get("text_config") or config
         positions = text.get("max_position_embeddings") or config["max_position_embeddings"]
+        tile = None
+        if dims.frame_side is not None:
+            side = dims.frame_side // dims.patch_size // dims.spatial_merge_size
+            tile = side * side + dims.unit_text_tokens
         return cls(2 * dims.layers * dims.kv_heads * dims.head_dim * dtype_bytes,
-                   int(positions), world_size, max_frames_per_push)
+                   int(positions), world_size, max_frames_per_push,
+                   dims.temporal_patch_size, tile)
+
+    def unit_tokens(self, pixels: int) -> int:
+        """Rows a temporal unit of frames of ``pixels`` pixels adds to a stream."""
+        return self.tile_tokens if self.tile_tokens is not None else max(1, pixels // (28 * 28))
 
     def tokens_per_rank(self, tokens_per_patch: int, fps: float, window_s: float | None,
                         window_tokens: int | None) -> int:
@@ -61,11 +78,12 @@ class KVSizing:
         if window_tokens is not None:
             windows.append(window_tokens)
         frames = None if window_s is None else window_s * fps  # inf past the float range
-        if frames is not None and frames / 2 < self.max_positions:  # else the context bounds it
-            patches = math.ceil(frames / 2) + 1
+        unit = self.frames_per_unit
+        if frames is not None and frames / unit < self.max_positions:  # else the context
+            patches = math.ceil(frames / unit) + 1
             windows.append(math.ceil(patches * tokens_per_patch / self.world_size))
         kept = min(windows)
-        push = (self.max_frames_per_push + 1) // 2 * tokens_per_patch
+        push = (self.max_frames_per_push + unit - 1) // unit * tokens_per_patch
         return kept + push
 
     def need(self, tokens_per_patch: int, fps: float, window_s: float | None,

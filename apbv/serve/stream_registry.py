@@ -165,7 +165,7 @@ class StreamRegistry:
             pixels = min(max_pixels or limits.max_pixels_per_frame, limits.max_pixels_per_frame)
         sizing = self.opt.sizing
         assert sizing is not None
-        return sizing.need(max(1, pixels // (28 * 28)), spec.fps, spec.window_s,
+        return sizing.need(sizing.unit_tokens(pixels), spec.fps, spec.window_s,
                            spec.window_tokens)
 
     def place(self, need: int) -> Replica:
