@@ -167,12 +167,16 @@ class Stream:
             raise ValueError(f"{frames.shape[0]} frames but {len(stamps)} timestamps")
         return frames, stamps
 
-    def _chunk_rows(self, patches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` (after
-        the current shift), from the family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
+    def _chunk_rows(self, patches: list[int],
+                    starts: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` whose
+        first frames were captured at ``starts`` (seconds; after the current shift), from the
+        family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
+        assert self._t0 is not None
         return self.prompt.chunk(ChunkPlace(
             self._frames_fed, patches, self.seconds_per_patch,
-            self.header_len - self.stats.shift, self.max_position + 1))
+            self.header_len - self.stats.shift, self.max_position + 1,
+            seconds=tuple(t - self._t0 for t in starts)))
 
     def query_ids(self, question: str) -> torch.Tensor:
         """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
@@ -206,14 +210,14 @@ class Stream:
     def _append_chunk(self, frames: torch.Tensor, stamps: list[float]) -> Appended:
         info = self.info
         assert self._t0 is not None
-        patches = patch_indices(stamps[::self.unit], self._t0, self.seconds_per_patch,
-                                self._next_patch)
-        ids, positions = self._chunk_rows(patches)
+        starts = stamps[::self.unit]
+        patches = patch_indices(starts, self._t0, self.seconds_per_patch, self._next_patch)
+        ids, positions = self._chunk_rows(patches, starts)
         tokens = len(ids)
         check_room(sum(self.tokens), tokens, self.qwen.max_positions)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
-            ids, positions = self._chunk_rows(patches)
+            ids, positions = self._chunk_rows(patches, starts)
         owner = pick_owner(self.tokens)
         timer = StageTimer(info.device, info.group)
         mark = self.cache.lengths()

@@ -42,6 +42,9 @@ class ChunkPlace:
     """Position of the video's start: the header's length less the re-base shift."""
     next_position: int
     """One past the largest position fed so far (after the re-base shift)."""
+    seconds: Sequence[float] = ()
+    """Capture time of each unit's first frame, in seconds since the stream's first frame
+    (for a family that writes times into its prompt, e.g. Qwen3-VL's ``<t seconds>``)."""
 
 
 class StreamPrompt(Protocol):
