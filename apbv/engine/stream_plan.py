@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apbv.validate import check_int, positive
-from apbv.video import TEMPORAL_PATCH_SIZE
 
 MAX_TIMESTAMP_S = 1e10
 """A frame's timestamp is within +-this many seconds (Unix times fit, and float seconds there
@@ -66,7 +65,8 @@ class StreamSpec:
     width: int
     """Frame width after resizing (a multiple of 28)."""
     fps: float = 2.0
-    """Frames per second the stream is sampled at (the M-RoPE time step is 2 / fps)."""
+    """Frames per second the stream is sampled at (a temporal unit of the family's frames
+    spans frames / fps seconds: Qwen2.5-VL's M-RoPE time step is 2 / fps)."""
     window_s: float | None = None
     """Keep the chunks of the last ``window_s`` seconds of video (None: no time window)."""
     window_tokens: int | None = None
@@ -87,10 +87,6 @@ class StreamSpec:
             check_int("window_tokens", self.window_tokens, 1)
         if self.rebase_at is not None:
             check_int("rebase_at", self.rebase_at, 1)
-
-    @property
-    def seconds_per_patch(self) -> float:
-        return TEMPORAL_PATCH_SIZE / self.fps
 
     @property
     def windowed(self) -> bool:
