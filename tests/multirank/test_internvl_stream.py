@@ -3,8 +3,8 @@ equals one-shot exact on the same frames (``Request(video=DecodedVideo(frames, f
 frame its own temporal unit): the greedy tokens are equal and the choices' log-probabilities
 agree within ``LOGPROB_RTOL`` after pushes of 1, 2 and 3 frames (each chunk's ``FrameN`` text
 numbered on from the frames before it), the tokens also after one more push; a fresh ask
-(one-shot prefill of the held frames from the kept embeddings) equals it too, and every rank
-answers alike."""
+(one-shot prefill of the held frames from the kept embeddings) equals it too, also after a
+window evicted the oldest frames, and every rank answers alike."""
 
 from __future__ import annotations
 
@@ -65,6 +65,16 @@ def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     out["one_later"] = _answers(engine, DecodedVideo(frames, FPS), choices=False)
     out["fresh"] = engine.generate(Request(video=StreamRef("s", fresh=True), question=QUESTION,
                                            mode="exact", max_new_tokens=NEW_TOKENS)).token_ids
+    # A 1.5 s window over pushes of 2 frames keeps the last two: frames 4..7 (numbered 5..8 in
+    # the held KV); a fresh ask is the one-shot prompt on them (numbered 1..4).
+    engine.open_stream("w", StreamSpec(height=SIZE, width=SIZE, fps=FPS, window_s=1.5,
+                                       keep_vision=True))
+    for first in range(0, len(frames), 2):
+        engine.append("w", frames[first:first + 2], stamps[first:first + 2])
+    out["window"] = engine.describe_stream("w").frames_held, engine.generate(Request(
+        video=StreamRef("w", fresh=True), question=QUESTION, mode="exact",
+        max_new_tokens=NEW_TOKENS)).token_ids
+    out["one_window"] = _answers(engine, DecodedVideo(frames[4:], FPS), choices=False)[0]
     return out
 
 
@@ -86,4 +96,5 @@ def test_internvl_stream_ask_equals_one_shot(internvl_config: RuntimeConfig) -> 
     _check_same(r["held"], r["one"], "after pushes of 1, 2 and 3 frames")
     _check_same(r["later"], r["one_later"], "after one more push")
     assert r["fresh"] == r["one_later"][0], (r["fresh"], r["one_later"][0])
+    assert r["window"] == (4, r["one_window"]), (r["window"], r["one_window"])
     assert per_rank[1]["held"] == r["held"] and per_rank[1]["later"] == r["later"]
