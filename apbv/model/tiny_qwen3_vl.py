@@ -119,9 +119,9 @@ def build_tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
     return model.float().eval()
 
 
-def _processor(directory: Path) -> Any:
+def tiny_processor(directory: Path) -> Any:
     """The stock Qwen3-VL processor over the tiny Qwen tokenizer with Qwen3's added tokens,
-    set as the released checkpoint's files set it."""
+    set as the released checkpoint's files set it (``directory``: scratch space)."""
     from transformers import (
         AutoTokenizer,
         Qwen2VLImageProcessor,
@@ -165,7 +165,7 @@ def write_tiny_qwen3_vl(out_dir: str | Path, *, seed: int = 0, overwrite: bool =
     hf_logging.disable_progress_bar()
     build_tiny_qwen3_vl(seed).save_pretrained(out)
     with tempfile.TemporaryDirectory() as tmp:
-        processor = _processor(Path(tmp))
+        processor = tiny_processor(Path(tmp))
         ids = processor.tokenizer.convert_tokens_to_ids(list(QWEN3_TOKENS))
         assert ids == [151665, 151666, 151667, 151668], ids
         processor.save_pretrained(out)
