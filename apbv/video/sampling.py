@@ -233,12 +233,9 @@ class Sampling:
     """With :attr:`VideoSpec.keyframe_split`: the file's keyframe indices, which place the
     ranks' split (:func:`apbv.video.gop.frame_split`); None: the balanced split."""
     video_fps: float | None = None
-    """The file's native frame rate, where a family's prompt needs it (Qwen3-VL's timestamps:
-    frame index / video_fps); None otherwise."""
+    """The file's frame rate where the prompt needs it (Qwen3-VL's timestamps), else None."""
     processor_resize: bool = False
-    """Frames are resized as transformers' video processors resize them (Qwen3-VL's stock
-    processor: torchvision's v2 uint8 kernel), not as qwen-vl-utils does
-    (:func:`apbv.video.load.resize_frames`)."""
+    """Resize as transformers' video processors do (Qwen3-VL), not as qwen-vl-utils does."""
 
     def __post_init__(self) -> None:
         assert len(self.indices) % self.temporal_patch_size == 0 and self.indices, self.indices
