@@ -8,7 +8,8 @@ the checkpoint loaded through the family registry: the frames sampled, resized a
 by the adapter, the vision tower on each rank's whole temporal patches, the main embeddings and
 the three DeepStack levels routed together to the ranks that own the video tokens, the ZigZag
 exact plan with apbv's prefill (DeepStack added after decoder layers 0-2) and distributed
-greedy decode: the same tokens and first-token logits within 1e-4 (fp32) on every rank.
+greedy decode: the same tokens and first-token logits within 1e-4 (fp32) on every rank, also
+from the vision cache (the rows keep their DeepStack levels) and with ``vision.pipeline``.
 
 The video has 5 temporal patches (9 frames, the last padded) of 5 x 7 tokens: 175 video tokens
 and 5 patches divide evenly by neither 2 nor 3 ranks, nor does the prompt's length. spava
@@ -26,6 +27,7 @@ import torch
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
+from apbv.engine.request import Result
 from apbv.engine.stream_plan import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
@@ -83,15 +85,22 @@ def reference(qwen3_dir: Path, video_file: Path) -> dict:
 
 
 def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
-    """``Engine.generate`` on the video file: exact (the whole Result) and spava's tokens."""
+    """``Engine.generate`` on the video file: exact (the whole Result), spava's tokens, exact
+    again from the vision cache (the DeepStack levels kept with the rows) and exact with
+    ``vision.pipeline`` (one temporal patch per tower call)."""
     engine = Engine(cfg, info)
-    exact = engine.generate(engine.request(video, QUESTION, mode="exact",
-                                           max_new_tokens=NEW_TOKENS))
-    spava = engine.generate(engine.request(video, QUESTION, mode="spava",
-                                           max_new_tokens=NEW_TOKENS))
+
+    def ask(mode: str) -> Result:
+        return engine.generate(engine.request(video, QUESTION, mode=mode,
+                                              max_new_tokens=NEW_TOKENS))
+
+    exact, spava, cached = ask("exact"), ask("spava"), ask("exact")
+    engine.set_vision(dataclasses.replace(cfg.vision, pipeline=True, chunk_rows=10 * 14))
+    piped = ask("exact")
     with pytest.raises(ValueError) as refused:
         engine.open_stream("s", StreamSpec(height=56, width=56))
-    return {"exact": exact, "spava": spava.token_ids, "stream": str(refused.value)}
+    return {"exact": exact, "spava": spava.token_ids, "stream": str(refused.value),
+            "cached": cached, "piped": piped.token_ids}
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
@@ -111,7 +120,7 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
 def per_world(qwen3_dir: Path, video_file: Path) -> dict:
     """world size -> the per-rank results of that world."""
     cfg = load_config("tiny_cpu", [f"model.path={str(qwen3_dir)!r}",
-                                   f"video.nframes={FILE_FRAMES}"])
+                                   f"video.nframes={FILE_FRAMES}", "cache.vision_gb=0.01"])
     per_rank = spawn_local(_rank_job, max(WORLD_SIZES), (cfg, str(video_file)),
                            timeout_s=600, collective_timeout_s=120)
     return {k: [r[k] for r in per_rank[:k]] for k in WORLD_SIZES}
@@ -140,6 +149,10 @@ def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
         assert exact.token_ids == reference["tokens"], (rank, exact.token_ids,
                                                         reference["tokens"])
         assert r["spava"] == per_world[world_size][0]["spava"] and r["spava"]
+        assert r["cached"].vision_cache_hit and r["cached"].token_ids == reference["tokens"]
+        err = (r["cached"].first_logits - reference["logits"]).abs().max().item()
+        assert err <= LOGIT_TOL, f"rank {rank}/{world_size}: from the vision cache: {err:.2e}"
+        assert r["piped"] == reference["tokens"], "vision.pipeline"
         assert "Qwen3-VL" in r["stream"], r["stream"]
     if world_size > 1:  # every token's embedding and its 3 DeepStack levels, 64 fp32 values each
         moved = per_world[world_size][0]["exact"].embedding_bytes
