@@ -27,9 +27,14 @@ FPS = 2.0
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apbv.model.tiny_qwen3_vl import write_tiny_qwen3_vl
+    """``make-tiny-model --family qwen3_vl``, laid out as the released checkpoint."""
+    from apbv.model.tiny_families import write_tiny_family
 
-    return write_tiny_qwen3_vl(tmp_path_factory.mktemp("model") / "tiny-qwen3-vl")
+    out = write_tiny_family("qwen3_vl", tmp_path_factory.mktemp("model") / "tiny-qwen3-vl")
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "chat_template.json", "preprocessor_config.json",
+            "video_preprocessor_config.json"} == {p.name for p in out.iterdir()}
+    return out
 
 
 @pytest.fixture(scope="module")
