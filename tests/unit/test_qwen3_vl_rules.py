@@ -8,6 +8,7 @@ the refusal of its MoE variant from config.json alone.
   size equals the stock ``smart_resize`` with the clip's pixel budget, an odd count is padded
   with the last frame; a count below a temporal patch is refused naming the setting.
 - ``qwen3_vl_moe`` is refused in well under a second, naming the dense family.
+- The cost model's prompt geometry (video_start, text between patches) is the engine's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 
+from apbv import cost
+from apbv.cost.qwen3_vl import QWEN3_VL_VIDEO_START, qwen3_vl_video_start
 from apbv.model.families import family_of, load_adapter
 from apbv.model.qwen3_vl_prompt import Qwen3VLRules, qwen3_vl_sampling
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -139,3 +142,17 @@ def test_moe_variant_is_refused_from_config_alone(tmp_path: Path) -> None:
         assert "mixture-of-experts" in message and "'qwen3_vl_moe'" in message, message
         assert "'qwen3_vl' (Qwen3-VL)" in message, message  # the supported list
     assert time.monotonic() - start < 1.0
+
+
+def test_prompt_geometry_is_the_engines(processor: Any) -> None:
+    """video_start and the context length of a prompt with timestamps 0.0, 10.0 and 20.0 s
+    (the 2-digit ones of a typical clip between patches), as the engine builds the prompt."""
+    assert qwen3_vl_video_start(processor) == QWEN3_VL_VIDEO_START
+    dims = cost.preset_dims("qwen3-vl-8b")
+    rules = Qwen3VLRules(processor)
+    sampling = Sampling((0, 1, 300, 301, 600, 601), 0.2, 128, 160, 16, video_fps=30.0,
+                        processor_resize=True)
+    context, _ = rules.prompt("What happens?", rules.video_grid(sampling), sampling=sampling)
+    assert cost.video_context_len(dims, 3, (4, 5)) == len(context)
+    video = context.tolist().index(processor.video_token_id)
+    assert video == dims.video_start
