@@ -154,6 +154,8 @@ def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
         assert err <= LOGIT_TOL, f"rank {rank}/{world_size}: from the vision cache: {err:.2e}"
         assert r["piped"] == reference["tokens"], "vision.pipeline"
         assert "Qwen3-VL" in r["stream"], r["stream"]
-    if world_size > 1:  # every token's embedding and its 3 DeepStack levels, 64 fp32 values each
-        moved = per_world[world_size][0]["exact"].embedding_bytes
-        assert moved > 0 and moved % (4 * 64 * 4) == 0, moved
+    exact = per_world[world_size][0]["exact"]
+    row = 4 * 64 * 4  # a token's embedding and its 3 DeepStack levels, 64 fp32 values each
+    assert exact.allgather_bytes == (world_size - 1) * VIDEO_TOKENS * row, exact.allgather_bytes
+    if world_size > 1:
+        assert exact.embedding_bytes > 0 and exact.embedding_bytes % row == 0
