@@ -83,9 +83,11 @@ def _template_ids(tokenizer: Any, text: str) -> list[int]:
 
 def prompt_ids(
     tokenizer: Any, context_text: str, query_text: str, question: str, num_video_tokens: int,
-    system: str | None = None,
+    system: str | None = None, video_ids: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Context ids (N,) with ``num_video_tokens`` video placeholders, and query ids (Q,).
+    """Context ids (N,) with ``num_video_tokens`` video placeholders, and query ids (Q,);
+    ``video_ids``: the ids that stand in the placeholder's place instead (a family whose
+    processor expands it into more than placeholders, e.g. Qwen3-VL's timestamps).
 
     ``query_text`` starts with ``question`` and ``context_text`` holds :data:`SYSTEM_SLOT`
     when ``system`` is given (as :func:`split_prompt` returns them); the question and the
@@ -103,7 +105,7 @@ def prompt_ids(
     context = (_template_ids(tokenizer, head)
                + ([] if system is None else text_ids(tokenizer, system))
                + _template_ids(tokenizer, rest)
-               + [pad] * num_video_tokens
+               + ([pad] * num_video_tokens if video_ids is None else video_ids)
                + _template_ids(tokenizer, after))
     tail = _template_ids(tokenizer, query_text[len(question):])
     query = text_ids(tokenizer, question) + tail

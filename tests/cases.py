@@ -73,6 +73,7 @@ CASES = [
     Case(300, 6, anchor_len=12, passing_len=16, heads=8, kv_heads=2, head_dim=32,
          dtype="bfloat16", seed=1),
     Case(792, 13, heads=12, kv_heads=2, head_dim=128, seed=6),  # InternVL3-2B heads, 3 frames
+    Case(233, 11, heads=32, kv_heads=8, head_dim=128, seed=7),  # Qwen3-VL-8B heads
     # The comparison modes, each against the oracle under its own plan.
     Case(300, 5, mode="zigzag_ring"),
     Case(301, 7, mode="star", seed=4),

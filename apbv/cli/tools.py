@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
     tiny.add_argument("--size", default="tiny", choices=("tiny", "medium"),
                       help="medium: 4 layers, hidden 256, head dim 64 (for benchmarks)")
     tiny.add_argument("--family", default="qwen2_5_vl", choices=TINY_FAMILIES,
-                      help="the model type to write (internvl: a tiny InternVL3-2B shape)")
+                      help="the model type to write (internvl: a tiny InternVL3-2B shape; "
+                           "qwen3_vl: a tiny Qwen3-VL-8B shape)")
     tiny.set_defaults(run=run)
 
     train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "

@@ -187,11 +187,11 @@ def request_memory(
         vision += call * patch_row * e
     merged = vit_patches // merge**2
     # The calls' embeddings, and their concatenation when there are several calls.
-    vision += merged * dims.hidden * e * (1 if call == vit_patches else 2)
+    vision += merged * dims.embedding_width * e * (1 if call == vit_patches else 2)
     # The rank's encoded rows, and the rows its shard holds after routing: at most its context
     # tokens (the video fills nearly all of a long context).
     held = plan.local_len(rank) - plan.query_len if merged else 0
-    video_embeddings = (merged + held) * dims.hidden * e
+    video_embeddings = (merged + held) * dims.embedding_width * e
 
     # Decoder over the local shard, its KV cache and its collectives' buffers.
     tokens = plan.local_len(rank)

@@ -255,7 +255,7 @@ def predict(
     rows = _embedding_rows(plan, span, ranges)
     if not spec.vit_split:  # every rank encoded everything: it only takes its own rows
         rows = [(0, 0, held) for _, _, held in rows]
-    row_bytes = dims.hidden * dt
+    row_bytes = dims.embedding_width * dt
     transfer = [(m.collective(row_bytes * max(sent, got), ranks) if spec.vit_split else 0.0)
                 + m.mem(2 * row_bytes * held) for sent, got, held in rows]
 

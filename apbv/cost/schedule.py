@@ -139,9 +139,10 @@ def vision_cost(dims: ModelDims, patches: int, grid: tuple[int, int], m: Machine
     # at the share of the memory bandwidth such passes reach.
     elementwise = m.mem(m.dtype * n * (30 * vh + 3 * dims.vision_intermediate)) \
         / m.hw.vision_elementwise_efficiency
-    device = (m.conv(n * _flops(embed)) + m.matmuls(merged, merger)
+    mergers = 1 + dims.deepstack_levels  # the merger and DeepStack's (Qwen3-VL)
+    device = (m.conv(n * _flops(embed)) + mergers * m.matmuls(merged, merger)
               + dims.vision_depth * (m.matmuls(n, block) + elementwise))
-    flops = float(n * _flops(embed) + merged * _flops(merger)
+    flops = float(n * _flops(embed) + mergers * merged * _flops(merger)
                   + dims.vision_depth * n * _flops(block))
     row_sizes = split_window(rows, dims.window_tokens)
     col_sizes = split_window(cols, dims.window_tokens)

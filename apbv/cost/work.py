@@ -26,6 +26,12 @@ from apbv.cost.internvl import (
     internvl_video_start,
     released_internvl3,
 )
+from apbv.cost.qwen3_vl import (
+    QWEN3_VL_VIDEO_START,
+    qwen3_vl_fields,
+    qwen3_vl_video_start,
+    released_qwen3_vl_8b,
+)
 from apbv.plan import QUERY_RANK, Plan
 from apbv.video import VideoMeta, VideoSpec, plan_sampling
 
@@ -116,6 +122,16 @@ class ModelDims:
     unit_text_tokens: int = 0
     """Text tokens around each temporal unit's video tokens in the prompt (InternVL3's
     ``FrameN: <img>`` ... ``</img>`` and new line; about 7, more for long frame numbers)."""
+    deepstack_levels: int = 0
+    """Extra per-token vision features carried with each video embedding (Qwen3-VL's
+    DeepStack: 3 in the 8B); each level is one more merger's work and parameters and one
+    more row of ``hidden`` values in the embeddings held and moved."""
+
+    @property
+    def embedding_width(self) -> int:
+        """Values per video token the vision tower emits and routing moves: the embedding and
+        its DeepStack levels."""
+        return self.hidden * (1 + self.deepstack_levels)
 
     @property
     def frame_side(self) -> int | None:
@@ -143,7 +159,9 @@ class ModelDims:
         vision = (self.in_channels * self.temporal_patch_size * self.patch_size**2 * vh
                   + self.vision_depth * (_weights(self.vision_linears())
                                          + 7 * vh + 2 * self.vision_intermediate)
-                  + vh + _weights(self.projector_linears()) + vh * merge + self.hidden)
+                  + vh + _weights(self.projector_linears()) + vh * merge + self.hidden
+                  + self.deepstack_levels * (_weights(self.projector_linears())
+                                             + 2 * vh * merge + self.hidden))
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return embeddings + self.layers * layer + self.hidden + vision
 
@@ -174,8 +192,9 @@ def _text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> ModelDims:
-    """ModelDims from a Qwen2.5-VL or InternVL3 (``model_type`` internvl:
-    :func:`apbv.cost.internvl.internvl_fields`) config.json dict (``video_start``: see
+    """ModelDims from a Qwen2.5-VL, InternVL3 (``model_type`` internvl:
+    :func:`apbv.cost.internvl.internvl_fields`) or Qwen3-VL (``model_type`` qwen3_vl:
+    :func:`apbv.cost.qwen3_vl.qwen3_vl_fields`) config.json dict (``video_start``: see
     :class:`ModelDims`).
 
     Both forms are read: transformers v5's nested one (``text_config`` and ``vision_config``)
@@ -185,6 +204,8 @@ def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> 
     """
     if config.get("model_type") == "internvl":
         return ModelDims(**internvl_fields(config, video_start=video_start))
+    if config.get("model_type") == "qwen3_vl":
+        return ModelDims(**qwen3_vl_fields(config, video_start=video_start))
     text = _text_section(config)
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
@@ -261,9 +282,11 @@ MODEL_PRESETS: dict[str, ModelDims] = {
                                video_start=INTERNVL_VIDEO_START),
     "internvl3-8b": model_dims(released_internvl3(28, 3584, 28, 4, 18944, False),
                                video_start=INTERNVL_VIDEO_START),
+    "qwen3-vl-8b": model_dims(released_qwen3_vl_8b(), video_start=QWEN3_VL_VIDEO_START),
 }
-"""Qwen2.5-VL-3B/7B-Instruct and InternVL3-2B/8B-hf as released (config.json and chat
-template on the Hugging Face hub; :func:`apbv.cost.internvl.released_internvl3`)."""
+"""Qwen2.5-VL-3B/7B-Instruct, InternVL3-2B/8B-hf and Qwen3-VL-8B-Instruct as released
+(config.json and chat template on the Hugging Face hub;
+:func:`apbv.cost.internvl.released_internvl3`, :func:`apbv.cost.qwen3_vl.released_qwen3_vl_8b`)."""
 
 
 def template_video_start(model_dir: str | Path) -> int:
@@ -282,6 +305,8 @@ def template_video_start(model_dir: str | Path) -> int:
                          f"{str(model_dir)!r}: {exc}") from None
     if read_config(model_dir).get("model_type") == "internvl":
         return internvl_video_start(processor)
+    if read_config(model_dir).get("model_type") == "qwen3_vl":
+        return qwen3_vl_video_start(processor)
     ids, _ = build_prompt(processor, "What happens in the video?", 1)
     return ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
 

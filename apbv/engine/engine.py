@@ -131,7 +131,8 @@ class Engine:
 
         def preflight(sampling: Sampling) -> None:
             t, h, w = self.qwen.video_grid(sampling)
-            ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system))
+            ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system,
+                                        sampling=sampling))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             frame_split(sampling, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids,

@@ -16,7 +16,7 @@ from apbv.attention import apbv_attention
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine.kvcache import RankKVCache
-from apbv.model.adapter import VideoModel
+from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.ownership import owned_local_ranges
 from apbv.plan import QUERY_RANK, Plan, Range
 
@@ -52,6 +52,7 @@ def prefill(
     overlap: bool = True,
     kernel: str | None = None,
     reserve: int = 0,
+    video_features: VideoFeatures | None = None,
 ) -> tuple[torch.Tensor, RankKVCache]:
     """Run the decoder over the local shard.
 
@@ -60,6 +61,8 @@ def prefill(
         plan: the layout (exact or not); info: this rank and its process group.
         overlap: the op's overlap switch; kernel: the attention kernel backend.
         reserve: cache rows to allocate for decode (on the query rank only: it alone appends).
+        video_features: the shard's extra vision features for the decoder (a family with
+            :attr:`~apbv.model.adapter.VideoModel.extra_levels`), else None.
 
     Returns:
         the logits of the last query token (vocab,) fp32 (identical on every rank: the query
@@ -68,5 +71,6 @@ def prefill(
     cache = RankKVCache(qwen.num_layers, reserve=reserve if info.rank == QUERY_RANK else 0)
     ctx = PrefillContext(plan, info, overlap, kernel, cache)
     with active(ctx):
-        hidden = qwen.decoder(inputs_embeds, position_ids)
+        hidden = qwen.decoder(inputs_embeds, position_ids) if video_features is None else \
+            qwen.decoder(inputs_embeds, position_ids, video_features)
     return qwen.logits(hidden[0, -1]).float(), cache

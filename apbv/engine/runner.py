@@ -32,7 +32,7 @@ from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
 from apbv.engine.sampling import GREEDY, Sampling
 from apbv.layout import shard
-from apbv.model.adapter import VideoModel
+from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
 from apbv.plan import QUERY_RANK
 from apbv.timing import TTFT_STAGES, StageTimer
@@ -111,12 +111,14 @@ def run_prompt(
             is_video = (local_ids == qwen.video_token_id).to(embeds.device)
             assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()),
                                                                  video_rows.shape)
+            video_rows, features = split_features(qwen, video_rows, is_video)
             embeds[is_video] = video_rows.to(embeds.dtype)
             positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t)
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
-                                    reserve=decode_reserve(request.max_new_tokens, choice_ids)[0])
+                                    reserve=decode_reserve(request.max_new_tokens, choice_ids)[0],
+                                    video_features=features)
     wants = request.sampling.logprobs is not None and rank == QUERY_RANK
     logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     tokens, choices, finish = finish_answer(
@@ -132,6 +134,19 @@ def run_prompt(
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
         vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped)
+
+
+def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
+                   ) -> tuple[torch.Tensor, VideoFeatures | None]:
+    """A shard's routed tower rows (m, hidden * (1 + ``qwen.extra_levels``)) -> the main
+    embeddings (m, hidden) and, for a family with extra levels, the :class:`VideoFeatures`
+    at the shard's video tokens ``is_video`` (1, T) (else None, the rows as they are)."""
+    if not qwen.extra_levels:
+        return rows, None
+    hidden = rows.shape[1] // (1 + qwen.extra_levels)
+    assert hidden * (1 + qwen.extra_levels) == rows.shape[1], (rows.shape, qwen.extra_levels)
+    levels = list(rows[:, hidden:].split(hidden, dim=1))
+    return rows[:, :hidden], VideoFeatures(is_video, levels)
 
 
 def build_result(

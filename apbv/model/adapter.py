@@ -20,26 +20,33 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    frames make whole temporal units for chunked runs.
 3. **Prompt ids with the video runs.** :attr:`VideoModel.processor` (tokenizer and chat
    template), :meth:`VideoModel.prompt` (context and query ids for a question over a video of
-   a given patch grid), :attr:`VideoModel.video_token_id` and :meth:`VideoModel.video_runs`:
-   the runs of video placeholder tokens in a prompt, in order (one for Qwen2.5-VL, one per
-   frame for InternVL3, text between).
+   a given patch grid and, for a family whose prompt holds its frames' times, its
+   :class:`apbv.video.Sampling`), :attr:`VideoModel.video_token_id` and
+   :meth:`VideoModel.video_runs`: the runs of video placeholder tokens in a prompt, in order
+   (one for Qwen2.5-VL, one per frame for InternVL3, one per temporal patch for Qwen3-VL
+   after its timestamp text).
 4. **The vision tower over a rank's frame share.** :meth:`VideoModel.vision_tower` (rows and
    grid) and :meth:`VideoModel.encode_frames` (frame chunks) -> embeddings (n_tokens, hidden)
    in video-token order, for whole temporal units only, so ranks encode disjoint frame shares
    and the concatenation equals the tower on the whole video; ``spatial_merge_size`` gives the
    tokens per temporal unit, ``(h / m) * (w / m)``; :meth:`VideoModel.set_vision` applies
-   :class:`apbv.config.VisionConfig`.
+   :class:`apbv.config.VisionConfig`. A family with per-token vision features used inside
+   the decoder (Qwen3-VL's DeepStack) appends them to each row: rows are (n_tokens,
+   hidden * (1 + :attr:`VideoModel.extra_levels`)), the main embedding first, so whatever
+   moves or keeps a row (routing, the vision cache) carries them along.
 5. **Where each video embedding goes.** The k-th video embedding replaces the embedding
    (:meth:`VideoModel.embed`) of the k-th ``video_token_id`` token of the prompt, counted over
    every run, on the rank that owns that token (:class:`apbv.ownership.VideoSpan`,
-   :mod:`apbv.engine.routing`).
+   :mod:`apbv.engine.routing`); its extra levels go with it into
+   :meth:`VideoModel.decoder` as :class:`VideoFeatures` over the shard's video tokens.
 6. **Positions for any token range.** :meth:`VideoModel.positions` gives the (3, 1, T) RoPE
    positions of the whole prompt once; the engine shards them with the tokens. A 1-D RoPE
    family gives three equal rows. :attr:`VideoModel.rope_inv_freq` lets cached keys be moved
    to other positions (stream rebasing), :attr:`VideoModel.max_positions` is the context.
 7. **The attention hook.** :meth:`VideoModel.decoder` runs the decoder layers with every
    layer's attention routed to the installed :class:`apbv.context.AttentionContext`
-   (:mod:`apbv.model.hook`); :meth:`VideoModel.logits` is the LM head.
+   (:mod:`apbv.model.hook`), adding the :class:`VideoFeatures` when given;
+   :meth:`VideoModel.logits` is the LM head.
 8. **Cost-model shapes.** :attr:`VideoModel.text_config` and :attr:`VideoModel.vision_config`
    (sizes the memory preflight reads); the cost model reads the same shapes from
    ``config.json`` (:func:`apbv.cost.model_dims`).
@@ -55,12 +62,14 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    streams says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
 
 Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL),
-:class:`apbv.model.internvl.InternVL` (InternVL3).
+:class:`apbv.model.internvl.InternVL` (InternVL3), :class:`apbv.model.qwen3_vl.Qwen3VL`
+(Qwen3-VL, dense).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -70,6 +79,18 @@ if TYPE_CHECKING:
     from apbv.model.stream_prompt import StreamPrompt
     from apbv.plan import Range
     from apbv.video import Sampling, VideoMeta, VideoSpec
+
+
+@dataclass(frozen=True)
+class VideoFeatures:
+    """A shard's extra per-token vision features (:attr:`VideoModel.extra_levels` > 0) as
+    :meth:`VideoModel.decoder` takes them."""
+
+    mask: torch.Tensor
+    """(1, T) bool: the shard's video tokens."""
+    levels: list[torch.Tensor]
+    """Per level, (m, hidden) with m = ``mask.sum()``: added to the hidden states after decoder
+    layer i (level i) at the video tokens, in order."""
 
 
 class VideoModel(Protocol):
@@ -89,6 +110,11 @@ class VideoModel(Protocol):
     @property
     def embeds_levels(self) -> bool:
         """Whether the patch embedding takes uint8 pixel levels (one byte a value) itself."""
+
+    @property
+    def extra_levels(self) -> int:
+        """Per-token vision feature levels after the main embedding in each tower row (0:
+        none; Qwen3-VL: its DeepStack levels)."""
 
     @property
     def family(self) -> str:
@@ -151,7 +177,8 @@ class VideoModel(Protocol):
     def video_grid(self, sampling: Sampling) -> tuple[int, int, int]: ...
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def video_runs(self, ids: torch.Tensor) -> list[Range]: ...
 
@@ -164,7 +191,7 @@ class VideoModel(Protocol):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
 
-    def decoder(self, inputs_embeds: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor: ...
+    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                video_features: VideoFeatures | None = None) -> torch.Tensor: ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...

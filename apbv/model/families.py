@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apbv.model.checkpoint import read_config, validate_checkpoint
+from apbv.model.checkpoint import read_config, supported_text, validate_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +36,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": Family("Qwen2.5-VL", "apbv.model.qwen2_5_vl"),
     "internvl": Family("InternVL3", "apbv.model.internvl"),
+    "qwen3_vl": Family("Qwen3-VL", "apbv.model.qwen3_vl"),
 }
 """``config.json`` ``model_type`` -> :class:`Family`."""
 
@@ -43,10 +44,23 @@ SUPPORTED: dict[str, str] = {model_type: f.name for model_type, f in FAMILIES.it
 """``model_type`` -> family name, as :func:`apbv.model.checkpoint.validate_checkpoint` takes
 them."""
 
+REFUSED_VARIANTS: dict[str, str] = {
+    "qwen3_vl_moe": "Qwen3-VL's mixture-of-experts variant ('qwen3_vl_moe', e.g. "
+                    "Qwen3-VL-30B-A3B) is not supported: apbv runs the dense Qwen3-VL "
+                    "('qwen3_vl', e.g. Qwen3-VL-8B)",
+}
+"""Model types of a supported family's variants that apbv does not run -> why (named before
+the general refusal, from ``config.json`` alone)."""
+
 
 def family_of(path: str | Path) -> Family:
     """The family of the checkpoint directory ``path``, after checking the directory
     (ValueError naming the problem, and the supported model types for another family)."""
+    if (Path(path) / "config.json").is_file():
+        model_type = read_config(path).get("model_type")
+        refused = REFUSED_VARIANTS.get(model_type) if isinstance(model_type, str) else None
+        if refused is not None:
+            raise ValueError(f"{str(path)!r}: {refused}; supported: {supported_text(SUPPORTED)}")
     validate_checkpoint(path, SUPPORTED)
     return FAMILIES[read_config(path)["model_type"]]
 

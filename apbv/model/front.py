@@ -27,7 +27,8 @@ class PromptRules(Protocol):
     def video_grid(self, sampling: Sampling) -> tuple[int, int, int]: ...
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,15 @@ class QwenRules:
         return sampling.grid_thw
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         t, h, w = video_grid
         merge = getattr(self.processor.video_processor, "merge_size", 2)
         return build_prompt(self.processor, question, t * (h // merge) * (w // merge), system)
 
 
-PROCESSORS = {"Qwen2_5_VLProcessor": "qwen2_5_vl", "InternVLProcessor": "internvl"}
+PROCESSORS = {"Qwen2_5_VLProcessor": "qwen2_5_vl", "InternVLProcessor": "internvl",
+              "Qwen3VLProcessor": "qwen3_vl"}
 """Processor class -> ``model_type`` of the family it belongs to."""
 
 
@@ -60,6 +63,10 @@ def prompt_rules(processor: Any) -> PromptRules:
         from apbv.model.internvl_prompt import InternVLRules
 
         return InternVLRules(processor)
+    if kind == "qwen3_vl":
+        from apbv.model.qwen3_vl_prompt import Qwen3VLRules
+
+        return Qwen3VLRules(processor)
     if kind == "qwen2_5_vl":
         return QwenRules(processor)
     raise ValueError(f"no prompt rules for a {type(processor).__name__}; supported: "

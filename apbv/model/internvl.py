@@ -46,6 +46,7 @@ from apbv.video.patches import PIPELINE_CHUNK_ROWS
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
+    from apbv.model.adapter import VideoFeatures
 
 MODEL_TYPE = "internvl"
 TEXT_MODEL_TYPES = ("qwen2",)
@@ -67,6 +68,8 @@ class InternVL(HFVisionLM):
     """Live streams run this family (:meth:`stream_prompt`)."""
     temporal_patch_size: int = 1
     """Frames per temporal unit: one (ranks and stream chunks hold whole frames)."""
+    extra_levels = 0
+    """Tower rows are the projected embeddings alone."""
 
     @property
     def family(self) -> str:
@@ -167,7 +170,8 @@ class InternVL(HFVisionLM):
         return self.rules.prompt_ids(question, num_frames, system)
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rules.prompt(question, video_grid, system)
 
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
@@ -200,10 +204,12 @@ class InternVL(HFVisionLM):
         448x448 frame's patch grid here)."""
         return InternVLStreamPrompt(self.processor)
 
-    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                video_features: VideoFeatures | None = None) -> torch.Tensor:
         """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T) (the
         first row is the 1-D position) or (1, T); attention through the installed
         :class:`apbv.context.AttentionContext`."""
+        assert video_features is None, "InternVL3 has no extra vision features"
         if position_ids.dim() == 3:
             position_ids = position_ids[0]
         out = self.model.model.language_model(inputs_embeds=inputs_embeds,

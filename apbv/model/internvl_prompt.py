@@ -150,8 +150,10 @@ class InternVLRules:
         return internvl_prompt_ids(self.processor, question, num_frames, system)
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`internvl_prompt_ids` over the ``video_grid[0]`` frames of the grid."""
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`internvl_prompt_ids` over the ``video_grid[0]`` frames of the grid
+        (``sampling`` is not needed)."""
         return internvl_prompt_ids(self.processor, question, video_grid[0], system)
 
 

@@ -53,6 +53,7 @@ from apbv.video.patches import (
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
+    from apbv.model.adapter import VideoFeatures
 
 MODEL_TYPE = "qwen2_5_vl"
 FAMILY = "Qwen2.5-VL"
@@ -72,6 +73,9 @@ class QwenVL(HFVisionLM):
     """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
     streams: bool = True
     """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
+
+    extra_levels = 0
+    """Tower rows are the merged embeddings alone."""
 
     @property
     def temporal_patch_size(self) -> int:
@@ -169,10 +173,11 @@ class QwenVL(HFVisionLM):
         return QwenRules(self.processor).video_grid(sampling)
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Context ids (N,) with one run of ``(t * h * w) / merge**2`` video tokens for the
         patch grid ``video_grid`` (t, h, w), and query ids (Q,)
-        (:func:`apbv.sequence.build_prompt`)."""
+        (:func:`apbv.sequence.build_prompt`; ``sampling`` is not needed)."""
         return QwenRules(self.processor).prompt(question, video_grid, system)
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
@@ -274,11 +279,14 @@ class QwenVL(HFVisionLM):
             raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T).
+    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                video_features: VideoFeatures | None = None) -> torch.Tensor:
+        """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T)
+        (``video_features``: none in this family).
 
         Attention goes through the installed :class:`apbv.context.AttentionContext`.
         """
+        assert video_features is None, "Qwen2.5-VL has no extra vision features"
         out = self.model.model.language_model(
             inputs_embeds=inputs_embeds,
             position_ids=self.on_device(position_ids),

@@ -215,7 +215,8 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
     pixels = sampling.resized_height * sampling.resized_width
     limits.check("pixels", pixels, limits.max_pixels_per_frame, "max-pixels-per-frame",
                  "pixels per sampled frame")
-    context, query = rules.prompt(request.question, rules.video_grid(sampling), request.system)
+    context, query = rules.prompt(request.question, rules.video_grid(sampling), request.system,
+                                  sampling=sampling)
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")

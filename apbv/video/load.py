@@ -31,15 +31,19 @@ RESIZE_ONE_BY_ONE = 1 << 16
 """Values per frame (3 x H x W) above which :func:`resize_frames` resizes frame by frame."""
 
 
-def resize_frames(frames: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
+                  processor: bool = False) -> torch.Tensor:
     """uint8 (F, 3, H, W) -> (F, 3, h, w) for ``size`` (h, w), as qwen-vl-utils resizes:
     torchvision's bicubic tensor resize with antialiasing (keep the strides qwen-vl-utils
-    sees, channels-last from a decoder, for bit-equal frames). Frames over
+    sees, channels-last from a decoder, for bit-equal frames); ``processor``: as transformers'
+    video processors resize (Qwen3-VL's), with torchvision's v2 uint8 kernel instead. Frames over
     :data:`RESIZE_ONE_BY_ONE` values (about 150x150) on the CPU one at a time: the same bits as
     one call on the batch (each output pixel depends on its own frame only), and a 1080p
     frame's float32 copy (25 MB) stays in cache where a batch's does not (about 1.5-2x faster,
     measured)."""
-    functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
+    functional = _import("torchvision.transforms.v2.functional" if processor
+                         else "torchvision.transforms.functional", "torchvision",
+                         "frame resizing")
 
     def resize(batch: torch.Tensor) -> torch.Tensor:
         return functional.resize(batch, list(size),
@@ -118,7 +122,7 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
         frames = frames.permute(0, 3, 1, 2)
         if device is not None:
             frames = frames.to(device)
-        yield resize_frames(frames, (height, width))
+        yield resize_frames(frames, (height, width), processor=sampling.processor_resize)
 
 
 def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling,

@@ -232,6 +232,10 @@ class Sampling:
     keyframes: tuple[int, ...] | None = field(default=None, repr=False)
     """With :attr:`VideoSpec.keyframe_split`: the file's keyframe indices, which place the
     ranks' split (:func:`apbv.video.gop.frame_split`); None: the balanced split."""
+    video_fps: float | None = None
+    """The file's frame rate where the prompt needs it (Qwen3-VL's timestamps), else None."""
+    processor_resize: bool = False
+    """Resize as transformers' video processors do (Qwen3-VL), not as qwen-vl-utils does."""
 
     def __post_init__(self) -> None:
         assert len(self.indices) % self.temporal_patch_size == 0 and self.indices, self.indices

@@ -1,0 +1,246 @@
+"""The Qwen3-VL adapter (``model_type`` qwen3_vl, dense): stock HF Qwen3-VL driven by apbv.
+
+It implements :class:`apbv.model.adapter.VideoModel` (the contract is written there). Frames
+are chosen and sized by the stock video processor's rules
+(:mod:`apbv.model.qwen3_vl_prompt`: ``linspace`` sampling, the processor's pixel budget for the
+whole clip) and become patch rows of 2-frame temporal patches of 16x16 pixels through the stock
+video processor. The prompt holds one run of ``<|video_pad|>`` tokens per temporal patch, each
+after its ``<t seconds>`` text and inside its own ``<|vision_start|>`` ... ``<|vision_end|>``;
+positions are interleaved M-RoPE by the stock ``get_rope_index`` (each temporal patch its own
+one-frame grid).
+
+The vision tower (stock, SDPA) attends inside one temporal patch and places its learned and
+rotary positions by the patch grid alone, so a rank runs it on its whole temporal patches and
+the concatenation of the ranks' rows equals the tower on the whole video. Each tower row is a
+video token's main embedding followed by its DeepStack features, one per
+``deepstack_visual_indexes`` entry (:attr:`Qwen3VL.extra_levels`), so the engine moves them
+to the rank that owns the token with the main embedding; :meth:`Qwen3VL.decoder` adds level i
+to the hidden states after decoder layer i at the shard's video tokens, as the stock text model
+does. Live streams are not run for this family (:attr:`Qwen3VL.streams` False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+from transformers.utils import logging as hf_logging
+
+from apbv.model.checkpoint import read_config, validate_checkpoint
+from apbv.model.hf_compat import check_version, dtype_kwargs
+from apbv.model.hf_decoder import HFVisionLM
+from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules
+from apbv.model.tower import CPU_CHUNK_ROWS, grid_rows, tower_chunks
+from apbv.plan import Range
+from apbv.positions import video_token_runs
+from apbv.video import Sampling, VideoMeta, VideoSpec
+from apbv.video.patches import PIPELINE_CHUNK_ROWS, patches_per_chunk
+
+if TYPE_CHECKING:
+    from apbv.config import VisionConfig
+    from apbv.model.adapter import VideoFeatures
+
+MODEL_TYPE = "qwen3_vl"
+TEXT_MODEL_TYPES = ("qwen3_vl_text",)
+"""Decoders this adapter runs (dense); the MoE variant (``qwen3_vl_moe``) is refused."""
+
+
+@dataclass
+class Qwen3VL(HFVisionLM):
+    """A loaded Qwen3-VL checkpoint and the pieces apbv drives (see the module docstring)."""
+
+    model: Qwen3VLForConditionalGeneration
+    processor: Any
+    chunk_rows: int = 0
+    """Patch rows per vision-tower call (whole temporal patches; 0: the share in one call)."""
+    preprocess: str = "processor"
+    """Frames become patch rows through the stock video processor (float rows)."""
+    embeds_levels: bool = False
+    streams: bool = False
+    """Live streams are refused for this family (no :meth:`stream_prompt` with its
+    timestamps yet)."""
+
+    @property
+    def family(self) -> str:
+        return FAMILY
+
+    @property
+    def temporal_patch_size(self) -> int:
+        """Frames per temporal patch of the vision tower (2)."""
+        return self.processor.video_processor.temporal_patch_size
+
+    @property
+    def extra_levels(self) -> int:
+        """DeepStack feature levels after the main embedding in each tower row."""
+        return len(self.vision_config.deepstack_visual_indexes)
+
+    @property
+    def video_token_id(self) -> int:
+        return self.model.config.video_token_id
+
+    @property
+    def spatial_merge_size(self) -> int:
+        return self.vision_config.spatial_merge_size
+
+    @property
+    def tokens_per_second(self) -> float:
+        """0: time enters the prompt as timestamp text, not as positions."""
+        return 0.0
+
+    @property
+    def rules(self) -> Qwen3VLRules:
+        """The weight-free frame choice and prompt (:mod:`apbv.model.qwen3_vl_prompt`)."""
+        return Qwen3VLRules(self.processor)
+
+    def set_vision(self, vision: VisionConfig) -> None:
+        """Patch rows per tower call from ``vision.chunk_rows`` (unset:
+        :data:`apbv.model.tower.CPU_CHUNK_ROWS` on CPU, the whole share elsewhere); the other
+        settings are Qwen2.5-VL's tower's: the stock Qwen3-VL tower runs as it is."""
+        self.chunk_rows = vision.chunk_rows if vision.chunk_rows is not None \
+            else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
+
+    def process_frames(self, frames: torch.Tensor, *, levels: bool = False,
+                       ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """Already-resized frames (F, 3, H, W) uint8, H and W multiples of patch x merge (32)
+        -> the stock video processor's patch rows (n_patches, 3*2*16*16) and (t, h, w) grid
+        (an odd frame count padded with the last frame). ``levels`` is not supported."""
+        vp = self.processor.video_processor
+        factor = vp.patch_size * vp.merge_size
+        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
+                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
+            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
+                   else type(frames).__name__)
+            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
+        if frames.shape[-2] % factor or frames.shape[-1] % factor:
+            raise ValueError(f"frame size {frames.shape[-2]}x{frames.shape[-1]} is not a "
+                             f"multiple of {factor}: resize the frames first (apbv.video does)")
+        if levels:
+            raise ValueError(f"{FAMILY} frames are processed by its processor: no pixel levels")
+        processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
+                       return_tensors="pt",
+                       cap_pixels_per_frame=bool(getattr(vp, "cap_pixels_per_frame", False)))
+        t, h, w = (int(x) for x in processed["video_grid_thw"][0].tolist())
+        return processed["pixel_values_videos"], (t, h, w)
+
+    def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        return self.process_frames(frames)
+
+    def frames_per_chunk(self, height: int, width: int) -> int:
+        """Frames per chunk of :meth:`encode_frames`: whole temporal patches, about
+        :attr:`chunk_rows` patch rows (else :data:`PIPELINE_CHUNK_ROWS`)."""
+        vp = self.processor.video_processor
+        rows = (height // vp.patch_size) * (width // vp.patch_size)
+        return vp.temporal_patch_size * patches_per_chunk(
+            rows, self.chunk_rows or PIPELINE_CHUNK_ROWS)
+
+    def vision_tower(self, pixel_values: torch.Tensor,
+                     grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
+        """Patch rows (n_patches, 3*2*16*16) of whole temporal patches with their (t, h, w)
+        grid -> rows (n_tokens, hidden * (1 + :attr:`extra_levels`)) in video-token order:
+        the merged embedding, then the DeepStack features of each level (the stock tower's
+        ``pooler_output`` and ``deepstack_features``), :attr:`chunk_rows` rows per call."""
+        grid = grid_rows(grid_thw)
+        patches = int(grid.prod(dim=1).sum())
+        if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
+                             f"{grid.tolist()} ({patches} patch rows)")
+        visual = self.model.model.visual
+        outs = []
+        for first, end, call_grid in tower_chunks(grid, self.chunk_rows):
+            rows = pixel_values[first:end].to(self.device, visual.dtype)
+            out = visual(rows, grid_thw=call_grid.to(self.device))
+            outs.append(torch.cat([out.pooler_output, *out.deepstack_features], dim=-1))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
+                      overlap: bool | None = None) -> torch.Tensor:
+        """Frame chunks (uint8 (k, 3, H, W), whole temporal patches, in order) -> the rows of
+        ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
+        try:
+            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
+        finally:
+            if (close := getattr(chunks, "close", None)) is not None:
+                close()
+        if not outs:
+            raise ValueError("encode_frames got no frames")
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
+        return self.rules.plan_sampling(spec, meta)
+
+    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
+        return self.rules.video_grid(sampling)
+
+    def prompt(self, question: str, video_grid: tuple[int, int, int],
+               system: str | None = None, *, sampling: Sampling | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rules.prompt(question, video_grid, system, sampling=sampling)
+
+    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
+        """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,)."""
+        runs = self.video_runs(ids)
+        return runs[0][0], sum(end - start for start, end in runs)
+
+    def video_runs(self, ids: torch.Tensor) -> list[Range]:
+        """[start, end) of each temporal patch's run of ``<|video_pad|>`` tokens in ``ids``."""
+        runs = video_token_runs(ids, self.video_token_id)
+        if not runs:
+            raise ValueError(f"expected video tokens ({self.video_token_id}) in the prompt")
+        return runs
+
+    def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
+                  second_per_grid_t: float) -> torch.Tensor:
+        """(3, 1, T) int64 interleaved M-RoPE positions of the prompt ``ids`` (T,) holding one
+        video of ``video_grid`` (t, h, w), by the stock ``get_rope_index`` (time is in the
+        timestamp text: ``second_per_grid_t`` does not move them)."""
+        ids = ids.reshape(1, -1).cpu()
+        types = (ids == self.video_token_id).int() * 2  # the processor's mm_token_type_ids
+        positions, _ = self.model.model.get_rope_index(
+            ids, types, video_grid_thw=torch.tensor([list(video_grid)]))
+        return positions
+
+    def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                video_features: VideoFeatures | None = None) -> torch.Tensor:
+        """The decoder layers and final norm on (1, T, hidden) with positions (3, 1, T); with
+        ``video_features`` the DeepStack levels added after layers 0, 1, ... at the video
+        tokens (the stock text model's ``visual_pos_masks`` and ``deepstack_visual_embeds``).
+        Attention goes through the installed :class:`apbv.context.AttentionContext`."""
+        extra: dict[str, Any] = {}
+        if video_features is not None:
+            extra = {"visual_pos_masks": self.on_device(video_features.mask),
+                     "deepstack_visual_embeds": video_features.levels}
+        out = self.model.model.language_model(inputs_embeds=inputs_embeds,
+                                              position_ids=self.on_device(position_ids),
+                                              use_cache=False, **extra)
+        return out.last_hidden_state
+
+
+def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
+         vision: VisionConfig | None = None) -> Qwen3VL:
+    """Load a Qwen3-VL checkpoint directory (no downloads). Checked first: a wrong or
+    incomplete directory, or a decoder other than :data:`TEXT_MODEL_TYPES`, is a ValueError
+    before any weight is read."""
+    from apbv.config import VisionConfig
+
+    path = validate_checkpoint(path, {MODEL_TYPE: FAMILY})
+    text_type = (read_config(path).get("text_config") or {}).get("model_type")
+    if text_type not in TEXT_MODEL_TYPES:
+        raise ValueError(f"{str(path)!r} has a {text_type!r} decoder; {FAMILY} runs "
+                         f"{', '.join(TEXT_MODEL_TYPES)}")
+    check_version()
+    register_attention()
+    hf_logging.disable_progress_bar()
+    model = Qwen3VLForConditionalGeneration.from_pretrained(
+        path, local_files_only=True,
+        attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
+        **dtype_kwargs(dtype))
+    model.to(device).eval()
+    adapter = Qwen3VL(model=model, processor=AutoProcessor.from_pretrained(
+        path, local_files_only=True))
+    adapter.set_vision(vision or VisionConfig())
+    return adapter
