@@ -88,8 +88,7 @@ class Server:
                          for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
         for replica in self.replicas:
             replica.peers = self.replicas
-        cache = getattr(cfg, "cache", None)
-        self.affinity = len(groups) > 1 and getattr(cache, "vision_gb", 0) > 0
+        self.affinity = len(groups) > 1 and cfg.cache.vision_gb > 0
         self.workers: list[asyncio.Task] = []
         self.streams = Streams(self, options.streams) if options.streams is not None else None
         self.downloads: set[asyncio.Task] = set()

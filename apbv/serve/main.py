@@ -250,12 +250,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:
-        cache = getattr(cfg, "cache", None)
-        if cache is None:
-            raise ValueError("--vision-cache-gb needs the vision cache (cache.vision_gb), "
-                             "which this build does not have")
         cfg = dataclasses.replace(
-            cfg, cache=dataclasses.replace(cache, vision_gb=args.vision_cache_gb))
+            cfg, cache=dataclasses.replace(cfg.cache, vision_gb=args.vision_cache_gb))
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     # the actors inherit the Ray token from their raylet, never through their runtime_env
     env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
