@@ -68,6 +68,7 @@ from apbv.engine.stream_plan import (
     patch_indices,
     pick_owner,
     row_start,
+    unit_times,
 )
 from apbv.model.adapter import VideoModel
 from apbv.model.stream_prompt import ChunkPlace
@@ -168,15 +169,15 @@ class Stream:
         return frames, stamps
 
     def _chunk_rows(self, patches: list[int],
-                    starts: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+                    stamps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` whose
-        first frames were captured at ``starts`` (seconds; after the current shift), from the
+        frames were captured at ``stamps`` (seconds; after the current shift), from the
         family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
         assert self._t0 is not None
         return self.prompt.chunk(ChunkPlace(
             self._frames_fed, patches, self.seconds_per_patch,
             self.header_len - self.stats.shift, self.max_position + 1,
-            seconds=tuple(t - self._t0 for t in starts)))
+            seconds=tuple(unit_times(stamps, self._t0, self.unit))))
 
     def query_ids(self, question: str) -> torch.Tensor:
         """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
@@ -212,12 +213,12 @@ class Stream:
         assert self._t0 is not None
         starts = stamps[::self.unit]
         patches = patch_indices(starts, self._t0, self.seconds_per_patch, self._next_patch)
-        ids, positions = self._chunk_rows(patches, starts)
+        ids, positions = self._chunk_rows(patches, stamps)
         tokens = len(ids)
         check_room(sum(self.tokens), tokens, self.qwen.max_positions)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
-            ids, positions = self._chunk_rows(patches, starts)
+            ids, positions = self._chunk_rows(patches, stamps)
         owner = pick_owner(self.tokens)
         timer = StageTimer(info.device, info.group)
         mark = self.cache.lengths()

@@ -207,6 +207,14 @@ def patch_indices(starts: Sequence[float], t0: float, seconds_per_patch: float,
     return out
 
 
+def unit_times(stamps: Sequence[float], t0: float, unit: int) -> list[float]:
+    """Time of each temporal unit of ``unit`` frames with capture times ``stamps`` (seconds):
+    the mean of its first and last frame's times since the stream's first frame ``t0``, as
+    the Qwen3-VL processor times a temporal patch (``_calculate_timestamps``)."""
+    since = [t - t0 for t in stamps]
+    return [(since[i] + since[i + unit - 1]) / 2 for i in range(0, len(since), unit)]
+
+
 def check_room(held: int, tokens: int, limit: int) -> None:
     """ValueError when a chunk of ``tokens`` on top of the ``held`` tokens would pass the
     model's context of ``limit`` tokens."""

@@ -34,7 +34,7 @@ from apbv.model.checkpoint import read_config, validate_checkpoint
 from apbv.model.hf_compat import check_version, dtype_kwargs
 from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
-from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules
+from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
 from apbv.model.tower import CPU_CHUNK_ROWS, grid_rows, tower_chunks
 from apbv.plan import Range
 from apbv.positions import video_token_runs
@@ -180,6 +180,13 @@ class Qwen3VL(HFVisionLM):
                system: str | None = None, *, sampling: Sampling | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rules.prompt(question, video_grid, system, sampling=sampling)
+
+    def stream_prompt(self, grid_hw: tuple[int, int]) -> Qwen3VLStreamPrompt:
+        """A live stream's pieces of :meth:`prompt`'s prompt for frames of the ``grid_hw``
+        (h, w) patch grid: per temporal patch its ``<t seconds>`` (the unit's time in the
+        stream) and markers around its video tokens, interleaved M-RoPE positions."""
+        merge = self.spatial_merge_size
+        return Qwen3VLStreamPrompt(self.processor, (grid_hw[0] // merge, grid_hw[1] // merge))
 
     def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
         """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,)."""
