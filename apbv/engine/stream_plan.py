@@ -61,9 +61,11 @@ class StreamSpec:
     """How a stream samples and keeps its video (fixed at open)."""
 
     height: int
-    """Frame height after resizing (a multiple of 28; see apbv.video.sampling.stream_frame_size)."""
+    """Frame height after resizing (a multiple of the family's
+    :attr:`~apbv.model.adapter.VideoModel.frame_multiple`, checked at open: 28 for Qwen2.5-VL,
+    see apbv.video.sampling.stream_frame_size; 32 for Qwen3-VL)."""
     width: int
-    """Frame width after resizing (a multiple of 28)."""
+    """Frame width after resizing (a multiple of the family's, as ``height``)."""
     fps: float = 2.0
     """Frames per second the stream is sampled at (a temporal unit of the family's frames
     spans frames / fps seconds: Qwen2.5-VL's M-RoPE time step is 2 / fps)."""
@@ -78,9 +80,7 @@ class StreamSpec:
 
     def __post_init__(self) -> None:
         for name in ("height", "width"):
-            value = check_int(name, getattr(self, name), 28)
-            if value % 28:
-                raise ValueError(f"{name} must be a multiple of 28, got {value}")
+            check_int(name, getattr(self, name), 1)
         object.__setattr__(self, "fps", positive("fps", self.fps))
         object.__setattr__(self, "window_s", positive("window_s", self.window_s, allow_none=True))
         if self.window_tokens is not None:

@@ -140,6 +140,10 @@ class VideoModel(Protocol):
         """Frames per temporal unit of the vision tower (Qwen2.5-VL 2, InternVL3 1)."""
 
     @property
+    def frame_multiple(self) -> int:
+        """A live stream's frame sides must be multiples of this (pixels; checked at open)."""
+
+    @property
     def tokens_per_second(self) -> float: ...
 
     @property

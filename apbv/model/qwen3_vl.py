@@ -61,9 +61,8 @@ class Qwen3VL(HFVisionLM):
     preprocess: str = "processor"
     """Frames become patch rows through the stock video processor (float rows)."""
     embeds_levels: bool = False
-    streams: bool = False
-    """Live streams are refused for this family (no :meth:`stream_prompt` with its
-    timestamps yet)."""
+    streams: bool = True
+    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     @property
     def family(self) -> str:
@@ -73,6 +72,12 @@ class Qwen3VL(HFVisionLM):
     def temporal_patch_size(self) -> int:
         """Frames per temporal patch of the vision tower (2)."""
         return self.processor.video_processor.temporal_patch_size
+
+    @property
+    def frame_multiple(self) -> int:
+        """A stream's frame sides are multiples of this (pixels): patch x merge (32)."""
+        vp = self.processor.video_processor
+        return vp.patch_size * vp.merge_size
 
     @property
     def extra_levels(self) -> int:
