@@ -7,8 +7,9 @@ temporal patches, each patch's timestamp text and markers around its video token
 one-shot interleaved M-RoPE positions; each chunk's DeepStack levels travel with its tower rows
 and are added after decoder layers 0-2 at its video tokens, as the one-shot prefill adds them.
 The greedy tokens are equal and the choices' log-probabilities agree within ``LOGPROB_RTOL``;
-the tokens also after one more push, and a fresh ask (one-shot prefill of the held frames from
-the kept tower rows, DeepStack levels included) equals it too; every rank answers alike."""
+the tokens also after one more push; after a window evicted the oldest frames, a fresh ask
+(one-shot prefill of the held frames from the kept tower rows, DeepStack levels included, the
+timestamps from the first held frame) equals one-shot exact on them; every rank answers alike."""
 
 from __future__ import annotations
 
@@ -70,8 +71,16 @@ def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     engine.append("s", frames[cut:], stamps[cut:])
     out["later"] = _answers(engine, StreamRef("s"), choices=False)
     out["one_later"] = _answers(engine, DecodedVideo(frames, FPS, PATCH), choices=False)
-    out["fresh"] = engine.generate(Request(video=StreamRef("s", fresh=True), question=QUESTION,
-                                           mode="exact", max_new_tokens=NEW_TOKENS)).token_ids
+    # A 1.5 s window over pushes of 2 frames (one patch each) keeps frames 6..11; a fresh ask
+    # is the one-shot prompt on them (their timestamps from 0.2 s again).
+    engine.open_stream("w", StreamSpec(height=HEIGHT, width=WIDTH, fps=FPS, window_s=1.5,
+                                       keep_vision=True))
+    for first in range(0, len(frames), 2):
+        engine.append("w", frames[first:first + 2], stamps[first:first + 2])
+    out["window"] = engine.describe_stream("w").frames_held, engine.generate(Request(
+        video=StreamRef("w", fresh=True), question=QUESTION, mode="exact",
+        max_new_tokens=NEW_TOKENS)).token_ids
+    out["one_window"] = _answers(engine, DecodedVideo(frames[6:], FPS, PATCH), choices=False)[0]
     return out
 
 
@@ -93,5 +102,6 @@ def test_qwen3_vl_stream_ask_equals_one_shot(qwen3_config: RuntimeConfig) -> Non
     assert len(r["held"][0]) == NEW_TOKENS and len(r["one"][1]) == len(CHOICES)
     _check_same(r["held"], r["one"], "after pushes of 2, 3 and 5 frames")
     _check_same(r["later"], r["one_later"], "after one more push")
-    assert r["fresh"] == r["one_later"][0], (r["fresh"], r["one_later"][0])
+    assert r["window"] == (6, r["one_window"]), (r["window"], r["one_window"])
+    assert r["one_window"] != r["one_later"][0], "the window's frames answer alike: no check"
     assert per_rank[1]["held"] == r["held"] and per_rank[1]["later"] == r["later"]
