@@ -28,7 +28,12 @@ added: the stream goes on unchanged.
 Positions are the one-shot prompt's: for Qwen2.5-VL's M-RoPE, temporal patch g (counted from
 the stream's first frame, at ``2 / fps`` seconds per patch, from the timestamps) gets temporal
 position ``floor(g * 2 / fps * tokens_per_second)``; for a 1-D family (InternVL3) the rows
-follow each other; text after the video starts at the maximum + 1. So while nothing is evicted,
+follow each other; for Qwen3-VL each temporal patch's ``<t seconds>`` text (its frames' mean
+capture time since the stream's first frame) and markers follow each other and its tokens are
+a one-frame grid after them (interleaved M-RoPE); text after the video starts at the maximum
++ 1. A family's extra vision features (Qwen3-VL's DeepStack levels) travel with a chunk's
+embeddings and are added at its video tokens as in the one-shot prefill. So while nothing is
+evicted,
 an ask returns the tokens of one-shot ``exact`` mode on the same frames
 (``Request(video=DecodedVideo(frames, fps))``).
 

@@ -16,7 +16,14 @@ video token's main embedding followed by its DeepStack features, one per
 ``deepstack_visual_indexes`` entry (:attr:`Qwen3VL.extra_levels`), so the engine moves them
 to the rank that owns the token with the main embedding; :meth:`Qwen3VL.decoder` adds level i
 to the hidden states after decoder layer i at the shard's video tokens, as the stock text model
-does. Live streams are not run for this family (:attr:`Qwen3VL.streams` False).
+does.
+
+Live streams hold the same prompt chunk by chunk (:meth:`Qwen3VL.stream_prompt`,
+:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt`): each temporal patch's ``<t seconds>``
+is the mean capture time of its two frames since the stream's first frame, as the stock
+processor times a patch of a file's frames; a chunk's tower rows carry their DeepStack levels,
+added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requests
+(``DecodedVideo(frames, fps, image_patch_size=16)``) time frame i at i / fps.
 """
 
 from __future__ import annotations
