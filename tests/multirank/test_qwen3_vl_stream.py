@@ -9,7 +9,9 @@ and are added after decoder layers 0-2 at its video tokens, as the one-shot pref
 The greedy tokens are equal and the choices' log-probabilities agree within ``LOGPROB_RTOL``;
 the tokens also after one more push; after a window evicted the oldest frames, a fresh ask
 (one-shot prefill of the held frames from the kept tower rows, DeepStack levels included, the
-timestamps from the first held frame) equals one-shot exact on them; every rank answers alike."""
+timestamps from the first held frame) equals one-shot exact on them; every rank answers alike.
+Frames whose sides are multiples of Qwen2.5-VL's 28 but not of Qwen3-VL's 32 are refused at
+open."""
 
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ def _answers(engine: Engine, video: DecodedVideo | StreamRef,
 
 def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     engine = Engine(cfg, info)
+    with pytest.raises(ValueError, match="multiples of 32") as refused:  # 28 is Qwen2.5-VL's
+        engine.open_stream("bad", StreamSpec(height=56, width=56))
+    assert "56x56" in str(refused.value) and "bad" not in engine.streams
     frames = torch.randint(0, 256, (12, 3, HEIGHT, WIDTH), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(5))
     stamps = [i / FPS for i in range(len(frames))]

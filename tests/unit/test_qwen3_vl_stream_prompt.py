@@ -16,7 +16,7 @@ import torch
 from apbv.engine.stream_plan import unit_times
 from apbv.model.qwen3_vl_prompt import Qwen3VLRules, Qwen3VLStreamPrompt
 from apbv.model.stream_prompt import ChunkPlace
-from apbv.video import DecodedVideo
+from apbv.video import DecodedVideo, Sampling
 
 QUESTION = "What happens?"
 FPS = 3.0
@@ -69,3 +69,11 @@ def test_qwen3_vl_stream_prompt_is_the_one_shot_prompt(qwen3: Any, pushes: list[
     assert [text.count(f"<{t} seconds>") for t in ("0.2", "0.8", "1.5", "2.2")] == [1] * 4
     one_shot = qwen3.positions(want, grid, 0.0)
     assert torch.equal(positions, one_shot[..., :positions.shape[-1]])
+
+
+def test_stream_grid_is_in_the_processors_patches(qwen3: Any) -> None:
+    """A stream's frames come as a sampling built without the family's patch size (the
+    default 14): its grid is still in Qwen3-VL's 16-pixel patches (160x224: 10 x 14)."""
+    sampling = Sampling((0, 1), FPS, 160, 224, temporal_patch_size=2)
+    assert sampling.image_patch_size != 16
+    assert qwen3.video_grid(sampling) == (1, 10, 14)
