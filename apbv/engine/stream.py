@@ -33,8 +33,7 @@ capture time since the stream's first frame) and markers follow each other and i
 a one-frame grid after them (interleaved M-RoPE); text after the video starts at the maximum
 + 1. A family's extra vision features (Qwen3-VL's DeepStack levels) travel with a chunk's
 embeddings and are added at its video tokens as in the one-shot prefill. So while nothing is
-evicted,
-an ask returns the tokens of one-shot ``exact`` mode on the same frames
+evicted, an ask returns the tokens of one-shot ``exact`` mode on the same frames
 (``Request(video=DecodedVideo(frames, fps))``).
 
 A window (``window_s``, or ``window_tokens`` per rank) evicts the oldest whole chunks and frees

@@ -14,6 +14,8 @@ the engine's adapter (:mod:`apbv.model.qwen3_vl`) and the server's front end
   tokens ``<|vision_end|>``, inside the template's own ``<|vision_start|>`` ...
   ``<|vision_end|>``; t is the mean time of the patch's two frames, frame index / the file's
   fps (the processor's ``_calculate_timestamps``), so 29.97 and 30 fps give different text.
+- Live streams (:class:`Qwen3VLStreamPrompt`): the same ids chunk by chunk, t the mean capture
+  time of the patch's two frames since the stream's first frame.
 """
 
 from __future__ import annotations
