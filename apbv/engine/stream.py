@@ -28,8 +28,12 @@ added: the stream goes on unchanged.
 Positions are the one-shot prompt's: for Qwen2.5-VL's M-RoPE, temporal patch g (counted from
 the stream's first frame, at ``2 / fps`` seconds per patch, from the timestamps) gets temporal
 position ``floor(g * 2 / fps * tokens_per_second)``; for a 1-D family (InternVL3) the rows
-follow each other; text after the video starts at the maximum + 1. So while nothing is evicted,
-an ask returns the tokens of one-shot ``exact`` mode on the same frames
+follow each other; for Qwen3-VL each temporal patch's ``<t seconds>`` text (its frames' mean
+capture time since the stream's first frame) and markers follow each other and its tokens are
+a one-frame grid after them (interleaved M-RoPE); text after the video starts at the maximum
++ 1. A family's extra vision features (Qwen3-VL's DeepStack levels) travel with a chunk's
+embeddings and are added at its video tokens as in the one-shot prefill. So while nothing is
+evicted, an ask returns the tokens of one-shot ``exact`` mode on the same frames
 (``Request(video=DecodedVideo(frames, fps))``).
 
 A window (``window_s``, or ``window_tokens`` per rank) evicts the oldest whole chunks and frees
@@ -56,6 +60,7 @@ from apbv.distributed import DistInfo
 from apbv.engine.agree import agreement, check_same
 from apbv.engine.decode import DecodeContext
 from apbv.engine.kvcache import RankKVCache
+from apbv.engine.runner import split_features
 from apbv.engine.stream_plan import (
     Appended,
     Chunk,
@@ -68,8 +73,9 @@ from apbv.engine.stream_plan import (
     patch_indices,
     pick_owner,
     row_start,
+    unit_times,
 )
-from apbv.model.adapter import VideoModel
+from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.model.stream_prompt import ChunkPlace
 from apbv.plan import QUERY_RANK
 from apbv.positions import rope_shift
@@ -85,6 +91,10 @@ class Stream:
     def __init__(self, qwen: VideoModel, info: DistInfo, spec: StreamSpec, *,
                  kernel: str | None = None):
         self.spec, self.qwen, self.info, self.kernel = spec, qwen, info, kernel
+        multiple = qwen.frame_multiple
+        if spec.height % multiple or spec.width % multiple:
+            raise ValueError(f"a {qwen.family} stream's frames are {spec.width}x{spec.height}; "
+                             f"both sides must be multiples of {multiple} (its frame_multiple)")
         self.cache = RankKVCache(qwen.num_layers)
         self.chunks: list[Chunk] = []
         self.vision: dict[int, torch.Tensor] = {}  # chunk index -> embeddings (owner only)
@@ -98,8 +108,7 @@ class Stream:
         self.unit = qwen.temporal_patch_size  # frames per temporal unit (a patch)
         self.seconds_per_patch = self.unit / spec.fps
         merge = qwen.spatial_merge_size
-        _, *hw = qwen.video_grid(Sampling(tuple(range(self.unit)), spec.fps, spec.height,
-                                          spec.width, temporal_patch_size=self.unit))
+        _, *hw = qwen.video_grid(self._sampling(1))
         self.grid_hw = (hw[0], hw[1])
         self.tokens_per_patch = (self.grid_hw[0] // merge) * (self.grid_hw[1] // merge)
         self.rebase_at = spec.rebase_at or qwen.max_positions // 2
@@ -142,12 +151,16 @@ class Stream:
 
     # -- the model ---------------------------------------------------------------------------
 
-    def feed(self, embeds: torch.Tensor, positions: torch.Tensor, owner: int) -> torch.Tensor:
+    def feed(self, embeds: torch.Tensor, positions: torch.Tensor, owner: int,
+             video_features: VideoFeatures | None = None) -> torch.Tensor:
         """Rows (1, T, hidden) at positions (3, 1, T) through the decoder, attending exactly
-        to everything cached; ``owner`` keeps their KV. Returns the hidden states."""
+        to everything cached; ``owner`` keeps their KV; ``video_features``: the rows' extra
+        vision features (DeepStack), as the one-shot prefill passes them. Returns the hidden
+        states."""
         ctx = DecodeContext(self.info, self.cache, self.kernel, owner=owner)
         with active(ctx):
-            return self.qwen.decoder(embeds, positions)
+            return self.qwen.decoder(embeds, positions) if video_features is None else \
+                self.qwen.decoder(embeds, positions, video_features)
 
     # -- append ------------------------------------------------------------------------------
 
@@ -168,19 +181,26 @@ class Stream:
         return frames, stamps
 
     def _chunk_rows(self, patches: list[int],
-                    starts: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+                    stamps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` whose
-        first frames were captured at ``starts`` (seconds; after the current shift), from the
+        frames were captured at ``stamps`` (seconds; after the current shift), from the
         family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
         assert self._t0 is not None
         return self.prompt.chunk(ChunkPlace(
             self._frames_fed, patches, self.seconds_per_patch,
             self.header_len - self.stats.shift, self.max_position + 1,
-            seconds=tuple(t - self._t0 for t in starts)))
+            seconds=tuple(unit_times(stamps, self._t0, self.unit))))
+
+    def _sampling(self, units: int) -> Sampling:
+        """``units`` temporal units of frames at the stream's size and fps (frame i at i / fps
+        seconds): the one-shot sampling of a decoded-frame video of them."""
+        spec = self.spec
+        return Sampling(tuple(range(units * self.unit)), spec.fps, spec.height, spec.width,
+                        temporal_patch_size=self.unit, video_fps=spec.fps)
 
     def query_ids(self, question: str) -> torch.Tensor:
         """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
-        return self.qwen.prompt(question, (1, *self.grid_hw))[1]
+        return self.qwen.prompt(question, (1, *self.grid_hw), sampling=self._sampling(1))[1]
 
     def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> Appended:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
@@ -212,12 +232,12 @@ class Stream:
         assert self._t0 is not None
         starts = stamps[::self.unit]
         patches = patch_indices(starts, self._t0, self.seconds_per_patch, self._next_patch)
-        ids, positions = self._chunk_rows(patches, starts)
+        ids, positions = self._chunk_rows(patches, stamps)
         tokens = len(ids)
         check_room(sum(self.tokens), tokens, self.qwen.max_positions)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
-            ids, positions = self._chunk_rows(patches, starts)
+            ids, positions = self._chunk_rows(patches, stamps)
         owner = pick_owner(self.tokens)
         timer = StageTimer(info.device, info.group)
         mark = self.cache.lengths()
@@ -247,9 +267,11 @@ class Stream:
     @torch.inference_mode()
     def _encode_and_feed(self, frames: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                          owner: int, timer: StageTimer) -> torch.Tensor:
-        """The owner encodes the chunk and broadcasts its embeddings (video tokens, hidden);
-        every rank feeds the chunk's rows ``ids`` (R,), the embeddings in place of its video
-        tokens; the owner keeps their KV. Returns the embeddings."""
+        """The owner encodes the chunk and broadcasts its tower rows (video tokens, hidden *
+        (1 + ``extra_levels``)); every rank feeds the chunk's rows ``ids`` (R,), the main
+        embeddings in place of its video tokens and the extra levels (DeepStack) added at
+        them as the one-shot prefill adds them (:func:`apbv.engine.runner.split_features`);
+        the owner keeps their KV. Returns the tower rows."""
         qwen, group = self.qwen, self.info.group
         video = ids == qwen.video_token_id
         tokens = int(video.sum())
@@ -261,16 +283,17 @@ class Stream:
                     embeds = qwen.vision_tower(pixel_values, grid)
         with timer.stage("transfer"):
             if embeds is None:
-                embeds = torch.empty(tokens, qwen.text_config.hidden_size, dtype=qwen.dtype,
-                                     device=qwen.device)
+                width = qwen.text_config.hidden_size * (1 + qwen.extra_levels)
+                embeds = torch.empty(tokens, width, dtype=qwen.dtype, device=qwen.device)
             embeds = comm.broadcast(embeds.to(qwen.dtype), src=owner, group=group)
         with timer.stage("prefill"):
+            main, features = split_features(qwen, embeds, video.unsqueeze(0))
             if bool(video.all()):  # the rows are the video tokens alone
-                rows = embeds.unsqueeze(0)
+                rows = main.unsqueeze(0)
             else:
                 rows = qwen.embed(ids.unsqueeze(0))
-                rows[0, video.to(rows.device)] = embeds.to(rows.dtype)
-            self.feed(rows, positions, owner=owner)
+                rows[0, video.to(rows.device)] = main.to(rows.dtype)
+            self.feed(rows, positions, owner=owner, video_features=features)
         return embeds
 
     @torch.inference_mode()  # the cached tensors are inference tensors
@@ -318,9 +341,10 @@ class Stream:
         return torch.cat([gathered[c.index] for c in self.chunks])
 
     def window_ids(self) -> torch.Tensor:
-        """(N,) the context ids of the family's one-shot prompt on the held window's frames."""
+        """(N,) the context ids of the family's one-shot prompt on the held window's frames
+        (a decoded-frame video of them at the stream's fps: Qwen3-VL's timestamps from 0)."""
         held = sum(c.patches for c in self.chunks)
-        return self.qwen.prompt("?", (held, *self.grid_hw))[0]
+        return self.qwen.prompt("?", (held, *self.grid_hw), sampling=self._sampling(held))[0]
 
     def close(self) -> None:
         """Free this rank's KV and kept embeddings (no collective)."""

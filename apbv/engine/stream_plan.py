@@ -61,9 +61,11 @@ class StreamSpec:
     """How a stream samples and keeps its video (fixed at open)."""
 
     height: int
-    """Frame height after resizing (a multiple of 28; see apbv.video.sampling.stream_frame_size)."""
+    """Frame height after resizing (a multiple of the family's
+    :attr:`~apbv.model.adapter.VideoModel.frame_multiple`, checked at open: 28 for Qwen2.5-VL,
+    see apbv.video.sampling.stream_frame_size; 32 for Qwen3-VL)."""
     width: int
-    """Frame width after resizing (a multiple of 28)."""
+    """Frame width after resizing (a multiple of the family's, as ``height``)."""
     fps: float = 2.0
     """Frames per second the stream is sampled at (a temporal unit of the family's frames
     spans frames / fps seconds: Qwen2.5-VL's M-RoPE time step is 2 / fps)."""
@@ -78,9 +80,7 @@ class StreamSpec:
 
     def __post_init__(self) -> None:
         for name in ("height", "width"):
-            value = check_int(name, getattr(self, name), 28)
-            if value % 28:
-                raise ValueError(f"{name} must be a multiple of 28, got {value}")
+            check_int(name, getattr(self, name), 1)
         object.__setattr__(self, "fps", positive("fps", self.fps))
         object.__setattr__(self, "window_s", positive("window_s", self.window_s, allow_none=True))
         if self.window_tokens is not None:
@@ -205,6 +205,14 @@ def patch_indices(starts: Sequence[float], t0: float, seconds_per_patch: float,
         out.append(g)
         prev = g
     return out
+
+
+def unit_times(stamps: Sequence[float], t0: float, unit: int) -> list[float]:
+    """Time of each temporal unit of ``unit`` frames with capture times ``stamps`` (seconds):
+    the mean of its first and last frame's times since the stream's first frame ``t0``, as
+    the Qwen3-VL processor times a temporal patch (``_calculate_timestamps``)."""
+    since = [t - t0 for t in stamps]
+    return [(since[i] + since[i + unit - 1]) / 2 for i in range(0, len(since), unit)]
 
 
 def check_room(held: int, tokens: int, limit: int) -> None:

@@ -55,9 +55,11 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    :class:`apbv.model.stream_prompt.StreamPrompt` for frames of a patch grid: the header ids
    before the first frame, each appended chunk's ids (its video tokens and the family's text
    around them, e.g. InternVL3's ``FrameN: <img>...</img>`` numbered on from the frames fed
-   before it) with their positions, and the ids after the video; the query ids are
+   before it, Qwen3-VL's ``<t seconds>`` from its units' capture times) with their positions,
+   and the ids after the video; the query ids are
    :meth:`VideoModel.prompt`'s. :attr:`VideoModel.temporal_patch_size` frames make a unit (a
-   stream chunk and a decoded-frames request hold whole units). The engine's stream code
+   stream chunk and a decoded-frames request hold whole units); a stream's frame sides are
+   multiples of :attr:`VideoModel.frame_multiple`. The engine's stream code
    (:mod:`apbv.engine.stream`) builds no prompt and no position itself. A family without
    streams says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
 
@@ -138,6 +140,10 @@ class VideoModel(Protocol):
     @property
     def temporal_patch_size(self) -> int:
         """Frames per temporal unit of the vision tower (Qwen2.5-VL 2, InternVL3 1)."""
+
+    @property
+    def frame_multiple(self) -> int:
+        """A live stream's frame sides must be multiples of this (pixels; checked at open)."""
 
     @property
     def tokens_per_second(self) -> float: ...

@@ -70,6 +70,9 @@ class InternVL(HFVisionLM):
     """Frames per temporal unit: one (ranks and stream chunks hold whole frames)."""
     extra_levels = 0
     """Tower rows are the projected embeddings alone."""
+    frame_multiple = 28
+    """A stream's frame sides are multiples of this (pixels; its processor resizes them to
+    448x448 whatever they are: Qwen2.5-VL's rule, kept)."""
 
     @property
     def family(self) -> str:

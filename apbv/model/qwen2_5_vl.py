@@ -78,6 +78,12 @@ class QwenVL(HFVisionLM):
     """Tower rows are the merged embeddings alone."""
 
     @property
+    def frame_multiple(self) -> int:
+        """A stream's frame sides are multiples of this (pixels): patch x merge (28)."""
+        vp = self.processor.video_processor
+        return vp.patch_size * vp.merge_size
+
+    @property
     def temporal_patch_size(self) -> int:
         """Frames per temporal patch of the vision tower (2)."""
         return self.processor.video_processor.temporal_patch_size

@@ -16,7 +16,14 @@ video token's main embedding followed by its DeepStack features, one per
 ``deepstack_visual_indexes`` entry (:attr:`Qwen3VL.extra_levels`), so the engine moves them
 to the rank that owns the token with the main embedding; :meth:`Qwen3VL.decoder` adds level i
 to the hidden states after decoder layer i at the shard's video tokens, as the stock text model
-does. Live streams are not run for this family (:attr:`Qwen3VL.streams` False).
+does.
+
+Live streams hold the same prompt chunk by chunk (:meth:`Qwen3VL.stream_prompt`,
+:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt`): each temporal patch's ``<t seconds>``
+is the mean capture time of its two frames since the stream's first frame, as the stock
+processor times a patch of a file's frames; a chunk's tower rows carry their DeepStack levels,
+added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requests
+(``DecodedVideo(frames, fps, image_patch_size=16)``) time frame i at i / fps.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from apbv.model.checkpoint import read_config, validate_checkpoint
 from apbv.model.hf_compat import check_version, dtype_kwargs
 from apbv.model.hf_decoder import HFVisionLM
 from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
-from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules
+from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
 from apbv.model.tower import CPU_CHUNK_ROWS, grid_rows, tower_chunks
 from apbv.plan import Range
 from apbv.positions import video_token_runs
@@ -61,9 +68,8 @@ class Qwen3VL(HFVisionLM):
     preprocess: str = "processor"
     """Frames become patch rows through the stock video processor (float rows)."""
     embeds_levels: bool = False
-    streams: bool = False
-    """Live streams are refused for this family (no :meth:`stream_prompt` with its
-    timestamps yet)."""
+    streams: bool = True
+    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     @property
     def family(self) -> str:
@@ -73,6 +79,12 @@ class Qwen3VL(HFVisionLM):
     def temporal_patch_size(self) -> int:
         """Frames per temporal patch of the vision tower (2)."""
         return self.processor.video_processor.temporal_patch_size
+
+    @property
+    def frame_multiple(self) -> int:
+        """A stream's frame sides are multiples of this (pixels): patch x merge (32)."""
+        vp = self.processor.video_processor
+        return vp.patch_size * vp.merge_size
 
     @property
     def extra_levels(self) -> int:
@@ -180,6 +192,13 @@ class Qwen3VL(HFVisionLM):
                system: str | None = None, *, sampling: Sampling | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rules.prompt(question, video_grid, system, sampling=sampling)
+
+    def stream_prompt(self, grid_hw: tuple[int, int]) -> Qwen3VLStreamPrompt:
+        """A live stream's pieces of :meth:`prompt`'s prompt for frames of the ``grid_hw``
+        (h, w) patch grid: per temporal patch its ``<t seconds>`` (the unit's time in the
+        stream) and markers around its video tokens, interleaved M-RoPE positions."""
+        merge = self.spatial_merge_size
+        return Qwen3VLStreamPrompt(self.processor, (grid_hw[0] // merge, grid_hw[1] // merge))
 
     def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
         """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,)."""

@@ -14,16 +14,21 @@ the engine's adapter (:mod:`apbv.model.qwen3_vl`) and the server's front end
   tokens ``<|vision_end|>``, inside the template's own ``<|vision_start|>`` ...
   ``<|vision_end|>``; t is the mean time of the patch's two frames, frame index / the file's
   fps (the processor's ``_calculate_timestamps``), so 29.97 and 30 fps give different text.
+- Live streams (:class:`Qwen3VLStreamPrompt`): the same ids chunk by chunk, t the mean capture
+  time of the patch's two frames since the stream's first frame.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from apbv.model.stream_prompt import ChunkPlace, sequential_positions, split_at_video
+from apbv.positions import video_positions
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.sampling import snapped
@@ -103,20 +108,27 @@ def qwen3_vl_prompt_ids(processor: Any, question: str, video_grid: tuple[int, in
     if len(seconds) != t:
         raise ValueError(f"{len(seconds)} timestamps for {t} temporal patches")
     context_text, query_text = split_prompt(processor, question, system)
-    tokenizer = processor.tokenizer
     merge = processor.video_processor.merge_size
-    per_patch = [processor.vision_start_token_id] + \
-        [processor.video_token_id] * ((h // merge) * (w // merge)) + \
-        [processor.vision_end_token_id]
+    video_ids = [i for part in patch_ids(processor, (h // merge) * (w // merge), seconds)
+                 for i in part[0] + part[1]]
+    return prompt_ids(processor.tokenizer, context_text, query_text, question, 0, system,
+                      video_ids=video_ids)
+
+
+def patch_ids(processor: Any, tokens: int, seconds: Sequence[float],
+              ) -> list[tuple[list[int], list[int]]]:
+    """Per temporal patch at ``seconds`` (t values), its text ids (``<{t:.1f} seconds>`` and
+    ``<|vision_start|>``) and its vision ids (``tokens`` ``<|video_pad|>`` and
+    ``<|vision_end|>``), as the stock processor expands a video (the stamp tokenized alone)."""
     stamp_ids: dict[str, list[int]] = {}
-    video_ids: list[int] = []
+    vision = [processor.video_token_id] * tokens + [processor.vision_end_token_id]
+    parts = []
     for second in seconds:
         text = f"<{second:.1f} seconds>"
         if text not in stamp_ids:
-            stamp_ids[text] = tokenizer(text, add_special_tokens=False)["input_ids"]
-        video_ids += stamp_ids[text] + per_patch
-    return prompt_ids(tokenizer, context_text, query_text, question, 0, system,
-                      video_ids=video_ids)
+            stamp_ids[text] = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        parts.append((stamp_ids[text] + [processor.vision_start_token_id], vision))
+    return parts
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,11 @@ class Qwen3VLRules:
         return qwen3_vl_sampling(spec, meta, self.processor.video_processor)
 
     def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
-        """The processor's ``video_grid_thw`` of the sampled, resized frames."""
-        return sampling.grid_thw
+        """The processor's ``video_grid_thw`` of the sampled, resized frames (in its own
+        patches, whatever ``sampling.image_patch_size`` says: e.g. a stream's frames)."""
+        patch = self.processor.video_processor.patch_size
+        return sampling.num_patches, sampling.resized_height // patch, \
+            sampling.resized_width // patch
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
@@ -143,3 +158,36 @@ class Qwen3VLRules:
                              "their timestamps")
         return qwen3_vl_prompt_ids(self.processor, question, video_grid,
                                    timestamps(self.processor, sampling), system)
+
+
+@dataclass
+class Qwen3VLStreamPrompt:
+    """Qwen3-VL's live-stream prompt (:class:`apbv.model.stream_prompt.StreamPrompt`): the
+    template's ids before and after its video (the template's own ``<|vision_start|>`` and
+    ``<|vision_end|>`` included), and per chunk each temporal patch's ``<t seconds>``, markers
+    and video tokens (:func:`patch_ids`, t: the unit's time ``ChunkPlace.seconds``) at the
+    stock interleaved M-RoPE positions: text 1-D on from ``next_position``, a patch's tokens a
+    one-frame grid at the position after its text (rows and columns of the merged ``merged_hw``
+    (gh, gw) grid added to it), the text after it at that position + max(gh, gw)."""
+
+    processor: Any
+    merged_hw: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        self.header, self.after = split_at_video(self.processor)
+
+    def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
+        assert len(place.seconds) == len(place.patches), (place.seconds, place.patches)
+        gh, gw = self.merged_hw
+        ids: list[int] = []
+        positions = []
+        at = place.next_position
+        for text, vision in patch_ids(self.processor, gh * gw, place.seconds):
+            positions.append(sequential_positions(at, len(text))[:, 0])
+            at += len(text)
+            positions.append(video_positions([0], gh, gw, 0.0, 0.0, at))
+            at += max(gh, gw)
+            positions.append(sequential_positions(at, 1)[:, 0])  # <|vision_end|>
+            at += 1
+            ids += text + vision
+        return torch.tensor(ids, dtype=torch.long), torch.cat(positions, dim=-1).unsqueeze(1)

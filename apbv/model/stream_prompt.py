@@ -12,7 +12,9 @@ context on the same frames and the positions are :meth:`VideoModel.positions
 
 Implementations: :class:`QwenStreamPrompt` (Qwen2.5-VL: one run of ``<|video_pad|>``, M-RoPE
 positions from the frames' timestamps), :class:`apbv.model.internvl_prompt.InternVLStreamPrompt`
-(InternVL3: ``FrameN: <img>...</img>`` per frame, 1-D positions).
+(InternVL3: ``FrameN: <img>...</img>`` per frame, 1-D positions),
+:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt` (Qwen3-VL: per temporal patch its
+``<t seconds>`` and markers around its video tokens, interleaved M-RoPE positions).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ class ChunkPlace:
     next_position: int
     """One past the largest position fed so far (after the re-base shift)."""
     seconds: Sequence[float] = ()
-    """Capture time of each unit's first frame, in seconds since the stream's first frame
-    (for a family that writes times into its prompt, e.g. Qwen3-VL's ``<t seconds>``)."""
+    """Each unit's time: the mean of its first and last frame's capture times, in seconds
+    since the stream's first frame, as the Qwen3-VL processor times a temporal patch (for a
+    family that writes times into its prompt: Qwen3-VL's ``<t seconds>``)."""
 
 
 class StreamPrompt(Protocol):
@@ -71,16 +74,22 @@ class QwenStreamPrompt:
     tokens_per_second: float
 
     def __post_init__(self) -> None:
-        ids, _ = build_prompt(self.processor, "?", 1)
         self.pad = self.processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
-        cut = ids.tolist().index(self.pad)
-        self.header, self.after = ids[:cut], ids[cut + 1:]
+        self.header, self.after = split_at_video(self.processor)
 
     def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
         gh, gw = self.merged_hw
         positions = video_positions(place.patches, gh, gw, place.seconds_per_patch,
                                     self.tokens_per_second, place.video_start).unsqueeze(1)
         return torch.full((positions.shape[-1],), self.pad, dtype=torch.long), positions
+
+
+def split_at_video(processor: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H,) and (A,) int64: the chat template's context ids before and after its video (the
+    family's video ids stand between them, :func:`apbv.sequence.prompt_ids`)."""
+    ids, _ = build_prompt(processor, "?", 1)
+    cut = ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
+    return ids[:cut], ids[cut + 1:]
 
 
 def sequential_positions(start: int, rows: int) -> torch.Tensor:

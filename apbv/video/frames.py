@@ -42,9 +42,11 @@ class DecodedVideo:
 
     @property
     def sampling(self) -> Sampling:
-        """Every frame, at ``fps``, at its own size."""
+        """Every frame, at ``fps``, at its own size (frame i at i / ``fps`` seconds, for a
+        family that writes times into its prompt: ``video_fps``)."""
         n, _, height, width = self.frames.shape
-        return Sampling(tuple(range(n)), self.fps, height, width, self.image_patch_size)
+        return Sampling(tuple(range(n)), self.fps, height, width, self.image_patch_size,
+                        video_fps=self.fps)
 
     def identity(self) -> str:
         """Shape, rate and a digest of the pixels: equal on ranks holding the same frames."""

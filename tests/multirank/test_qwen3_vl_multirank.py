@@ -13,7 +13,7 @@ from the vision cache (the rows keep their DeepStack levels) and with ``vision.p
 
 The video has 5 temporal patches (9 frames, the last padded) of 5 x 7 tokens: 175 video tokens
 and 5 patches divide evenly by neither 2 nor 3 ranks, nor does the prompt's length. spava
-answers alike on every rank; a live stream is refused naming the family.
+answers alike on every rank (live streams: tests/multirank/test_qwen3_vl_stream.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.request import Result
-from apbv.engine.stream_plan import StreamSpec
 
 QUESTION = "Which colour comes after the blue one?"
 FILE_FRAMES = 9
@@ -97,10 +96,8 @@ def _engine_job(cfg: RuntimeConfig, video: str, info: DistInfo) -> dict:
     exact, spava, cached = ask("exact"), ask("spava"), ask("exact")
     engine.set_vision(dataclasses.replace(cfg.vision, pipeline=True, chunk_rows=10 * 14))
     piped = ask("exact")
-    with pytest.raises(ValueError) as refused:
-        engine.open_stream("s", StreamSpec(height=56, width=56))
-    return {"exact": exact, "spava": spava.token_ids, "stream": str(refused.value),
-            "cached": cached, "piped": piped.token_ids}
+    return {"exact": exact, "spava": spava.token_ids, "cached": cached,
+            "piped": piped.token_ids}
 
 
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
@@ -153,7 +150,6 @@ def test_engine_exact_matches_transformers(world_size: int, per_world: dict,
         err = (r["cached"].first_logits - reference["logits"]).abs().max().item()
         assert err <= LOGIT_TOL, f"rank {rank}/{world_size}: from the vision cache: {err:.2e}"
         assert r["piped"] == reference["tokens"], "vision.pipeline"
-        assert "Qwen3-VL" in r["stream"], r["stream"]
     exact = per_world[world_size][0]["exact"]
     row = 4 * 64 * 4  # a token's embedding and its 3 DeepStack levels, 64 fp32 values each
     assert exact.allgather_bytes == (world_size - 1) * VIDEO_TOKENS * row, exact.allgather_bytes
