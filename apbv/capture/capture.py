@@ -53,8 +53,9 @@ class Capture:
     Sampling: with ``fps``, a native frame is kept when its timestamp reaches the next sample
     time t0 + n / fps (t0: the first frame's); None keeps every frame. Kept frames are resized
     to ``size`` (h, w) or, when None, to :func:`stream_frame_size` of the first frame's native
-    size with ``min_pixels`` / ``max_pixels``, with the one-shot path's resize (torchvision
-    bicubic, antialias, on the uint8 frame): :class:`Frame` images are uint8 (3, h, w).
+    size with ``min_pixels`` / ``max_pixels`` and the family's ``image_patch_size`` (sides
+    multiples of twice it), with the one-shot path's resize (torchvision bicubic, antialias, on
+    the uint8 frame): :class:`Frame` images are uint8 (3, h, w).
 
     Drop policy (when a kept frame arrives and the buffer already holds ``capacity`` frames):
 
@@ -92,7 +93,8 @@ class Capture:
     def __init__(self, source: Source, *, fps: float | None = None,
                  size: tuple[int, int] | None = None, min_pixels: int | None = None,
                  max_pixels: int | None = None, capacity: int = 64, drop: str = "newest",
-                 k: int = 2, stall_s: float = 2.0, give_up_s: float | None = None) -> None:
+                 k: int = 2, stall_s: float = 2.0, give_up_s: float | None = None,
+                 image_patch_size: int = 14) -> None:
         if not isinstance(source, Source):
             raise ValueError(f"source must be an apbv.capture Source, got "
                              f"{type(source).__name__}")
@@ -103,7 +105,8 @@ class Capture:
                 raise ValueError(f"size must be None or a (height, width) tuple of positive "
                                  f"ints, got {size!r}")
         elif min_pixels is not None or max_pixels is not None:
-            stream_frame_size(28, 28, min_pixels=min_pixels, max_pixels=max_pixels)  # checks
+            stream_frame_size(28, 28, min_pixels=min_pixels, max_pixels=max_pixels,
+                              image_patch_size=image_patch_size)  # checks
         if drop not in DROP_POLICIES:
             raise ValueError(f"drop must be one of {DROP_POLICIES}, got {drop!r}")
         for name, value, low in (("capacity", capacity, 1), ("k", k, 2)):
@@ -116,6 +119,7 @@ class Capture:
         self.source = source
         self.frame_size = size
         self._pixels = (min_pixels, max_pixels)
+        self._patch = image_patch_size
         self.capacity, self.drop, self.k = capacity, drop, k
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -163,7 +167,8 @@ class Capture:
         if self.frame_size is None:
             min_pixels, max_pixels = self._pixels
             self.frame_size = stream_frame_size(int(image.shape[0]), int(image.shape[1]),
-                                                min_pixels=min_pixels, max_pixels=max_pixels)
+                                                min_pixels=min_pixels, max_pixels=max_pixels,
+                                                image_patch_size=self._patch)
         chw = image.permute(2, 0, 1).unsqueeze(0)  # channels-last strides, as the one-shot path
         return resize_frames(chw, self.frame_size)[0]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from apbv.capture import Capture, Source, stream_frame_size
+from apbv.capture import Capture, Source
 from apbv.engine.stream_plan import StreamSpec
 from apbv.serve import stream_budget
 from apbv.serve.admission import Job
@@ -42,6 +42,19 @@ class StreamOptions:
     end_after_s: float | None = 10.0
     """A source ends after this long without news (--stream-end-after-s; None: never)."""
     sizing: stream_budget.KVSizing | None = None
+    """The served family's frame size rule and reservations (None: the defaults' 14-pixel
+    patches, and no stream may be placed)."""
+
+    @property
+    def family(self) -> stream_budget.KVSizing:
+        """:attr:`sizing`, or the defaults' rule where none was given."""
+        return self.sizing or stream_budget.KVSizing(0, 1, 1, 1)
+
+    def frame_size(self, height: int, width: int, min_pixels: int | None,
+                   max_pixels: int | None) -> tuple[int, int]:
+        """:meth:`~apbv.serve.stream_budget.KVSizing.frame_size` of the served family."""
+        return self.family.frame_size(height, width, min_pixels=min_pixels,
+                                      max_pixels=max_pixels)
 
 
 @dataclass(eq=False)
@@ -50,7 +63,7 @@ class LiveStream:
     replica: Replica
     generation: int
     spec: StreamSpec
-    """With the frame size once known (before that, 28x28 stands in)."""
+    """With the frame size once known (before that, one frame multiple square stands in)."""
     sized: bool
     pixels: tuple[int | None, int | None]
     reserved: int
@@ -166,7 +179,7 @@ class StreamRegistry:
         sizing = self.opt.sizing
         assert sizing is not None
         return sizing.need(sizing.unit_tokens(pixels), spec.fps, spec.window_s,
-                           spec.window_tokens)
+                           spec.window_tokens, spec.keep_vision)
 
     def place(self, need: int) -> Replica:
         if len(self.live) >= self.opt.max_streams:
@@ -180,12 +193,14 @@ class StreamRegistry:
                                  sum(s.replica is replica for s in self.live.values()))
         return replica
 
-    def size_of(self, live: LiveStream, native: tuple[int, int]) -> tuple[int, int]:
-        """The stream's frame size for frames of the ``native`` (H, W) size."""
+    def size_of(self, pixels: tuple[int | None, int | None],
+                native: tuple[int, int]) -> tuple[int, int]:
+        """A stream's frame size for frames of the ``native`` (H, W) size and its ``pixels``
+        (min, max) bounds, by the served family's rule (:meth:`StreamOptions.frame_size`);
+        ClientError 400 for values the rule refuses or a size past --max-pixels-per-frame."""
         limits = self.limits
         try:
-            size = stream_frame_size(native[0], native[1], min_pixels=live.pixels[0],
-                               max_pixels=live.pixels[1])
+            size = self.opt.frame_size(native[0], native[1], *pixels)
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
@@ -316,8 +331,9 @@ def queued_or_running(job: Job) -> bool:
 
 
 def start_capture(source: Source, spec: StreamSpec, sized: bool,
-                   pixels: tuple[int | None, int | None]) -> Capture:
+                   pixels: tuple[int | None, int | None], image_patch_size: int) -> Capture:
     size = (spec.height, spec.width) if sized else None
     return Capture(source, fps=spec.fps, size=size,
                            min_pixels=None if sized else pixels[0],
-                           max_pixels=None if sized else pixels[1])
+                           max_pixels=None if sized else pixels[1],
+                           image_patch_size=image_patch_size)

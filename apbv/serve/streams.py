@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from apbv.capture import Source, local_source, stream_frame_size
+from apbv.capture import Source, local_source
 from apbv.engine.request import Request as EngineRequest
 from apbv.engine.request import StreamRef
 from apbv.engine.stream_plan import StreamSpec
@@ -69,7 +69,6 @@ class Streams:
 
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
                                          tuple[int, int] | None]:
-        limits = self.server.opt.limits
         fps = chat_body.typed_field(body, "fps", (int, float))
         width = chat_body.typed_field(body, "width", (int,), 1)
         height = chat_body.typed_field(body, "height", (int,), 1)
@@ -78,13 +77,12 @@ class Streams:
         if (width is None) != (height is None):
             raise ClientError(400, "width and height go together (the native size of the "
                                    "frames you will push), or neither (the first push fixes it)")
-        size = None
+        size = None if width is None else \
+            self.registry.size_of((min_pixels, max_pixels), (height, width))
+        stand_in = self.opt.family.frame_multiple
         try:
-            if width is not None:
-                size = stream_frame_size(height, width, min_pixels=min_pixels,
-                                         max_pixels=max_pixels)
             spec = StreamSpec(
-                height=size[0] if size else 28, width=size[1] if size else 28,
+                height=size[0] if size else stand_in, width=size[1] if size else stand_in,
                 fps=2.0 if fps is None else fps,
                 window_s=chat_body.typed_field(body, "window_s", (int, float)),
                 window_tokens=chat_body.typed_field(body, "window_tokens", (int,)),
@@ -94,9 +92,6 @@ class Streams:
         if spec.window_s is not None and not math.isfinite(spec.window_s * spec.fps):
             raise ClientError(400, f"window_s x fps ({spec.window_s:g} x {spec.fps:g}) "
                                    "overflows: the window holds too many frames to count")
-        if size is not None:
-            limits.check("pixels", size[0] * size[1], limits.max_pixels_per_frame,
-                         "max-pixels-per-frame", "pixels per resized frame")
         native = (height, width) if width is not None else None
         return spec, size is not None, (min_pixels, max_pixels), native
 
@@ -122,7 +117,8 @@ class Streams:
                 live.opened_on_ranks = True
             if source is not None:
                 live.source = path
-                live.capture = start_capture(source, spec, sized, pixels)
+                live.capture = start_capture(source, spec, sized, pixels,
+                                             self.opt.family.patch_size)
                 live.feeder = asyncio.ensure_future(self.registry.feed(live))
         except BaseException:
             self.registry.forget(live)
@@ -162,7 +158,7 @@ class Streams:
             push = await asyncio.to_thread(parse_push, body, self.server.opt.limits,
                                            live.native, size, live.last_ts, live.spec.fps)
             if not live.sized:
-                self.registry.fix_size(live, self.registry.size_of(live, push.native))
+                self.registry.fix_size(live, self.registry.size_of(live.pixels, push.native))
                 live.native = push.native
                 push = dataclasses.replace(push, frames=await asyncio.to_thread(
                     resize_to, push.frames, (live.spec.height, live.spec.width)))
