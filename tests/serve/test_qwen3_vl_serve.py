@@ -1,10 +1,13 @@
 """The real server on the tiny Qwen3-VL (2 CPU rank actors), driven with the official openai
 client: ``/v1/models`` names the family, and a chat completion about a video file (exact
 mode, the default 2 fps) gives the tokens of transformers' own greedy ``generate`` on the
-frames, sizes and timestamps the stock processor gives."""
+frames, sizes and timestamps the stock processor gives; a live stream over HTTP (frames sized
+to multiples of 32, pushed in two pushes) answers as ``generate`` on the same frames."""
 
 from __future__ import annotations
 
+import base64
+import io
 import shutil
 from pathlib import Path
 
@@ -85,3 +88,63 @@ def test_models_names_the_family_and_answers_match_transformers(server, qwen3_di
     tokens, frames = _generate(qwen3_dir, media / "clip.mp4")
     assert apbv["frames"] == frames == 12 and apbv["mode"] == "exact", apbv
     assert apbv["token_ids"] == tokens, apbv
+
+
+def _png(frame: torch.Tensor) -> str:
+    """uint8 (3, H, W) -> base64 PNG (lossless)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(frame.permute(1, 2, 0).numpy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _generate_frames(qwen3_dir: Path, frames: torch.Tensor, fps: float) -> list[int]:
+    """transformers alone on these frames (uint8 (F, 3, H, W), taken at ``fps``, not resized):
+    greedy ``generate``'s tokens."""
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers.video_utils import VideoMetadata
+
+    processor = AutoProcessor.from_pretrained(qwen3_dir, local_files_only=True)
+    hf = Qwen3VLForConditionalGeneration.from_pretrained(qwen3_dir, local_files_only=True).eval()
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=fps,
+                             frames_indices=list(range(len(frames))))
+    inputs = processor(text=[text], videos=[frames], video_metadata=[metadata],
+                       do_sample_frames=False, do_resize=False, return_tensors="pt")
+    with torch.inference_mode():
+        out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_a_live_stream_over_http_answers_as_transformers_on_its_frames(server, qwen3_dir):
+    """Native 48x64 frames with max_pixels 56 x 56 are resized to 32x64 (multiples of Qwen3-VL's
+    32, where Qwen2.5-VL's rule gave 56x56, which its engine refuses); two pushes of 2 frames
+    at 2 fps, then an ask over the held KV."""
+    base, _ = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    opened = httpx.post(base + "/v1/streams", headers=headers, timeout=30,
+                        json={"width": 64, "height": 48, "max_pixels": 56 * 56})
+    assert opened.status_code == 201, opened.text
+    spec = opened.json()["spec"]
+    assert (spec["height"], spec["width"]) == (32, 64), spec
+    url = base + "/v1/streams/" + opened.json()["id"]
+    native = torch.randint(0, 256, (4, 3, 48, 64), generator=torch.Generator().manual_seed(3),
+                           dtype=torch.uint8)
+    for first in (0, 2):
+        pushed = httpx.post(url + "/frames", headers=headers, timeout=60,
+                            json={"frames": [_png(f) for f in native[first:first + 2]]})
+        assert pushed.status_code == 200, pushed.text
+    asked = httpx.post(url + "/ask", headers=headers, timeout=120,
+                       json={"question": QUESTION, "max_tokens": NEW_TOKENS})
+    assert asked.status_code == 200, asked.text
+    apbv = asked.json()["apbv"]
+    assert apbv["mode"] == "exact", apbv
+    from apbv.serve.frames import resize_to
+
+    frames = resize_to(native, (32, 64))  # the server's resize of the pushed frames
+    assert apbv["token_ids"] == _generate_frames(qwen3_dir, frames, FPS), apbv
+    closed = httpx.delete(url, headers=headers, timeout=30)
+    assert closed.status_code == 200, closed.text
