@@ -1,0 +1,90 @@
+"""The order a replica's queue runs its jobs in (:mod:`apbv.serve.fair_order`, a pure rule):
+deadlines first, then standing questions' evaluations oldest chunk first, then round robin over
+streams and the chat requests, each lane in arrival order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from apbv.serve.fair_order import MAX_LANES, next_job, run_order, take_turn
+
+
+@dataclass
+class _Job:
+    name: str
+    arrival: int
+    stream_id: str | None = None
+    evaluates: float | None = None
+    deadline: float = math.inf
+
+    @property
+    def key(self) -> tuple[float, int]:
+        return (self.deadline, self.arrival)
+
+
+def _order(jobs: list[_Job], turns: dict[str, int] | None = None) -> list[str]:
+    return [jobs[i].name for i in run_order(jobs, turns or {})]
+
+
+def test_a_camera_pushing_in_a_burst_does_not_hold_the_others_back():
+    # camera a pushed 4 chunks at once, b and c one each just after: FIFO would run a's four
+    # first; round robin gives b and c their turn after a's first
+    jobs = [_Job(f"a{i}", i, "a") for i in range(4)] + [_Job("b0", 4, "b"), _Job("c0", 5, "c")]
+    assert _order(jobs) == ["a0", "b0", "c0", "a1", "a2", "a3"]
+
+
+def test_the_lane_served_least_recently_goes_first_and_a_lane_keeps_its_order():
+    jobs = [_Job("a1", 10, "a"), _Job("b1", 11, "b"), _Job("a2", 12, "a")]
+    turns = {"a": 0, "b": 1}  # b was served last: a's oldest job first
+    assert _order(jobs, turns) == ["a1", "b1", "a2"]
+    assert _order(jobs, {"a": 1, "b": 0}) == ["b1", "a1", "a2"]
+    assert turns == {"a": 0, "b": 1}  # run_order leaves the turns as they were
+
+
+def test_an_evaluation_runs_before_later_appends_of_other_streams():
+    # a's chunk (arrived at 100.0) was appended; meanwhile b..d pushed: its evaluation is next
+    jobs = [_Job("b-append", 5, "b"), _Job("c-append", 6, "c"), _Job("d-append", 7, "d"),
+            _Job("a-eval", 8, "a", evaluates=100.0), _Job("e-eval", 9, "e", evaluates=99.0)]
+    assert _order(jobs) == ["e-eval", "a-eval", "b-append", "c-append", "d-append"]
+
+
+def test_a_deadline_goes_before_everything_and_chat_requests_share_one_lane():
+    jobs = [_Job("chat1", 1), _Job("chat2", 2), _Job("s-append", 3, "s"),
+            _Job("s-eval", 4, "s", evaluates=1.0), _Job("urgent", 5, deadline=50.0)]
+    assert _order(jobs) == ["urgent", "s-eval", "chat1", "s-append", "chat2"]
+
+
+def test_next_job_indexes_the_waiting_list_and_turns_are_bounded():
+    jobs = [_Job("a", 3, "a"), _Job("b", 1, "b")]
+    assert next_job(jobs, {}) == 1  # never served either: the older job
+    turns: dict[str, int] = {}
+    for i in range(MAX_LANES + 10):
+        take_turn(_Job("x", i, f"s{i}"), turns)
+    assert len(turns) == MAX_LANES and "s0" not in turns and turns[f"s{MAX_LANES + 9}"] == \
+        max(turns.values())
+
+
+def test_the_replica_queue_takes_its_jobs_in_that_order():
+    import asyncio
+
+    from apbv.serve.admission import Admission
+    from apbv.serve.ops import CloseStream
+
+    async def main() -> list[str]:
+        adm = Admission(16)
+        names = {}
+        for name, stream, evaluates in (("a0", "a", None), ("a1", "a", None), ("a2", "a", None),
+                                        ("b0", "b", None), ("c-eval", "c", 7.0)):
+            job = adm.admit(None, {}, op=CloseStream(stream), predicted_s=0.0,
+                            stream_id=stream, evaluates=evaluates)
+            names[id(job)] = name
+        assert [names[id(j)] for j in adm.waiting()] == ["c-eval", "a0", "b0", "a1", "a2"]
+        taken = []
+        for _ in range(5):
+            job = await adm.next()
+            adm.done(job)
+            taken.append(names[id(job)])
+        return taken
+
+    assert asyncio.run(main()) == ["c-eval", "a0", "b0", "a1", "a2"]
