@@ -18,13 +18,13 @@ import torch
 from apbv import comm
 from apbv.distributed import DistInfo
 from apbv.engine.agree import agreement, cancelled_here
+from apbv.engine.choice_tree import score_choices
 from apbv.engine.decode import (
     choice_table,
     decode_reserve,
     greedy_continue,
     host_token,
     pick_token,
-    score_choices,
 )
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
