@@ -46,7 +46,9 @@ class ChoiceTree:
 def choice_tree(choice_ids: Sequence[Sequence[int]]) -> ChoiceTree:
     """The tree of ``choice_ids`` (each choice's token ids, non-empty)."""
     index: dict[tuple[int, ...], int] = {}
-    tokens, depths, parents = [], [], []
+    tokens: list[int] = []
+    depths: list[int] = []
+    parents: list[int] = []
     for ids in choice_ids:
         for j in range(len(ids) - 1):
             prefix = tuple(ids[:j + 1])
