@@ -88,3 +88,25 @@ def test_the_replica_queue_takes_its_jobs_in_that_order():
         return taken
 
     assert asyncio.run(main()) == ["c-eval", "a0", "b0", "a1", "a2"]
+
+
+def test_the_replica_queue_serves_a_burst_round_robin():
+    import asyncio
+
+    from apbv.serve.admission import Admission
+    from apbv.serve.ops import CloseStream
+
+    async def main() -> list[str]:
+        adm = Admission(16)
+        names = {}
+        for name, stream in (("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b"), ("c0", "c")):
+            job = adm.admit(None, {}, op=CloseStream(stream), predicted_s=0.0, stream_id=stream)
+            names[id(job)] = name
+        taken = []
+        for _ in range(5):
+            job = await adm.next()
+            adm.done(job)
+            taken.append(names[id(job)])
+        return taken
+
+    assert asyncio.run(main()) == ["a0", "b0", "c0", "a1", "a2"]  # FIFO: a0 a1 a2 b0 c0
