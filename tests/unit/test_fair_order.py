@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pytest
+
 from apbv.serve.fair_order import MAX_LANES, next_job, run_order, take_turn
 
 
@@ -110,3 +112,47 @@ def test_the_replica_queue_serves_a_burst_round_robin():
         return taken
 
     assert asyncio.run(main()) == ["a0", "b0", "c0", "a1", "a2"]  # FIFO: a0 a1 a2 b0 c0
+
+
+def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
+    """The evaluator hands the replica queue the arrival of the oldest chunk an evaluation is
+    the first to see (what the rule orders evaluations by), and its event splits the latency
+    into the append's and the evaluation's seconds."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from apbv.serve.events import EventHub
+    from apbv.serve.watch_eval import Evaluator
+    from apbv.serve.watch_state import StreamWatches
+    from tests.unit.test_watch_budget import _watch
+
+    async def main() -> tuple[list, list]:
+        live = SimpleNamespace(id="s", closing=False, append_s=(0.25, 0.5))
+        queued = []
+        probs = iter([{"yes": 0.9, "no": 0.1}, {"yes": 0.1, "no": 0.9}])
+
+        async def run(live_, op, evaluates=None):
+            queued.append(evaluates)
+            choices = [{"text": t, "prob": p} for t, p in next(probs).items()]
+            return SimpleNamespace(choices=choices, ttft_s=0.01), 0.125
+
+        registry = SimpleNamespace(live={"s": live}, run=run)
+        hub = EventHub()
+        sub = hub.subscribe(None, None)
+        watch = _watch("s")
+        of = {"s": StreamWatches({watch.id: watch})}
+        evaluator = Evaluator(registry, of, hub, CollectorRegistry(), "m")
+        evaluator.appended(live, 1.0, 100.0, 1.0)
+        await of["s"].task
+        evaluator.appended(live, 2.0, 101.5, 1.0)
+        await of["s"].task
+        return queued, [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+
+    queued, events = asyncio.run(main())
+    assert queued == [100.0, 101.5]
+    assert [e["answer"] for e in events] == ["no"]  # yes -> no
+    assert events[0]["stages"]["append_wait_s"] == 0.25 and \
+        events[0]["stages"]["append_s"] == 0.5 and events[0]["stages"]["eval_wait_s"] == 0.125
