@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from apbv.attention import kernels
-from apbv.engine.choice_tree import choice_tree, masked_attention
+from apbv.engine.choice_tree import choice_tree, kv_reserve, masked_attention
 
 
 def test_a_shared_prefix_is_one_node_and_rows_see_only_their_ancestors():
@@ -23,7 +23,8 @@ def test_a_shared_prefix_is_one_node_and_rows_see_only_their_ancestors():
     for row, seen in {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 3], 4: [0, 1, 3, 4],
                       5: [5]}.items():
         expected[row, seen] = True
-    assert torch.equal(tree.visible, expected)
+    assert torch.equal(tree.visible(0, 6), expected)
+    assert torch.equal(tree.visible(2, 5), expected[2:5, :5])  # a chunk of the nodes
 
 
 def test_masked_attention_of_a_node_is_the_causal_attention_of_its_path():
@@ -32,10 +33,16 @@ def test_masked_attention_of_a_node_is_the_causal_attention_of_its_path():
     n = len(tree.tokens)
     q = torch.randn(1, n, 4, 8, generator=g)  # 4 query heads over 2 KV heads
     k, v = torch.randn(1, n, 2, 8, generator=g), torch.randn(1, n, 2, 8, generator=g)
-    out, lse = masked_attention(q, k, v, tree.visible, 0.35)
+    out, lse = masked_attention(q, k, v, tree.visible(0, n), 0.35)
     for path in tree.paths:
         rows = torch.tensor(path)
         want, want_lse = kernels.attention(q[:, rows], k[:, rows], v[:, rows], causal=True,
                                            scale=0.35, backend="reference")
         torch.testing.assert_close(out[:, rows], want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(lse[:, :, rows], want_lse, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cache_reserves_the_tree_s_rows():
+    assert kv_reserve(7, None) == 7  # no choices: the decode's tokens
+    assert kv_reserve(7, [[1, 2, 3, 4], [1, 2, 5, 6, 7], [8, 3]]) == 6  # 6 nodes > 5 tokens
+    assert kv_reserve(7, [[1, 2, 3, 4, 5, 6], [9]]) == 6  # a single chain: its length
