@@ -1,12 +1,14 @@
 """The tree of closed-vocabulary choices scored in one forward
 (:mod:`apbv.engine.choice_tree`): a shared prefix is one node, each node sees itself and its
 ancestors only, each choice's tokens are scored by the nodes of its own prefixes; and the
-masked attention of the nodes equals plain attention of each node's path. (That the scores
-equal a single-process forward's is checked on 1 and 2 ranks by
+masked attention of the nodes equals plain attention of each node's path; the scores, fed in
+one forward or in chunks, equal a plain causal forward's on a one-layer toy decoder. (That they
+equal transformers' on the tiny model on 1 and 2 ranks is
 ``tests/multirank/test_choices_multirank.py``.)"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from apbv.attention import kernels
@@ -46,3 +48,62 @@ def test_the_cache_reserves_the_tree_s_rows():
     assert kv_reserve(7, None) == 7  # no choices: the decode's tokens
     assert kv_reserve(7, [[1, 2, 3, 4], [1, 2, 5, 6, 7], [8, 3]]) == 6  # 6 nodes > 5 tokens
     assert kv_reserve(7, [[1, 2, 3, 4, 5, 6], [9]]) == 6  # a single chain: its length
+
+
+class _Toy:
+    """A one-layer decoder through apbv's attention hook (positions added to the embeddings):
+    enough for teacher-forced choice scores to be checked against a plain causal forward."""
+
+    def __init__(self, vocab: int = 16, width: int = 8) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.table = torch.randn(vocab, width, generator=g)
+        self.pos = torch.randn(64, width, generator=g)
+        self.wq, self.wk, self.wv, self.head = (torch.randn(width, width, generator=g)
+                                                for _ in range(4))
+        self.head = torch.randn(width, vocab, generator=g)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
+
+    def decoder(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        from apbv.context import current
+
+        x = embeds + self.pos[positions[0]]  # (1, T, W)
+        q, k, v = ((x @ w).view(1, -1, 2, 4) for w in (self.wq, self.wk, self.wv))
+        return x + current().attend(0, q, k, v, 0.5).reshape(x.shape)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.head
+
+    def plain(self, ids: list[int]) -> torch.Tensor:
+        """(T, vocab) log-probabilities of a plain causal forward over ``ids``."""
+        x = self.embed(torch.tensor(ids)).unsqueeze(0) + self.pos[:len(ids)]
+        q, k, v = ((x @ w).view(1, -1, 2, 4) for w in (self.wq, self.wk, self.wv))
+        out, _ = kernels.attention(q, k, v, causal=True, scale=0.5, backend="reference")
+        return torch.log_softmax(self.logits(x + out.reshape(x.shape))[0], dim=-1)
+
+
+def test_choice_scores_in_chunks_equal_a_plain_forward(monkeypatch):
+    from apbv.context import active
+    from apbv.distributed import DistInfo
+    from apbv.engine import choice_tree as tree_module
+    from apbv.engine.decode import DecodeContext
+    from apbv.engine.kvcache import RankKVCache
+
+    toy, prompt = _Toy(), [3, 1, 4, 1, 5]
+    choices = [[9, 2, 6], [9, 2, 6, 5, 3], [9, 7], [8], [2, 6, 5, 3, 5]]
+    info = DistInfo(0, 1, 0, torch.device("cpu"), None)
+    want = []
+    for ids in choices:
+        rows = toy.plain(prompt + ids)
+        want.append(sum(float(rows[len(prompt) - 1 + j, t]) for j, t in enumerate(ids)))
+    for chunk in (128, 3, 1):  # one forward; chunks cutting through the tree
+        monkeypatch.setattr(tree_module, "NODE_CHUNK", chunk)
+        cache = RankKVCache(1, reserve=0)
+        with torch.inference_mode(), active(DecodeContext(info, cache, None, owner=0)):
+            hidden = toy.decoder(toy.embed(torch.tensor([prompt])),
+                                 torch.arange(len(prompt)).expand(3, 1, -1))
+        got = tree_module.score_choices(toy, toy.logits(hidden[0, -1]), choices, len(prompt),
+                                        cache, info)
+        assert cache.lengths() == (len(prompt),)  # the prompt's again
+        assert got == pytest.approx(want, rel=1e-5), chunk
