@@ -62,7 +62,7 @@ def start_server(model: Path, media: Path, port: int, args: argparse.Namespace):
     cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model", str(model),
            "--world-size", str(args.world_size), "--port", str(port), "--media-root",
            str(media), "--vision-cache-gb", str(args.vision_cache_gb), "--max-queue",
-           str(args.max_queue)]
+           str(args.max_queue), *getattr(args, "serve_args", ())]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     log: list[str] = []

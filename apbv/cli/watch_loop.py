@@ -243,10 +243,12 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
             if make_capture is None:
                 from apbv.capture import Capture
 
+                # frame sides in the family's multiples: patch x a merge of 2
                 capture = Capture(open_source(options), fps=options.fps,
                                   min_pixels=options.min_pixels,
                                   max_pixels=options.max_pixels,
-                                  capacity=options.buffer_frames)
+                                  capacity=options.buffer_frames,
+                                  image_patch_size=engine.qwen.frame_multiple // 2)
             else:
                 capture = make_capture()
             planner = _Planner(options, capture, questions)

@@ -292,60 +292,6 @@ def choice_token_ids(tokenizer: Any, choices: Sequence[str]) -> list[list[int]]:
     return [text_ids(tokenizer, choice) for choice in choices]
 
 
-def score_choices(
-    qwen: VideoModel,
-    first_logits: torch.Tensor,
-    choice_ids: list[list[int]],
-    next_position: int,
-    cache: RankKVCache,
-    info: DistInfo,
-    *,
-    kernel: str | None = None,
-) -> list[float]:
-    """log p(choice | prompt) per choice: teacher-forced, exact, over the distributed cache.
-
-    A choice's first token is scored by the prompt's ``first_logits``; each later token by the
-    logits of a decode step fed the choice's previous token (the same exact LSE attention as
-    decode; every rank runs the same steps, as they depend on the token ids only). Choices are
-    visited in token order so a shared prefix is fed once: the cache is truncated back to the
-    longest prefix the next choice shares, and to the prompt at the end. Single-token choices
-    need no step. The values come from the query rank, so every rank returns the same ones.
-    """
-    first = torch.log_softmax(first_logits.float(), dim=-1)
-    device = first.device
-    # Built once: every id and position a step feeds, and the sums, stay on the device.
-    logprobs = first[torch.tensor([ids[0] for ids in choice_ids], device=device)].double()
-    fed_ids = [torch.tensor(ids, device=device).view(-1, 1, 1) for ids in choice_ids]
-    longest = max(map(len, choice_ids))
-    positions = torch.arange(next_position, next_position + longest, device=device)
-    positions = positions.view(-1, 1, 1, 1).expand(-1, 3, 1, 1)
-    scored = [1] * len(choice_ids)  # tokens counted per choice, checked at the end
-    ctx = DecodeContext(info, cache, kernel)
-    marks = [cache.lengths()]  # marks[j]: the cache with j choice tokens fed after the prompt
-    fed: list[int] = []
-    for i in sorted(range(len(choice_ids)), key=lambda i: choice_ids[i]):
-        ids = choice_ids[i]
-        keep = 0
-        while keep < min(len(fed), len(ids) - 1) and fed[keep] == ids[keep]:
-            keep += 1
-        if keep < len(fed):
-            cache.truncate(marks[keep])
-            del fed[keep:], marks[keep + 1:]
-        for j in range(len(fed), len(ids) - 1):
-            logits = decode_step(qwen, fed_ids[i][j], positions[j], ctx)
-            fed.append(ids[j])
-            marks.append(cache.lengths())
-            row = torch.log_softmax(logits, dim=-1)
-            n = len(fed)
-            for m, other in enumerate(choice_ids):  # every choice continuing this prefix
-                if len(other) > n and other[:n] == fed:
-                    logprobs[m] += row[fed_ids[m][n, 0, 0]]
-                    scored[m] += 1
-    cache.truncate(marks[0])
-    assert scored == [len(ids) for ids in choice_ids], (scored, choice_ids)
-    return comm.broadcast_object(logprobs.tolist(), src=QUERY_RANK, group=info.group)
-
-
 def choice_table(texts: Sequence[str], choice_ids: list[list[int]],
                  logprobs: list[float]) -> list[dict[str, Any]]:
     """Per choice {"text", "tokens", "logprob", "prob"}: prob is the softmax over the choices'

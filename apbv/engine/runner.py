@@ -18,13 +18,13 @@ import torch
 from apbv import comm
 from apbv.distributed import DistInfo
 from apbv.engine.agree import agreement, cancelled_here
+from apbv.engine.choice_tree import kv_reserve, score_choices
 from apbv.engine.decode import (
     choice_table,
     decode_reserve,
     greedy_continue,
     host_token,
     pick_token,
-    score_choices,
 )
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
@@ -117,7 +117,7 @@ def run_prompt(
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
-                                    reserve=decode_reserve(request.max_new_tokens, choice_ids)[0],
+                                    reserve=kv_reserve(request.max_new_tokens, choice_ids),
                                     video_features=features)
     wants = request.sampling.logprobs is not None and rank == QUERY_RANK
     logprobs: list[dict] | None = [] if wants else None  # the query rank's records

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from apbv.distributed import DistInfo
-from apbv.engine.decode import choice_token_ids, decode_reserve
+from apbv.engine.choice_tree import kv_reserve
+from apbv.engine.decode import choice_token_ids
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
 from apbv.engine.runner import build_result, check_context, finish_answer
 from apbv.engine.stream import Stream
@@ -108,7 +109,7 @@ def run_on_stream(
     forget its rows and the decoded tokens; ``on_token``, ``stop`` and ``graphs`` as in
     :func:`apbv.engine.runner.run_prompt`. The stream's kernel serves its rows."""
     rows, cache = held.rows, stream.cache
-    reserve, _ = decode_reserve(request.max_new_tokens, held.choice_ids)
+    reserve = kv_reserve(request.max_new_tokens, held.choice_ids)
     mark = cache.lengths()
     start = stream.max_position + 1
     wants = request.sampling.logprobs is not None and info.rank == QUERY_RANK

@@ -8,8 +8,10 @@ bodies), :mod:`apbv.serve.http_guard` (Host check, read deadlines, answers at sh
 typed operation that crosses Ray), :mod:`apbv.serve.group` (the rank actors),
 :mod:`apbv.serve.replicas` (each group's queue and worker), :mod:`apbv.serve.streams` and
 :mod:`apbv.serve.stream_registry` (live streams: routes; open streams and their budget),
-:mod:`apbv.serve.watches`, :mod:`apbv.serve.watch_rules` and :mod:`apbv.serve.events`
-(standing questions on streams: routes and evaluation; the event rule; SSE and webhooks),
+:mod:`apbv.serve.watches`, :mod:`apbv.serve.watch_body`, :mod:`apbv.serve.watch_state`,
+:mod:`apbv.serve.watch_eval`, :mod:`apbv.serve.watch_rules` and :mod:`apbv.serve.events`
+(standing questions on streams: routes and budget; bodies; what is held; evaluation; the event
+rule; SSE and webhooks),
 :mod:`apbv.serve.metrics` (Prometheus metrics), :mod:`apbv.serve.app` (routes),
 :mod:`apbv.serve.main` (``python -m apbv serve``).
 The server imports the engine; the engine never imports the server.

@@ -1,8 +1,10 @@
-"""Admission: a bounded queue, FIFO by default and earliest deadline first for requests with
-``deadline_ms``; a request whose predicted TTFT (the cost model, plus the work queued ahead of
-it) already misses its deadline is refused at once (503 with the prediction), and one whose
-deadline can no longer be met when it reaches the ranks is refused then (504, :meth:`expired`)
-without running.
+"""Admission: a bounded queue, earliest deadline first for requests with ``deadline_ms``, then
+the evaluations of standing questions, oldest chunk first, then round robin over lanes (each
+live stream's operations, the chat requests together; each lane in arrival order):
+:mod:`apbv.serve.fair_order`. A request whose predicted TTFT (the cost model, plus the work
+queued ahead of it) already misses its deadline is refused at once (503 with the prediction),
+and one whose deadline can no longer be met when it reaches the ranks is refused then (504,
+:meth:`expired`) without running.
 
 The work ahead of a request is every job that runs before it: each one's TTFT and its decode
 (``max_tokens`` x the replica's learned seconds per token), and the running job's remaining
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from apbv.serve.fair_order import next_job, run_order, take_turn
 from apbv.serve.ops import Generate, Op
 from apbv.serve.policy import ClientError
 
@@ -90,6 +93,9 @@ class Job:
     (replica ``generation``), never handed to another replica; None: a chat request."""
     generation: int = 0
     """The replica's generation (rebuilds) whose ranks hold ``stream_id``."""
+    evaluates: float | None = None
+    """An evaluation of a standing question: the arrival (monotonic s) of the oldest chunk
+    it is the first to see (:mod:`apbv.serve.fair_order` runs it before other work)."""
     replica: Replica = field(init=False)
     """The replica whose queue holds it (set by the server once admitted)."""
 
@@ -100,7 +106,8 @@ class Job:
 
 
 class Admission:
-    """The waiting requests, ordered by (deadline, arrival); one runs at a time."""
+    """The waiting requests, taken in the order of :func:`apbv.serve.fair_order.next_job`; one
+    runs at a time."""
 
     def __init__(self, max_queue: int, predictor: Predictor | None = None,
                  decode_s: float = DECODE_PRIOR_S):
@@ -115,6 +122,8 @@ class Admission:
         self.decode_s = decode_s
         """Seconds per generated token: the prior, then learned (see :meth:`learn_decode`)."""
         self.decoded = 0
+        self.turns: dict[str, int] = {}
+        """Lane -> its last turn (:func:`apbv.serve.fair_order.take_turn`)."""
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -132,12 +141,14 @@ class Admission:
 
     def admit(self, call: ChatCall | None, measured: dict[str, int], *, op: Op | None = None,
               sse: bool = False, predicted_s: float | None = None, max_tokens: int = 0,
-              stream_id: str | None = None, generation: int = 0) -> Job:
+              stream_id: str | None = None, generation: int = 0,
+              evaluates: float | None = None) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is
         given, as for a live-stream operation; ``max_tokens`` it may generate; ``sse``: its
         tokens are handed to its ``tokens`` queue as they come) as a job that runs ``op``
         (default: Generate of the call's request; a live stream's operation has no ``call``
-        and names its ``stream_id`` and the replica ``generation`` holding it), or
+        and names its ``stream_id`` and the replica ``generation`` holding it; ``evaluates``:
+        a standing question's evaluation, see :attr:`Job.evaluates`), or
         ClientError (429: full; 503: its deadline cannot be met; 400: a deadline that is not a
         finite number >= 0)."""
         if op is None:
@@ -178,7 +189,7 @@ class Admission:
                                        f"{decode}")
         job = Job(op, call, predicted, key, modelled,
                   tokens=asyncio.Queue() if sse else None, max_tokens=max_tokens,
-                  stream_id=stream_id, generation=generation)
+                  stream_id=stream_id, generation=generation, evaluates=evaluates)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()
         return job
@@ -187,7 +198,9 @@ class Admission:
         while not self.heap:
             self.ready.clear()
             await self.ready.wait()
-        _, job = heapq.heappop(self.heap)
+        _, job = self.heap.pop(next_job([j for _, j in self.heap], self.turns))
+        heapq.heapify(self.heap)
+        take_turn(job, self.turns)
         self.running = job
         return job
 
@@ -225,8 +238,9 @@ class Admission:
             self.running = None
 
     def waiting(self) -> list[Job]:
-        """The waiting jobs, in the order they would run."""
-        return [job for _, job in sorted(self.heap, key=lambda item: item[0])]
+        """The waiting jobs, in the order they would run if nothing else came."""
+        jobs = [job for _, job in self.heap]
+        return [jobs[i] for i in run_order(jobs, self.turns)]
 
     def take(self, job: Job) -> None:
         """Queue ``job``, waiting in another replica's queue until now, in its place here

@@ -1,4 +1,5 @@
-"""Where a rank group's Ray actors go and which device each one uses (pure functions, no Ray).
+"""Where a rank group's Ray actors go and which device each one uses, and which replica a new
+live stream goes to (pure functions, no Ray).
 
 A group of H ranks asks for ``gpus_per_rank`` GPUs (and one CPU) per rank. :func:`group_layout`
 packs the group on one node when a node can hold it (one bundle, STRICT_PACK); otherwise it
@@ -12,6 +13,12 @@ them, so the actor sees only its own GPU(s) and :func:`rank_device` is ``cuda:0`
 whatever the rank's index on its node. With fractional GPUs (``gpus_per_rank`` 0.5: two ranks
 per GPU, for checks on one GPU) two actors get the same GPU id: NCCL refuses two ranks on one
 GPU, so such a group runs gloo on its CUDA tensors (:func:`group_backend`).
+
+A new live stream goes to the ready replica whose streams take the least of its time
+(:func:`place_stream`): each stream's appends and its watches' evaluations, in seconds on the
+ranks per second of footage, as measured (:class:`ReplicaLoad`); among those whose stream memory
+budget holds it. Ties (e.g. nothing measured yet) to the fewest bytes reserved, the fewest jobs
+queued, the lowest index.
 """
 
 from __future__ import annotations
@@ -19,6 +26,30 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What placing a stream weighs of one ready replica."""
+
+    index: int
+    busy: float
+    """Seconds its open streams' appends and watch evaluations take on its ranks per second
+    of footage, summed over them (as last measured; 0 for what was not yet measured)."""
+    held: int
+    """KV bytes per rank its open streams reserve."""
+    queued: int
+    """Jobs queued or running there."""
+
+
+def place_stream(replicas: Sequence[ReplicaLoad], need: int, budget: int) -> int | None:
+    """The index of the replica a new stream that reserves ``need`` bytes per rank goes to:
+    of ``replicas`` those whose ``budget`` (bytes per rank) holds it, the least busy, then the
+    fewest bytes held, the fewest jobs queued, the lowest index; None when none holds it."""
+    fits = [r for r in replicas if r.held + need <= budget]
+    if not fits:
+        return None
+    return min(fits, key=lambda r: (r.busy, r.held, r.queued, r.index)).index
 
 
 @dataclass(frozen=True)

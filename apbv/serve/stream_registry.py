@@ -2,8 +2,9 @@
 operations on the ranks, its capture feeder and its idle clock (the HTTP routes are
 :mod:`apbv.serve.streams`).
 
-Each open stream lives on one replica (the least loaded ready one with room in its budget,
-:meth:`StreamRegistry.place`); its ranks' engines hold their part of it under the stream's id.
+Each open stream lives on one replica (the ready one with room in its budget whose streams'
+appends and watches take the least of its time, :func:`apbv.serve.placement.place_stream`);
+its ranks' engines hold their part of it under the stream's id.
 Every operation that touches the ranks (:mod:`apbv.serve.ops`) is a job in that replica's
 queue (:meth:`StreamRegistry.admit`), so it runs alone on the group, in turn with chat
 requests. A stream lost with its replica's ranks (a rank died and the group was rebuilt)
@@ -29,6 +30,7 @@ from apbv.engine.stream_plan import StreamSpec
 from apbv.serve import stream_budget
 from apbv.serve.admission import Job
 from apbv.serve.ops import Append, CloseStream, Op, OpenStream
+from apbv.serve.placement import ReplicaLoad, place_stream
 from apbv.serve.policy import ClientError, Limits
 from apbv.serve.replicas import Replica
 
@@ -85,6 +87,10 @@ class LiveStream:
     asks: int = 0
     last_ts: float | None = None
     last_push_wall: float | None = None
+    append_s: tuple[float, float] | None = None
+    """Its last append's (seconds queued, seconds on the ranks)."""
+    append_load: float = 0.0
+    """Its last append's seconds on the ranks per second of footage it held."""
     error: str | None = None
     closing: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -103,6 +109,8 @@ class StreamRegistry:
         frames arrived (monotonic s), their seconds of footage): the standing questions."""
         self.on_forget: Callable[[LiveStream], None] | None = None
         """Called when a stream is closed or lost."""
+        self.watch_load: Callable[[Replica], float] | None = None
+        """A replica's share of time its standing questions take (seconds per second)."""
 
     def held(self, replica: Replica) -> int:
         return sum(s.reserved for s in self.live.values() if s.replica is replica)
@@ -139,9 +147,11 @@ class StreamRegistry:
         if live.capture is not None:
             live.capture.close()
 
-    def admit(self, live: LiveStream, op: Op, *, sse: bool = False) -> Job:
+    def admit(self, live: LiveStream, op: Op, *, sse: bool = False,
+              evaluates: float | None = None) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
-        there; ``sse``: the job's token queue gets the answer's ids as they come. A job that
+        there; ``sse``: the job's token queue gets the answer's ids as they come; ``evaluates``:
+        a standing question's evaluation (:attr:`apbv.serve.admission.Job.evaluates`). A job that
         fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
@@ -153,7 +163,7 @@ class StreamRegistry:
 
         job = replica.admission.admit(None, {}, op=op, sse=sse, predicted_s=0.0,
                                       max_tokens=op.max_tokens, stream_id=live.id,
-                                      generation=generation)
+                                      generation=generation, evaluates=evaluates)
         job.replica, job.name = replica, f"{live.id} {op.what}"
 
         def ended(_: asyncio.Future) -> None:  # the idle clock starts again from here
@@ -165,10 +175,10 @@ class StreamRegistry:
         job.future.add_done_callback(forget_if_lost)
         return job
 
-    async def run(self, live: LiveStream, op: Op) -> Any:
+    async def run(self, live: LiveStream, op: Op, evaluates: float | None = None) -> Any:
         """``op`` on every rank of the stream's replica (:meth:`admit`): (its outcome, the
         seconds it waited)."""
-        return await self.admit(live, op).future
+        return await self.admit(live, op, evaluates=evaluates).future
 
     def need(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
         limits = self.limits
@@ -188,10 +198,19 @@ class StreamRegistry:
         usable = [r for r in self.replicas if r.status == "ready"]
         if not usable:
             raise ClientError(503, "no engine group is ready; retry shortly")
-        replica = min(usable, key=lambda r: (self.held(r), r.load, r.index))
-        stream_budget.check_fits(need, self.held(replica), self.opt.budget_bytes,
-                                 sum(s.replica is replica for s in self.live.values()))
-        return replica
+        index = place_stream([ReplicaLoad(r.index, self.time_share(r), self.held(r), r.load)
+                              for r in usable], need, self.opt.budget_bytes)
+        if index is None:  # none holds it: the 507 names the emptiest one's figures
+            replica = min(usable, key=lambda r: (self.held(r), r.index))
+            stream_budget.check_fits(need, self.held(replica), self.opt.budget_bytes,
+                                     sum(s.replica is replica for s in self.live.values()))
+        return next(r for r in usable if r.index == index)
+
+    def time_share(self, replica: Replica) -> float:
+        """Seconds ``replica``'s open streams' appends and watches take on its ranks per second
+        of footage (as last measured)."""
+        appends = sum(s.append_load for s in self.live.values() if s.replica is replica)
+        return appends + (0.0 if self.watch_load is None else self.watch_load(replica))
 
     def size_of(self, pixels: tuple[int | None, int | None],
                 native: tuple[int, int]) -> tuple[int, int]:
@@ -223,7 +242,10 @@ class StreamRegistry:
         if not live.opened_on_ranks:
             await self.run(live, OpenStream(live.id, live.spec))
             live.opened_on_ranks = True
-        result, _ = await self.run(live, Append(live.id, frames, tuple(stamps)))
+        queued = time.monotonic()
+        result, wait = await self.run(live, Append(live.id, frames, tuple(stamps)))
+        live.append_s = (wait, time.monotonic() - queued - wait)
+        live.append_load = live.append_s[1] * live.spec.fps / max(1, len(stamps))
         live.frames_pushed += len(stamps)
         live.pushes += 1
         live.last_ts = stamps[-1]

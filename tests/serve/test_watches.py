@@ -170,6 +170,9 @@ def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
     assert first["answer"] == "red" and first["previous"] not in (None, "red")
     assert first["footage_ts"] == flash_ts and first["probs"]["red"] > 0.5
     assert 0 < first["capture_to_event_s"] < WAIT_S and first["ttft_s"] > 0
+    stages = first["stages"]  # where the latency went: the flash's append, the evaluation
+    assert stages["append_s"] > 0 and stages["eval_s"] > 0 and stages["eval_wait_s"] >= 0
+    assert stages["append_s"] + stages["eval_s"] < first["capture_to_event_s"]
     # the threshold rule holds 2 evaluations: no event on the flash's chunk, one on the next
     watches = _settled(flashed, flash_ts)
     assert watches[held["id"]]["events"] == 0 and watches[held["id"]]["answer"] == "below"

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from apbv.engine.request import Request, StreamRef  # noqa: E402
 from apbv.serve.policy import ClientError  # noqa: E402
 from apbv.serve.watch_rules import Rule  # noqa: E402
-from apbv.serve.watches import StreamWatches, Watch, Watches, lag_s  # noqa: E402
+from apbv.serve.watch_state import StreamWatches, Watch, lag_s  # noqa: E402
+from apbv.serve.watches import Watches  # noqa: E402
 
 
 def _watches(live: dict) -> Watches:
@@ -63,13 +64,13 @@ def test_chunks_landing_during_an_evaluation_are_coalesced_into_the_newest_state
             seen.append(footage_ts)
             await gate.wait()
 
-        watches._round = round_
+        watches.evaluator._round = round_
         sw = watches.of["s"] = StreamWatches({"w": _watch("s")})
-        watches.appended(live, 1.0, 100.0, 1.0)
+        watches.evaluator.appended(live, 1.0, 100.0, 1.0)
         await asyncio.sleep(0)  # the first round runs (blocked on the gate)
         assert sw.running == 100.0 and lag_s(sw) > 0
         for ts, arrived in ((2.0, 101.0), (3.0, 102.0), (4.0, 103.0)):
-            watches.appended(live, ts, arrived, 1.0)
+            watches.evaluator.appended(live, ts, arrived, 1.0)
         assert sw.coalesced == 2 and sw.pending == (4.0, 101.0)  # the oldest unseen arrival
         gate.set()
         await sw.task

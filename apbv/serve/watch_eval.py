@@ -1,0 +1,152 @@
+"""The evaluation of standing questions (:mod:`apbv.serve.watches`) as footage arrives.
+
+A watch is asked again over the stream's held KV (a :class:`~apbv.serve.ops.Generate` of its
+``StreamRef`` request in mode ``exact``, through the replica's queue like any stream
+operation) after every appended chunk, or once every ``every_s`` seconds of footage; its event
+rule (:mod:`apbv.serve.watch_rules`) turns the choices' probabilities into events, published to
+the event streams (:class:`apbv.serve.events.EventHub`), the watch's webhook, the server log
+and Prometheus.
+
+One task per stream evaluates its watches, one evaluation at a time: a chunk that lands while
+one runs does not queue another behind it; the next evaluation takes the newest state, and
+every chunk folded into it so is counted (``coalesced``). An event's ``footage_ts`` is the
+timestamp of the last frame the evaluation saw; ``capture_to_event_s`` runs from the arrival
+of the oldest chunk the evaluation was the first to see (so a coalesced chunk's wait counts);
+its ``stages`` split that time: the newest chunk's append (seconds queued, seconds on the
+ranks) and the evaluation's (the same), the rest being the wait for the stream's earlier
+evaluations (``coalesced`` chunks) and the round's other watches.
+
+An evaluation's job carries the arrival of its oldest chunk (``Job.evaluates``): the
+replica's queue runs it before other work (:mod:`apbv.serve.fair_order`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from apbv.serve.events import EventHub
+from apbv.serve.ops import Generate
+from apbv.serve.stream_registry import LiveStream, StreamRegistry
+from apbv.serve.watch_rules import observe, top_choice
+from apbv.serve.watch_state import StreamWatches, Watch
+
+log = logging.getLogger("apbv.serve")
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Evaluator:
+    """Evaluates the watches of ``of`` (stream id -> its watches) on ``registry``'s streams;
+    events go to ``hub``; metrics to ``metrics`` labelled with ``model_name``."""
+
+    def __init__(self, registry: StreamRegistry, of: dict[str, StreamWatches], hub: EventHub,
+                 metrics: CollectorRegistry, model_name: str):
+        self.registry, self.of, self.hub = registry, of, hub
+        r, label = metrics, ["model_name"]
+        self.events_total = Counter("apbv:events", "Standing questions' events", label,
+                                    registry=r).labels(model_name)
+        self.latency = Histogram("apbv:capture_to_event_seconds", "Arrival of the chunk to "
+                                 "its watch event", label, buckets=LATENCY_BUCKETS,
+                                 registry=r).labels(model_name)
+        self.evaluations = Counter("apbv:watch_evaluations", "Evaluations of standing "
+                                   "questions", label, registry=r).labels(model_name)
+        self.coalesced = Counter("apbv:watch_coalesced", "Chunks folded into a later "
+                                 "evaluation", label, registry=r).labels(model_name)
+        self.dropped = Counter("apbv:events_dropped", "Events a full subscriber or webhook "
+                               "queue dropped", label, registry=r).labels(model_name)
+
+    def appended(self, live: LiveStream, footage_ts: float, arrived: float,
+                 chunk_s: float) -> None:
+        """A chunk (its last frame at ``footage_ts``, arrived at ``arrived`` monotonic s,
+        ``chunk_s`` seconds of footage) is held: evaluate the stream's due watches on it, or
+        fold it into the evaluation after the running one."""
+        sw = self.of.get(live.id)
+        if sw is None or not sw.watches:
+            return
+        sw.chunk_s = chunk_s
+        self.schedule(live, sw, footage_ts, arrived)
+
+    def schedule(self, live: LiveStream, sw: StreamWatches, footage_ts: float,
+                 arrived: float) -> None:
+        """Evaluate ``sw`` on the state whose last frame is at ``footage_ts`` (its oldest
+        unseen chunk arrived at ``arrived``): now, or after the running round, coalesced."""
+        if sw.pending is not None:  # no evaluation saw the previous chunk: folded in
+            sw.coalesced += 1
+            self.coalesced.inc()
+            arrived = sw.pending[1]
+        sw.pending = (footage_ts, arrived)
+        if sw.task is None or sw.task.done():
+            sw.task = asyncio.ensure_future(self._evaluate(live, sw))
+
+    async def _evaluate(self, live: LiveStream, sw: StreamWatches) -> None:
+        """Evaluate the due watches on the newest state, again while chunks came meanwhile."""
+        try:
+            while sw.pending is not None:
+                footage_ts, arrived = sw.pending
+                sw.pending, sw.running = None, arrived
+                await self._round(live, sw, footage_ts, arrived)
+        finally:
+            sw.running = None
+
+    async def _round(self, live: LiveStream, sw: StreamWatches, footage_ts: float,
+                     arrived: float) -> None:
+        """One evaluation of each due watch on the state whose last frame is at
+        ``footage_ts``."""
+        sw.last_ts = footage_ts
+        appended = live.append_s
+        for watch in [w for w in sw.watches.values() if w.due(footage_ts)]:
+            if live.closing or self.registry.live.get(live.id) is not live:
+                return
+            start = time.monotonic()
+            try:
+                result, wait = await self.registry.run(live, Generate(watch.request),
+                                                       evaluates=arrived)
+            except Exception as exc:  # noqa: BLE001  # kept on the watch for GET
+                watch.errors += 1
+                watch.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+                continue
+            watch.eval_s = time.monotonic() - start - wait
+            if sw.watches.get(watch.id) is not watch:
+                continue  # deleted meanwhile
+            stages = {"append_wait_s": None if appended is None else appended[0],
+                      "append_s": None if appended is None else appended[1],
+                      "eval_wait_s": wait, "eval_s": watch.eval_s}
+            self._judge(watch, result, footage_ts, arrived, stages)
+
+    def _judge(self, watch: Watch, result: Any, footage_ts: float, arrived: float,
+               stages: dict[str, float | None] | None = None) -> None:
+        """Fold an evaluation's ``result`` into ``watch``'s rule; publish an event if any
+        (``stages``: the seconds its latency is made of, see the module docstring)."""
+        probs = {c["text"]: float(c["prob"]) for c in result.choices}
+        watch.evaluations += 1
+        watch.last, watch.last_ts, watch.error = probs, footage_ts, None
+        self.evaluations.inc()
+        watch.state, change = observe(watch.rule, watch.state, probs)
+        if change is None:
+            return
+        latency = time.monotonic() - arrived
+        event = {"object": "watch.event", "watch": watch.id, "stream": watch.stream,
+                 "question": watch.request.question, "rule": watch.rule.kind,
+                 "choice": watch.rule.choice, "answer": change.answer,
+                 "previous": change.previous, "top": top_choice(probs), "probs": probs,
+                 "footage_ts": footage_ts, "capture_to_event_s": latency,
+                 "ttft_s": result.ttft_s, "stages": stages, "evaluation": watch.evaluations,
+                 "created": time.time()}
+        watch.events += 1
+        self.events_total.inc()
+        self.latency.observe(latency)
+        before = self.hub.dropped
+        self.hub.publish(event)
+        if watch.webhook is not None:
+            before -= watch.webhook.dropped
+            watch.webhook.put(event)
+            before += watch.webhook.dropped
+        self.dropped.inc(self.hub.dropped - before)
+        log.info("watch %s on %s: %r -> %r at %.2f s of footage (%.3f s after arrival, TTFT "
+                 "%.3f s)", watch.id, watch.stream, change.previous, change.answer, footage_ts,
+                 latency, result.ttft_s)

@@ -1,0 +1,97 @@
+"""What the server holds of standing questions (:mod:`apbv.serve.watches`): a
+:class:`Watch` (its question as a held-KV request, its rule's state, its counters) and a
+stream's :class:`StreamWatches` (its watches, the chunks no evaluation saw yet, its
+evaluation task), and the figures read from them: the lag of a stream's evaluation behind
+capture (:func:`lag_s`) and a watch's share of its replica's time (:func:`share`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from apbv.engine.request import Request as EngineRequest
+from apbv.serve.events import Webhook
+from apbv.serve.watch_rules import Rule, RuleState
+
+MAX_WATCHES = 8
+"""Watches one stream may hold."""
+
+
+@dataclass(eq=False)
+class Watch:
+    id: str
+    stream: str
+    request: EngineRequest
+    rule: Rule
+    every_s: float | None
+    webhook: Webhook | None = None
+    sender: asyncio.Task | None = None
+    state: RuleState = field(default_factory=RuleState)
+    evaluations: int = 0
+    events: int = 0
+    errors: int = 0
+    error: str | None = None
+    last_ts: float | None = None
+    """Footage timestamp of the last frame its last evaluation saw (seconds)."""
+    last: dict[str, float] | None = None
+    """Its last evaluation's probabilities."""
+    eval_s: float | None = None
+    """Seconds of its last evaluation (queue wait excluded)."""
+
+    def due(self, footage_ts: float) -> bool:
+        """Whether the state whose last frame is at ``footage_ts`` is to be evaluated (never
+        twice the same state)."""
+        if self.last_ts is None:
+            return True
+        return footage_ts != self.last_ts if self.every_s is None else \
+            footage_ts - self.last_ts >= self.every_s
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "stream": self.stream, "question": self.request.question,
+                "choices": list(self.request.choices or ()), "every_s": self.every_s,
+                "rule": {"kind": self.rule.kind, "choice": self.rule.choice,
+                         "threshold": self.rule.threshold,
+                         "hysteresis": self.rule.hysteresis, "hold": self.rule.hold},
+                "answer": self.state.answer, "probs": self.last,
+                "evaluations": self.evaluations, "events": self.events, "errors": self.errors,
+                "error": self.error, "last_timestamp": self.last_ts,
+                "webhook": None if self.webhook is None else self.webhook.stats()}
+
+    def stop(self) -> None:
+        """Its webhook's sender ends (the watch was deleted, or its stream closed)."""
+        if self.sender is not None:
+            self.sender.cancel()
+
+
+@dataclass(eq=False)
+class StreamWatches:
+    """One stream's watches and its evaluation task."""
+
+    watches: dict[str, Watch] = field(default_factory=dict)
+    pending: tuple[float, float] | None = None
+    """(footage timestamp of the newest chunk, arrival of the oldest chunk not yet seen by an
+    evaluation (monotonic s)); None: nothing new."""
+    task: asyncio.Task | None = None
+    running: float | None = None
+    """Arrival of the oldest chunk the running evaluation round is the first to see."""
+    coalesced: int = 0
+    chunk_s: float | None = None
+    """Footage seconds per appended chunk (the last one)."""
+    last_ts: float | None = None
+
+
+def lag_s(sw: StreamWatches) -> float:
+    """Wall seconds the oldest chunk no evaluation has finished with has waited (0: none)."""
+    oldest = sw.running if sw.running is not None else \
+        None if sw.pending is None else sw.pending[1]
+    return 0.0 if oldest is None else time.monotonic() - oldest
+
+
+def share(watch: Watch, sw: StreamWatches) -> float:
+    """The share of its replica's time ``watch`` takes: its last evaluation's seconds per
+    footage seconds between its evaluations (0 before it was measured)."""
+    period = watch.every_s or sw.chunk_s
+    return 0.0 if watch.eval_s is None or not period else watch.eval_s / period
