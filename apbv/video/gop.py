@@ -105,7 +105,9 @@ def decode_work(meta: VideoMeta, sampling: Sampling, world_size: int) -> dict[st
     keys = meta.keyframes
     if keys is None:
         return work
-    work["walked_one"] = walked_frames(keys, sampling.indices)
+    indices, unit = sampling.indices, sampling.temporal_patch_size
+    work["walked_one"] = walked_frames(keys, indices)
     if sampling.num_patches >= world_size:
-        work["walked"] = max(rank_walks(keys, sampling.indices, frame_split(sampling, world_size)))
+        work["walked"] = max(walked_frames(keys, indices[unit * start:unit * end])
+                             for start, end in frame_split(sampling, world_size))
     return work

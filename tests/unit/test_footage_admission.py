@@ -34,6 +34,10 @@ def test_decode_work_counts_the_walks_of_the_engines_split() -> None:
     assert sparse["walked"] > work["walked"]
     assert decode_work(_meta(None), SAMPLING, 2) == {"source_pixels": 1920 * 1080}
     assert "walked" not in decode_work(meta, SAMPLING, 8)  # fewer patches than ranks
+    # InternVL3 splits whole frames: 8 ranks take one frame each, the farthest from its keyframe
+    whole = Sampling(INDICES, 2 / 15, 84, 140, 14, temporal_patch_size=1)
+    assert decode_work(meta, whole, 8)["walked"] == max(
+        walked_frames(meta.keyframes, [i]) for i in INDICES) == 211
 
 
 def test_walked_frames_per_rank_follow_the_mode() -> None:
