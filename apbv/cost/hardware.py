@@ -124,8 +124,8 @@ CPU = Hardware(
     full_uses_all_ranks=True,
     thread_efficiency=0.938,
     dtype_bytes=4,
-    coded_frame_s_per_pixel=5.805e-10,
-    convert_s_per_pixel=1.202e-08,
+    coded_frame_s_per_pixel=5.44e-10,
+    convert_s_per_pixel=1.128e-08,
 )
 """The 2-core development machine, one thread per rank: the values of
 benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
