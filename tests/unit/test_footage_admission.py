@@ -73,3 +73,18 @@ def test_admission_predicts_more_for_a_file_that_walks_more(monkeypatch) -> None
     walk_s = (sparse["walked"] - dense["walked"]) * hw.coded_frame_s_per_pixel * 1920 * 1080
     assert got["sparse"] - got["dense"] == pytest.approx(walk_s, rel=1e-6)
     assert got["unknown"] < got["dense"] < got["sparse"]
+
+
+def test_footage_frame_s_prices_the_walk_and_each_resize() -> None:
+    """Every coded frame walked (the sampled ones included) at coded_frame_s_per_pixel, each
+    sampled frame's resize at convert_s_per_pixel; the earlier rule without the latter."""
+    import dataclasses
+
+    from apbv.cost.predict import footage_frame_s, walk_s
+
+    hw = dataclasses.replace(cost.CPU, coded_frame_s_per_pixel=1e-9, convert_s_per_pixel=1e-8)
+    assert footage_frame_s(hw, 100, 4, 1000) == pytest.approx((100 * 1e-9 + 4 * 1e-8) * 1000)
+    assert footage_frame_s(hw, 3, 4, 1000) == pytest.approx((4 * 1e-9 + 4 * 1e-8) * 1000)
+    earlier = dataclasses.replace(hw, convert_s_per_pixel=0.0)
+    assert footage_frame_s(earlier, 100, 4, 1000) == pytest.approx(
+        4 * hw.decode_s_per_pixel * 1000 + walk_s(earlier, 100, 4, 1000))
