@@ -57,9 +57,10 @@ def resize_frame_into(frame: torch.Tensor, out: torch.Tensor, scratch: torch.Ten
     resizes a uint8 tensor as a float32 copy, the bicubic antialiased interpolation, a clamp
     to [0, 255] and rounding; here the float32 copy goes into ``scratch`` (float32
     (1, 3, H, W), planar, reused from frame to frame) instead of a new channels-last tensor
-    per frame, and the decoder's frames are not stacked first. Each interpolated value is the
-    same sum of the same products in the same order whatever the input's memory layout
-    (tests/unit/test_video_convert.py compares both on decoded camera footage)."""
+    per frame, and the decoder's frames need not be stacked first. Each interpolated value is
+    the same sum of the same products in the same order whatever the input's memory layout
+    (tests/unit/test_video_convert.py compares both on random frames of five sizes, and the
+    footage tests on decoded camera footage)."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
     assert frame.dtype == torch.uint8 and frame.dim() == 3 and frame.shape[2] == 3, frame.shape
     assert scratch.shape == (1, 3, *frame.shape[:2]), (scratch.shape, frame.shape)
