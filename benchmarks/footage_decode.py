@@ -1,14 +1,18 @@
-"""Decode cost per coded frame on camera footage (``Hardware.coded_frame_s_per_pixel``).
+"""Decode and conversion cost on camera footage (``Hardware.coded_frame_s_per_pixel`` and
+``Hardware.convert_s_per_pixel``).
 
     python benchmarks/footage_decode.py FILE      # a camera file (make-test-video --camera)
 
-PyAV's reader as the runtime runs it (``video.decode=needed``, one thread) reads, from every
-keyframe interval, once its keyframe alone (the sampled frame's own decode, RGB conversion
-and resize) and once its last frame (the whole interval walked to it, the frames nothing
-refers to skipped). The difference, per coded frame walked beyond the sampled one and per
-source pixel, is the constant; the per sampled frame cost is reported beside it. Seconds are
-the thread's CPU time (``time.thread_time``), so a machine shared with other work changes
-them less than wall seconds. :func:`coded_frame_rates` is what ``calibrate_cpu.py`` calls.
+PyAV's reader as the runtime runs it (``video.decode=needed``, one thread) reads the frames
+the runtime samples (2 fps, ``video.max_pixels`` 16 x 28 x 28, as ``bench_ttft --footage
+camera``): the seconds spent in the decoder (walking from each keyframe to the sampled frames,
+the frames nothing refers to skipped, and the sampled frames' RGB conversion) per coded frame
+walked (:func:`apbv.video.gop.walked_frames`) and per source pixel are
+``coded_frame_s_per_pixel``; the seconds resizing each sampled frame
+(:func:`apbv.video.load.resize_frame_into`) per source pixel are ``convert_s_per_pixel``
+(the RGB conversion is in the decoder's part: the reader hands over RGB frames). Seconds are
+the thread's CPU time (``time.thread_time``), so a machine shared with other work changes them
+less than wall seconds. :func:`coded_frame_rates` is what ``calibrate_cpu.py`` calls.
 """
 
 from __future__ import annotations
@@ -20,40 +24,46 @@ from typing import Any
 
 
 def coded_frame_rates(path: str, repeats: int = 2) -> dict[str, Any]:
-    """{"coded_frame_s_per_pixel", "sampled_frame_s_per_pixel", "intervals", "walked",
-    "pixels"} of ``path`` (best of ``repeats`` per read)."""
+    """{"coded_frame_s_per_pixel", "convert_s_per_pixel", "sampled", "walked", "decoded",
+    "pixels", "decode_s", "convert_s"} of ``path`` (the best of ``repeats`` reads of each
+    part)."""
+    import torch
+
     from apbv.video import VideoSpec, plan_sampling
     from apbv.video.decoders import _open
     from apbv.video.gop import walked_frames
-    from apbv.video.load import _decode_resized
+    from apbv.video.load import resize_frame_into
 
-    spec = VideoSpec(path, fps=1.0, backend="pyav", decode="needed", decode_threads=1,
+    spec = VideoSpec(path, fps=2.0, backend="pyav", decode="needed", decode_threads=1,
                      max_pixels=16 * 28 * 28, min_pixels=3136)
-
-    def cpu_s(indices: list[int]) -> tuple[float, int, int]:
-        best = float("inf")
-        for _ in range(repeats):
-            reader = _open(spec)
-            try:
-                sampling = plan_sampling(spec, reader.meta)
+    decode_s = convert_s = float("inf")
+    for _ in range(repeats):
+        reader = _open(spec)
+        try:
+            meta, keys = reader.meta, reader.keyframes
+            sampling = plan_sampling(spec, meta)
+            indices = sampling.indices
+            out = torch.empty((3, sampling.resized_height, sampling.resized_width),
+                              dtype=torch.uint8)
+            scratch = torch.empty((1, 3, meta.height, meta.width))
+            frames = reader.frames(indices)
+            spent = [0.0, 0.0]
+            for _ in indices:
                 start = time.thread_time()
-                _decode_resized(reader, indices, sampling)
-                best = min(best, time.thread_time() - start)
-            finally:
-                reader.close()
-        return best, reader.meta.width * reader.meta.height, reader.meta.total_frames
-
-    reader = _open(spec)
-    keys, total = list(reader.keyframes), reader.meta.total_frames
-    reader.close()
-    ends = [nxt - 1 for nxt in keys[1:]] + [total - 1]
-    keyed, pixels, _ = cpu_s(keys)
-    walked_s, _, _ = cpu_s(ends)
-    walked = walked_frames(keys, ends)
-    extra = walked - len(ends)
-    return {"coded_frame_s_per_pixel": max(walked_s - keyed, 0.0) / (extra * pixels),
-            "sampled_frame_s_per_pixel": keyed / (len(keys) * pixels),
-            "intervals": len(keys), "walked": walked, "pixels": pixels}
+                frame = next(frames)
+                mid = time.thread_time()
+                resize_frame_into(frame, out, scratch)
+                spent[0] += mid - start
+                spent[1] += time.thread_time() - mid
+            decoded = reader.frames_decoded
+        finally:
+            reader.close()
+        decode_s, convert_s = min(decode_s, spent[0]), min(convert_s, spent[1])
+    pixels, walked = meta.width * meta.height, walked_frames(keys, indices)
+    return {"coded_frame_s_per_pixel": decode_s / (walked * pixels),
+            "convert_s_per_pixel": convert_s / (len(indices) * pixels),
+            "sampled": len(indices), "walked": walked, "decoded": decoded, "pixels": pixels,
+            "decode_s": decode_s, "convert_s": convert_s}
 
 
 def main() -> None:

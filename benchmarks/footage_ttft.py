@@ -7,8 +7,9 @@ The footage (:func:`apbv.video.footage.write_camera_video`: 1080p, 30 fps, H.264
 every 2 s, ``--footage-bframes`` B-frames) is written once into ``.cache/`` and reused; the
 time it took is printed. One set of H gloo ranks (one thread each) loads the engine once and
 answers every request twice per repeat, ``video.decode=all`` (the earlier reader: every coded
-frame from the keyframe on, and the last frame decoded at open) and ``video.decode=needed``,
-taking turns so a shared machine's drift hits both alike. Sampling: 2 fps capped by the
+frame from the keyframe on, the last frame decoded at open, chunks of stacked frames resized)
+and ``video.decode=needed`` (each frame resized as it is decoded), taking turns (in ABBA order
+over the repeats) so a shared machine's drift hits both alike. Sampling: 2 fps capped by the
 pixel budget's frame count (qwen-vl-utils' max_frames, 768), frames resized under
 ``video.max_pixels``.
 
@@ -16,7 +17,10 @@ Checked in the same run: every rank's sampled frames (a sha256 of its resized fr
 first tokens are identical in both variants. Reported per variant: every stage (slowest rank,
 best of the repeats), the preprocess share of TTFT, coded frames decoded per rank, the CPU
 seconds each rank's decoding and resizing thread used (``time.thread_time``: what a loaded
-machine's waiting leaves out of the wall seconds), and the ratios needed / all of both.
+machine's waiting leaves out of the wall seconds), the ratios needed / all of both (and per
+repeat, with their median), and for the needed variants the coded frames each rank walks and
+the frame seconds the cost model's ``cpu`` preset predicts for them
+(:func:`apbv.cost.predict.footage_frame_s`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import statistics
 import sys
 import tempfile
 import time
@@ -101,17 +106,47 @@ class _Probe:
         return count, digest, cpu_s
 
 
+def variant_fields(snap: float | None, aligned: bool) -> dict[str, dict[str, Any]]:
+    """The VideoSpec fields of each variant, by name."""
+    variants: dict[str, dict[str, Any]] = {name: {"decode": name} for name in VARIANTS}
+    if snap is not None:
+        variants[SNAPPED] = {"decode": "needed", "snap_to_keyframes": snap}
+    if aligned:
+        variants[ALIGNED] = {"decode": "needed", "keyframe_split": True}
+    return variants
+
+
+def predicted_frame_s(cfg: RuntimeConfig, video: Path, fields: dict[str, Any],
+                      world_size: int) -> list[tuple[int, float]]:
+    """Per rank of a ``video.decode=needed`` variant: (coded frames walked, frame seconds
+    the cost model's ``cpu`` preset predicts: :func:`apbv.cost.predict.footage_frame_s`) for
+    the sampling and frame split the engine uses."""
+    from apbv import cost
+    from apbv.cost.predict import footage_frame_s
+    from apbv.video import plan_sampling
+    from apbv.video.decoders import _open
+    from apbv.video.gop import frame_split, rank_walks
+
+    spec = dataclasses.replace(cfg.video.spec(str(video)), **fields)
+    reader = _open(spec)
+    try:
+        meta, keys = reader.meta, reader.keyframes
+    finally:
+        reader.close()
+    sampling = plan_sampling(spec, meta)
+    ranges = frame_split(sampling, world_size)
+    pixels = meta.width * meta.height
+    return [(walk, footage_frame_s(cost.CPU, walk, 2 * (end - start), pixels))
+            for (start, end), walk in zip(ranges, rank_walks(keys, sampling.indices, ranges))]
+
+
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
               repeats: int, snap: float | None, aligned: bool) -> dict[str, Any]:
     from apbv.engine.engine import Engine
 
     probe = _Probe()
     engine = Engine(cfg, info)
-    variants = {name: {"decode": name} for name in VARIANTS}
-    if snap is not None:
-        variants[SNAPPED] = {"decode": "needed", "snap_to_keyframes": snap}
-    if aligned:
-        variants[ALIGNED] = {"decode": "needed", "keyframe_split": True}
+    variants = variant_fields(snap, aligned)
 
     def answer(path: str, decode: str) -> Any:
         request = engine.request(path, QUESTION, mode="spava", max_new_tokens=2)
@@ -123,13 +158,16 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
         answer(warmup, decode)
         probe.take()
     out: dict[str, Any] = {}
-    for _ in range(repeats):
-        for decode in variants:
+    for repeat in range(repeats):
+        order = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
+        for decode in order:  # ABBA: a steady drift in the machine's load hits both alike
             result = answer(video, decode)
             decoded, digest, cpu_s = probe.take()
             row = out.setdefault(decode, {"stage_best_s": {}, "digests": set(),
-                                          "tokens": set(), "best": None, "cpu_s": cpu_s})
+                                          "tokens": set(), "best": None, "cpu_s": cpu_s,
+                                          "runs": []})
             row["cpu_s"] = min(row["cpu_s"], cpu_s)
+            row["runs"].append((result.seconds.get("preprocess", 0.0), cpu_s))
             row["decoded"], row["frames"] = decoded, result.frames
             row["moved"] = probe.moved
             row["digests"].add(digest)
@@ -166,7 +204,11 @@ def run_footage(args: argparse.Namespace) -> str:
                                 args.footage_snap, args.footage_keyframe_split),
                                threads_per_rank=1, timeout_s=7200,
                                collective_timeout_s=args.timeout)
-    report = _report(per_rank, video, wrote, args)
+        predicted = {name: predicted_frame_s(cfg, video, fields, args.world_size)
+                     for name, fields in variant_fields(args.footage_snap,
+                                                        args.footage_keyframe_split).items()
+                     if fields["decode"] == "needed"}
+    report = _report(per_rank, video, wrote, args, predicted)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(report)
@@ -174,7 +216,7 @@ def run_footage(args: argparse.Namespace) -> str:
 
 
 def _report(per_rank: list[dict[str, Any]], video: Path, wrote: float,
-            args: argparse.Namespace) -> str:
+            args: argparse.Namespace, predicted: dict[str, list[tuple[int, float]]]) -> str:
     rank0 = per_rank[0]
     lines = [f"Footage: `{video.name}` ({args.footage_seconds:g} s of 1920x1080 at 30 fps, "
              f"H.264, keyframe every 2 s, {args.footage_bframes} B-frames; "
@@ -182,17 +224,22 @@ def _report(per_rank: list[dict[str, Any]], video: Path, wrote: float,
              + f"), {args.world_size} CPU ranks x 1 thread, video.backend=pyav, "
              f"{rank0['all']['frames']} frames sampled, best of {args.repeats}.", "",
              "| video.decode | prompt tokens | TTFT s | " + " | ".join(STAGES)
-             + " | preprocess share | coded frames decoded per rank | frame CPU s per rank |",
-             "|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---|---|"]
+             + " | preprocess share | coded frames decoded per rank | frame CPU s per rank "
+             "| coded frames walked per rank | predicted frame s per rank |",
+             "|---|---:|---:|" + "---:|" * len(STAGES) + "---:|---|---|---|---|"]
     for decode in rank0:
         row = rank0[decode]
         best = row["stage_best_s"]
         ttft = row["best"]["ttft_s"]
         decoded = ", ".join(str(r[decode]["decoded"]) for r in per_rank)
         cpu = ", ".join(f"{r[decode]['cpu_s']:.1f}" for r in per_rank)
+        model = predicted.get(decode)
+        walked = "-" if model is None else ", ".join(str(w) for w, _ in model)
+        guess = "-" if model is None else ", ".join(f"{s:.1f}" for _, s in model)
         lines.append(f"| {decode} | {row['best']['prompt_tokens']} | {ttft:.2f} | "
                      + " | ".join(f"{best.get(s, 0.0):.2f}" for s in STAGES)
-                     + f" | {best.get('preprocess', 0.0) / ttft:.0%} | {decoded} | {cpu} |")
+                     + f" | {best.get('preprocess', 0.0) / ttft:.0%} | {decoded} | {cpu} "
+                     f"| {walked} | {guess} |")
     ratio = rank0["needed"]["stage_best_s"]["preprocess"] / \
         rank0["all"]["stage_best_s"]["preprocess"]
     frames_same = all(len(r["all"]["digests"] | r["needed"]["digests"]) == 1 for r in per_rank)
@@ -203,6 +250,20 @@ def _report(per_rank: list[dict[str, Any]], video: Path, wrote: float,
               f"(frame CPU seconds, slowest rank); sampled frames identical on every rank: "
               f"{'yes' if frames_same else 'NO'}; tokens identical: "
               f"{'yes' if tokens_same else 'NO'}."]
+    if args.repeats > 1:
+        wall, cpu = paired_ratios(per_rank, "needed", "all")
+        lines.append(f"Per repeat (the two requests of a repeat back to back, in ABBA order): "
+                     f"wall {', '.join(f'{r:.2f}' for r in wall)} (median "
+                     f"{statistics.median(wall):.2f}x), frame CPU seconds "
+                     f"{', '.join(f'{r:.2f}' for r in cpu)} (median "
+                     f"{statistics.median(cpu):.2f}x).")
+    for name, model in predicted.items():
+        slowest = max(r[name]["cpu_s"] for r in per_rank)
+        lines.append(f"Cost model (`cpu` preset, `footage_frame_s`) for {name}: "
+                     f"{max(s for _, s in model):.1f} s predicted against {slowest:.1f} frame "
+                     f"CPU s measured on the slowest rank ({max(s for _, s in model) / slowest:.2f}"
+                     f"x) and {rank0[name]['stage_best_s']['preprocess']:.1f} s of preprocess "
+                     "(wall).")
     if ALIGNED in rank0:
         same = rank0[ALIGNED]["tokens"] == rank0["all"]["tokens"]
         lines.append(f"With video.keyframe_split: tokens equal to the balanced split's: "
@@ -215,6 +276,17 @@ def _report(per_rank: list[dict[str, Any]], video: Path, wrote: float,
                      f"preprocess / all **{snapped:.2f}x**; tokens equal to the exact ones: "
                      f"{'yes' if rank0[SNAPPED]['tokens'] == rank0['all']['tokens'] else 'no'}.")
     return "\n".join(lines) + "\n"
+
+
+def paired_ratios(per_rank: list[dict[str, Any]], new: str,
+                  old: str) -> tuple[list[float], list[float]]:
+    """Per repeat, ``new`` / ``old``: the preprocess stage's wall seconds (the slowest rank's,
+    as every rank reports it) and the slowest rank's frame CPU seconds."""
+    runs = range(len(per_rank[0][old]["runs"]))
+    wall = [per_rank[0][new]["runs"][i][0] / per_rank[0][old]["runs"][i][0] for i in runs]
+    cpu = [max(r[new]["runs"][i][1] for r in per_rank)
+           / max(r[old]["runs"][i][1] for r in per_rank) for i in runs]
+    return wall, cpu
 
 
 def add_footage_args(parser: argparse.ArgumentParser) -> None:

@@ -4,16 +4,17 @@ The file's packet index is read once (PyAV demuxes it, no frame is decoded); the
 the runtime's (:func:`apbv.video.plan_sampling`); per rank, :func:`apbv.video.gop.rank_walks`
 counts the coded frames walked from the keyframe before each of its samples, for the balanced
 split and the keyframe-aligned one (``video.keyframe_split``). Predicted seconds: each
-sampled frame's decode, resize and processing (``decode_s_per_pixel`` per source pixel,
-``process_s_per_pixel`` per resized one), plus every other coded frame walked at
-``coded_frame_s_per_pixel`` per source pixel (:func:`apbv.cost.predict.walk_s`; measured on
-camera footage with ``video.decode=needed``, which skips the frames nothing refers to).
+rank's walk and conversions (:func:`apbv.cost.predict.footage_frame_s`: every coded frame
+walked at ``coded_frame_s_per_pixel`` and every sampled frame's conversion at
+``convert_s_per_pixel``, per source pixel; measured on camera footage with
+``video.decode=needed``, which skips the frames nothing refers to) plus the processor's work
+(``process_s_per_pixel`` per resized pixel) and ``preprocess_fixed_s``.
 """
 
 from __future__ import annotations
 
 from apbv.cost.hardware import Hardware
-from apbv.cost.predict import walk_s
+from apbv.cost.predict import footage_frame_s
 from apbv.plan import patch_ranges
 from apbv.video import VideoSpec, plan_sampling
 from apbv.video.gop import keyframe_aligned_ranges, rank_walks, shared_intervals
@@ -51,8 +52,8 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
                     "walked")
             if hw is not None:
                 sampled = 2 * (end - start)
-                seconds = (hw.preprocess_fixed_s + walk_s(hw, walk, sampled, pixels) + sampled
-                           * (hw.decode_s_per_pixel * pixels + hw.process_s_per_pixel * resized))
+                seconds = (hw.preprocess_fixed_s + footage_frame_s(hw, walk, sampled, pixels)
+                           + sampled * hw.process_s_per_pixel * resized)
                 line += f", predicted frame work {seconds:.2f} s on {hw.name}"
             lines.append(line)
     return lines

@@ -64,11 +64,18 @@ class Hardware:
     by ``benchmarks/calibrate_gpu.py`` from the tower's measured time per temporal patch;
     1.0 where not fitted."""
     coded_frame_s_per_pixel: float = 0.0
-    """Host seconds per source pixel of each coded frame a decoder walks past on the way to a
-    sampled one (``video.decode=needed``: the frames nothing refers to are skipped, so this is
-    an average over the file's frame types), measured on camera footage with 3 B-frames
-    (``benchmarks/footage_decode.py``); a sampled frame itself costs ``decode_s_per_pixel``.
-    0.0: not measured (only the sampled frames are counted)."""
+    """Host seconds per source pixel of each coded frame a decoder walks to reach the sampled
+    ones, the sampled frames included (``video.decode=needed``: the frames nothing refers to
+    are skipped, so this is an average over the file's frame types; the sampled frames' RGB
+    conversion is counted here), measured on camera footage with 3 B-frames
+    (``benchmarks/footage_decode.py``; :func:`apbv.cost.predict.footage_frame_s`). 0.0: not
+    measured (only the sampled frames are counted)."""
+    convert_s_per_pixel: float = 0.0
+    """Host seconds per source pixel to resize a decoded sampled frame of camera footage
+    (``video.decode=needed``: the float copy and the antialiased bicubic resize, which reads
+    every source pixel), measured on 1080p camera footage with the decoding timed apart
+    (``benchmarks/footage_decode.py``). 0.0: not measured (a sampled frame costs
+    ``decode_s_per_pixel``, the frames walked past it :func:`apbv.cost.predict.walk_s`)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -117,7 +124,8 @@ CPU = Hardware(
     full_uses_all_ranks=True,
     thread_efficiency=0.938,
     dtype_bytes=4,
-    coded_frame_s_per_pixel=4.107e-10,
+    coded_frame_s_per_pixel=5.44e-10,
+    convert_s_per_pixel=1.128e-08,
 )
 """The 2-core development machine, one thread per rank: the values of
 benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
@@ -173,6 +181,7 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
         decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         coded_frame_s_per_pixel=CPU.coded_frame_s_per_pixel / (HOST_SPEEDUP
                                                                * HOST_CORES_PER_GPU),
+        convert_s_per_pixel=CPU.convert_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         process_s_per_pixel=CPU.process_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         preprocess_fixed_s=CPU.preprocess_fixed_s / HOST_SPEEDUP,
         tokenize_s_per_token=CPU.tokenize_s_per_token / HOST_SPEEDUP,

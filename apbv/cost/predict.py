@@ -132,6 +132,21 @@ def walk_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> float:
     return max(walked - sampled, 0) * hw.coded_frame_s_per_pixel * pixels
 
 
+def footage_frame_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> float:
+    """Host seconds to decode and resize ``sampled`` frames of ``pixels`` source pixels each
+    when the decoder walks ``walked`` coded frames to them (the sampled ones included; the
+    frames nothing refers to skipped, as ``video.decode=needed`` does): the decoder's work,
+    ``walked`` x ``hw.coded_frame_s_per_pixel``, plus each sampled frame's conversion,
+    ``hw.convert_s_per_pixel``, per source pixel. Without a measured conversion rate
+    (``convert_s_per_pixel`` 0.0) the earlier rule: the sampled frames at
+    ``decode_s_per_pixel`` and the frames walked past them at :func:`walk_s`. The video
+    processor's work per resized pixel is not included."""
+    if not hw.convert_s_per_pixel:
+        return sampled * hw.decode_s_per_pixel * pixels + walk_s(hw, walked, sampled, pixels)
+    return (max(walked, sampled) * hw.coded_frame_s_per_pixel
+            + sampled * hw.convert_s_per_pixel) * pixels
+
+
 def predict(
     mode: str,
     dims: ModelDims,
@@ -180,8 +195,9 @@ def predict(
             the greedy steps after the first token (:func:`apbv.cost.decode.decode_s`).
         walked_frames: per rank, the coded frames its decoder walks to reach its sampled
             frames (:func:`apbv.video.gop.rank_walks` of the file's keyframes, the sampled
-            ones included; ``plan --video``); each one beyond the sampled frames costs
-            ``hw.coded_frame_s_per_pixel`` per source pixel. None: the sampled frames only.
+            ones included; ``plan --video``): the rank's frames are then priced by
+            :func:`footage_frame_s` (the walk and the conversions) plus the processor's work.
+            None: the sampled frames only, at ``hw.decode_s_per_pixel`` each.
     """
     spec = get_mode(mode)
     unit = dims.temporal_patch_size  # frames per temporal patch (InternVL3: 1)
@@ -226,7 +242,8 @@ def predict(
             raise ValueError(f"walked_frames must give one count per rank ({ranks}), got "
                              f"{len(walked_frames)}")
         for r, (n, walked) in enumerate(zip(shares, walked_frames)):
-            frame_work[r] += walk_s(hw, walked, unit * n, source_pixels or resized) / m.scale
+            frame_work[r] = (footage_frame_s(hw, walked, unit * n, source_pixels or resized)
+                             + unit * n * hw.process_s_per_pixel * resized) / m.scale
     preprocess = [hw.preprocess_fixed_s + tokenize + work for work in frame_work]
     if vision_attention not in ("grouped", "per_window"):
         raise ValueError(f"vision_attention must be grouped or per_window, got "

@@ -264,8 +264,24 @@ def _toward(value: float, measured: float, bounds: tuple[float, float]) -> float
     return min(max(value * math.exp(step), bounds[0]), bounds[1])
 
 
+def walked_frames(mode: str, world_size: int, measured: dict[str, int]) -> list[int] | None:
+    """Per rank of ``mode`` on ``world_size`` ranks, the coded frames its decoder walks (what
+    :func:`apbv.cost.predict` takes as ``walked_frames``), from the file's keyframe layout as
+    :func:`apbv.video.gop.decode_work` measured it: the slowest rank's walk for every rank of
+    a mode that splits the frames, the whole walk where one process or every rank decodes
+    every frame; None when the layout is not known (the sampled frames alone are priced)."""
+    from apbv.modes import get_mode
+
+    spec = get_mode(mode)
+    ranks = 1 if spec.single_process else world_size
+    key = "walked" if spec.vit_split and not spec.single_process else "walked_one"
+    return [measured[key]] * ranks if key in measured else None
+
+
 def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor:
-    """TTFT predicted by :func:`apbv.cost.predict` on a hardware preset (or calibration)."""
+    """TTFT predicted by :func:`apbv.cost.predict` on a hardware preset (or calibration),
+    with the decode work of the file's keyframe layout (:func:`walked_frames`) and its
+    decoded frame size where :func:`apbv.serve.api.check_request` measured them."""
     from apbv import cost
 
     dims = cost.checkpoint_dims(model_path)
@@ -274,11 +290,14 @@ def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor
 
     def predict(call: ChatCall, measured: dict[str, int]) -> float:
         grid = (measured["height"] // (14 * merge), measured["width"] // (14 * merge))
-        return cost.predict(call.request.mode.name, dims, context_len=measured["context_len"],
+        mode = call.request.mode.name
+        return cost.predict(mode, dims, context_len=measured["context_len"],
                             query_len=measured["query_len"], world_size=world_size,
                             frames=measured["frames"], grid=grid, hw=hw,
                             anchor_len=call.request.anchor_len,
-                            passing_len=call.request.passing_len).ttft_s
+                            passing_len=call.request.passing_len,
+                            source_pixels=measured.get("source_pixels"),
+                            walked_frames=walked_frames(mode, world_size, measured)).ttft_s
 
     return predict
 

@@ -193,11 +193,15 @@ def _check_messages(messages: object) -> None:
                                    f"{str(message)[:120]!r}")
 
 
-def check_request(request: Request, limits: Limits, processor: Any) -> dict[str, int]:
+def check_request(request: Request, limits: Limits, processor: Any,
+                  world_size: int = 1) -> dict[str, int]:
     """Duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
-    ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured."""
+    ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured,
+    with the decode work of the file's keyframe layout on ``world_size`` ranks
+    (:func:`apbv.video.gop.decode_work`, which deadline admission prices)."""
     from apbv.model.front import prompt_rules
     from apbv.video import probe
+    from apbv.video.gop import decode_work
 
     video = request.video
     assert isinstance(video, VideoSpec), video  # a chat request names a file
@@ -222,6 +226,6 @@ def check_request(request: Request, limits: Limits, processor: Any) -> dict[str,
                  "the prompt's token count")
     return {"frames": sampling.num_frames, "prompt_tokens": tokens, "context_len": len(context),
             "query_len": len(query), "pixels": pixels, "height": sampling.resized_height,
-            "width": sampling.resized_width}
+            "width": sampling.resized_width, **decode_work(meta, sampling, world_size)}
 
 

@@ -204,7 +204,7 @@ class Server:
             call = api.with_download(call, await self._fetch(call.remote))
         try:
             measured = await self._checked(api.check_request, call.request, self.opt.limits,
-                                           self.processor)
+                                           self.processor, self.replicas[0].group.world_size)
             replica = pick(self.replicas, call.request, self.affinity)
             job = replica.admission.admit(call, measured, sse=call.sse,
                                           max_tokens=call.request.max_new_tokens)

@@ -50,6 +50,9 @@ class _Reader:
 
     path: str
     meta: VideoMeta
+    per_frame = False
+    """Resize each frame as it is decoded (``video.decode=needed`` on the CPU) instead of a
+    chunk of stacked frames (the earlier conversion, kept with ``video.decode=all``)."""
 
     def expect(self, indices: Sequence[int]) -> None:
         """Announce every frame the coming :meth:`read` calls ask for (ascending), so a
@@ -57,6 +60,11 @@ class _Reader:
 
     def read(self, indices: Sequence[int]) -> torch.Tensor:
         raise NotImplementedError
+
+    def frames(self, indices: Sequence[int]) -> Iterator[torch.Tensor]:
+        """The frames of ``indices`` one at a time, uint8 (H, W, 3) each (views of one
+        :meth:`read` here; the PyAV reader decodes each as it is asked for)."""
+        yield from self.read(indices)
 
     def close(self) -> None:
         pass
@@ -254,6 +262,11 @@ class _PyAVReader(_Reader):
         self.expect(indices)
         return torch.as_tensor(np.stack([self._frame(i) for i in indices]))
 
+    def frames(self, indices: Sequence[int]) -> Iterator[torch.Tensor]:
+        self.expect(indices)
+        for i in indices:
+            yield torch.from_numpy(self._frame(i))
+
     def close(self) -> None:
         container = getattr(self, "_container", None)
         if container is not None:
@@ -350,13 +363,17 @@ def _reader(spec: VideoSpec, source: str, world_size: int = 1) -> _Reader:
     needed = spec.decode == "needed"
     if spec.backend == "nvdec":
         return _NvdecReader(spec.path, source)
+    reader: _Reader
     if spec.backend == "pyav":
-        return _PyAVReader(spec.path, source, needed, threads)
-    try:
-        return _DecordReader(spec.path, source, threads)
-    except DecordFrameSizeError as err:
+        reader = _PyAVReader(spec.path, source, needed, threads)
+    else:
         try:
-            return _PyAVReader(spec.path, source, needed, threads)
-        except ImportError:
-            raise ValueError(f"{err}; PyAV reads it but is not installed (the 'video' "
-                             "extra)") from err
+            reader = _DecordReader(spec.path, source, threads)
+        except DecordFrameSizeError as err:
+            try:
+                reader = _PyAVReader(spec.path, source, needed, threads)
+            except ImportError:
+                raise ValueError(f"{err}; PyAV reads it but is not installed (the 'video' "
+                                 "extra)") from err
+    reader.per_frame = needed
+    return reader

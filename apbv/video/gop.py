@@ -21,7 +21,7 @@ import bisect
 from collections.abc import Sequence
 
 from apbv.plan import Range, patch_ranges
-from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling
+from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling, VideoMeta
 
 
 def interval_of(keyframes: Sequence[int], frame: int) -> int:
@@ -92,3 +92,22 @@ def frame_split(sampling: Sampling, world_size: int) -> tuple[Range, ...]:
     if sampling.keyframes is None:
         return patch_ranges(sampling.num_patches, world_size)
     return tuple(keyframe_aligned_ranges(sampling.keyframes, sampling.indices, world_size))
+
+
+def decode_work(meta: VideoMeta, sampling: Sampling, world_size: int) -> dict[str, int]:
+    """The decode work the file's keyframe layout implies for ``sampling`` on ``world_size``
+    ranks, as deadline admission prices it: ``source_pixels`` (of one decoded frame) and,
+    where the decoder lists the keyframes, ``walked`` (the most coded frames a rank walks to
+    its share under :func:`frame_split`; left out with fewer temporal patches than ranks,
+    which the engine refuses) and ``walked_one`` (the coded frames one decoder walks to all
+    the sampled frames: a single process, or a mode whose every rank decodes every frame)."""
+    work = {"source_pixels": meta.height * meta.width}
+    keys = meta.keyframes
+    if keys is None:
+        return work
+    indices, unit = sampling.indices, sampling.temporal_patch_size
+    work["walked_one"] = walked_frames(keys, indices)
+    if sampling.num_patches >= world_size:
+        work["walked"] = max(walked_frames(keys, indices[unit * start:unit * end])
+                             for start, end in frame_split(sampling, world_size))
+    return work

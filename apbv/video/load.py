@@ -56,6 +56,30 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
     return torch.cat([resize(frames[i:i + 1]) for i in range(frames.shape[0])])
 
 
+def resize_frame_into(frame: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Write one CPU frame, uint8 (H, W, 3), resized into ``out`` (uint8 (3, h, w)): the
+    pixels of :func:`resize_frames`, bit for bit, with less memory traffic. torchvision
+    resizes a uint8 tensor as a float32 copy, the bicubic antialiased interpolation, a clamp
+    to [0, 255] and rounding; here the float32 copy goes into ``scratch`` (float32
+    (1, 3, H, W), planar, reused from frame to frame) instead of a new channels-last tensor
+    per frame, and the decoder's frames need not be stacked first. Each interpolated value is
+    the same sum of the same products in the same order whatever the input's memory layout
+    (tests/unit/test_video_convert.py compares both on random frames of five sizes, and the
+    footage tests on decoded camera footage)."""
+    functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
+    assert frame.dtype == torch.uint8 and frame.dim() == 3 and frame.shape[2] == 3, frame.shape
+    assert scratch.shape == (1, 3, *frame.shape[:2]), (scratch.shape, frame.shape)
+    chw = frame.permute(2, 0, 1)
+    if tuple(out.shape[1:]) == tuple(frame.shape[:2]):
+        out.copy_(chw)  # torchvision returns a frame of the asked size unchanged
+        return
+    scratch[0].copy_(chw)
+    resized = functional.resize(scratch, list(out.shape[1:]),
+                                interpolation=functional.InterpolationMode.BICUBIC,
+                                antialias=True)
+    out.copy_(resized[0].clamp_(0, 255).round_())
+
+
 _SAME_FRAMES = ("path", "decode", "decode_threads")
 """VideoSpec fields left out of :func:`video_identity`: the path (resolved there) and the
 decoding knobs, which never change the frames."""
@@ -103,26 +127,50 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
     are copied to it first); default the CPU, bit-equal to qwen-vl-utils."""
     height, width = sampling.resized_height, sampling.resized_width
     meta = reader.meta
-    per_frame = 3 * max(meta.height * meta.width, height * width)
-    chunk = max(1, DECODE_CHUNK_ELEMENTS // per_frame)
+    values = 3 * max(meta.height * meta.width, height * width)
+    chunk = max(1, DECODE_CHUNK_ELEMENTS // values)
     if frames_per_chunk is not None:
         unit = sampling.temporal_patch_size
         chunk = max(unit, min(chunk, frames_per_chunk))
         chunk -= chunk % unit
     reader.expect(indices)
+    if device is None and reader.per_frame:
+        yield from _resized_one_by_one(reader, indices, (height, width), chunk)
+        return
     for start in range(0, len(indices), chunk):
         frames = reader.read(indices[start:start + chunk])  # (k, H, W, 3)
         assert frames.dtype == torch.uint8 and frames.shape[-1] == 3, (frames.shape, frames.dtype)
-        if frames.shape[1:3] != (meta.height, meta.width):
-            raise ValueError(
-                f"video {reader.path!r} changes its frame size mid-stream: "
-                f"{frames.shape[2]}x{frames.shape[1]} instead of {meta.width}x{meta.height}"
-            )
+        _check_size(reader, frames.shape[1:3])
         # (k, 3, H, W) with channels-last strides, exactly the tensor qwen-vl-utils resizes.
         frames = frames.permute(0, 3, 1, 2)
         if device is not None:
             frames = frames.to(device)
         yield resize_frames(frames, (height, width), processor=sampling.processor_resize)
+
+
+def _check_size(reader: _Reader, shape: Sequence[int]) -> None:
+    """ValueError when a decoded frame's (H, W) is not the size the file was opened with."""
+    meta = reader.meta
+    if tuple(shape) != (meta.height, meta.width):
+        raise ValueError(f"video {reader.path!r} changes its frame size mid-stream: "
+                         f"{shape[1]}x{shape[0]} instead of {meta.width}x{meta.height}")
+
+
+def _resized_one_by_one(reader: _Reader, indices: Sequence[int], size: tuple[int, int],
+                        chunk: int) -> Iterator[torch.Tensor]:
+    """:func:`_resized_chunks` on the CPU for ``video.decode=needed``: each frame resized by
+    :func:`resize_frame_into` as it is decoded (one float32 buffer for all), in chunks of
+    ``chunk`` frames, uint8 (k, 3, h, w) each."""
+    meta = reader.meta
+    scratch = torch.empty((1, 3, meta.height, meta.width), dtype=torch.float32)
+    for start in range(0, len(indices), chunk):
+        part = indices[start:start + chunk]
+        out = torch.empty((len(part), 3, *size), dtype=torch.uint8)
+        for k, frame in enumerate(reader.frames(part)):
+            assert frame.dtype == torch.uint8 and frame.shape[-1] == 3, frame.shape
+            _check_size(reader, frame.shape[:2])
+            resize_frame_into(frame, out[k], scratch)
+        yield out
 
 
 def _decode_resized(reader: _Reader, indices: Sequence[int], sampling: Sampling,

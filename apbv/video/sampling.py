@@ -88,9 +88,11 @@ class VideoSpec:
     """One of :data:`DECODE_MODES`. Both modes seek to the keyframe before a sampled frame
     unless the decoder is already on its way there and stop at the last sampled frame.
     ``needed`` (PyAV): the frames nothing refers to are skipped unless sampled, and the open
-    checks truncation from the packet index without decoding the last frame. ``all``: every
-    coded frame on the way, and the last frame at open (the earlier reader; for comparisons).
-    decord decodes the same way in both."""
+    checks truncation from the packet index without decoding the last frame; on the CPU each
+    frame is resized as it is decoded (:func:`apbv.video.load.resize_frame_into`). ``all``:
+    every coded frame on the way, the last frame at open, and chunks of stacked frames
+    resized (the earlier reader and conversion; for comparisons). decord decodes the same way
+    in both. The frames are the same bit for bit."""
     decode_threads: int | None = None
     """Decoder threads; None: the process's cores divided by the ranks (at least 1)."""
     snap_to_keyframes: float | None = None

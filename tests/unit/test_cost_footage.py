@@ -10,12 +10,12 @@ import re
 import pytest
 
 from apbv import cost
-from apbv.cost.predict import predict, walk_s
+from apbv.cost.predict import footage_frame_s, predict, walk_s
 from apbv.video import VideoSpec, plan_sampling, probe
 from apbv.video.decoders import _open
 from apbv.video.gop import rank_walks
 
-HW = dataclasses.replace(cost.CPU, coded_frame_s_per_pixel=1e-9)
+HW = dataclasses.replace(cost.CPU, coded_frame_s_per_pixel=1e-9, convert_s_per_pixel=0.0)
 SMALL = cost.preset_dims("qwen2.5-vl-3b")
 
 
@@ -53,8 +53,8 @@ def test_plan_video_predicts_from_the_walk(tmp_path, capsys) -> None:
     hw, pixels = cost.CPU, 640 * 360
     resized = sampling.resized_width * sampling.resized_height
     for rank, walk in enumerate(walks):
-        want = (hw.preprocess_fixed_s + walk_s(hw, walk, 4, pixels)
-                + 4 * (hw.decode_s_per_pixel * pixels + hw.process_s_per_pixel * resized))
+        want = (hw.preprocess_fixed_s + footage_frame_s(hw, walk, 4, pixels)
+                + 4 * hw.process_s_per_pixel * resized)
         got = re.search(rf"rank {rank}: 4 sampled frames, {walk} coded frames walked, "
                         r"predicted frame work ([\d.]+) s", out)
         assert got and float(got[1]) == pytest.approx(want, abs=0.006), (out, want)
