@@ -24,8 +24,11 @@ def register(sub: Any) -> None:
                                               "videos (CPU, about 15 minutes)")
     train.add_argument("--out", required=True, help="checkpoint directory to write")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--steps", type=int, default=None, help="training steps (default 5000)")
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 6000)")
     train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--init", metavar="DIR",
+                       help="continue from this trained checkpoint (default steps, rate and "
+                            "curriculum: train_tiny.FINE_TUNE)")
     train.add_argument("--overwrite", action="store_true")
     train.set_defaults(run=run)
 
@@ -59,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
                                 size=args.size))
         return 0
     if args.command == "train-tiny":
-        from apbv.synthetic.train_tiny import TrainConfig, train
+        from apbv.synthetic.train_tiny import FINE_TUNE, TrainConfig, train
 
-        overrides = {"steps": args.steps} if args.steps is not None else {}
+        overrides: dict[str, Any] = dict(FINE_TUNE, init=args.init) if args.init else {}
+        if args.steps is not None:
+            overrides["steps"] = args.steps
         cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
         command = "python -m apbv " + " ".join(a for a in args.argv)
         print(train(cfg, args.out, overwrite=args.overwrite, command=command))
