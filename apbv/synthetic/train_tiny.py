@@ -16,8 +16,8 @@ apart, apbv's M-RoPE positions), so what the model learns is what the engine ask
 The result is a checkpoint directory that loads through the same ``from_pretrained`` path as a
 released one, weights in bfloat16, plus ``training.json``: the command, seed, steps, wall time,
 loss curve and held-out accuracy (greedy answer tokens, single-process exact attention) per
-task kind and length, and per answer. Training is seeded and deterministic on a given torch build and thread
-count. This is tooling, not part of the request path.
+task kind and length, and per answer. Training is seeded and deterministic on a given torch
+build and thread count. This is tooling, not part of the request path.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class TrainConfig:
         return max(self.min_patches, min(current, self.max_patches))
 
 
-FINE_TUNE = {"steps": 1200, "lr": 1e-3,
+FINE_TUNE = {"steps": 2400, "lr": 1e-3,
              "curriculum": ((0.0, 64), (0.15, 256), (0.4, 1024), (0.65, 2048))}
 """TrainConfig overrides for continuing from a trained checkpoint (``--init``): fewer steps,
 a lower peak rate, and a third of the steps on videos up to ``max_patches``."""
@@ -133,11 +133,11 @@ def build_model(seed: int, init: str | None = None):
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    if init is None:
-        model = Qwen2_5_VLForConditionalGeneration(trained_config()).float()
-    else:
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+    model = Qwen2_5_VLForConditionalGeneration(trained_config()).float()
+    if init is not None:  # the same config (strict: the same shapes), the init's weights
+        start = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             init, local_files_only=True, dtype=torch.float32)
+        model.load_state_dict(start.state_dict())
     ids = bt.SPECIAL_IDS
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
