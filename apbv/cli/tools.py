@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
     tiny.set_defaults(run=run)
 
     train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
-                                              "videos (CPU, about 15 minutes)")
+                                              "videos (CPU; --threads 1 on a busy machine)")
     train.add_argument("--out", required=True, help="checkpoint directory to write")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--steps", type=int, default=None, help="training steps (default 6000)")

@@ -9,9 +9,9 @@ a curriculum over video lengths up to :attr:`TrainConfig.max_patches` temporal p
 8k prompt tokens). The loss is averaged per video, so every answer counts once however many
 tokens it spells. ``--init DIR`` continues from a trained checkpoint instead of a random init
 (:data:`FINE_TUNE`: fewer steps, a lower rate; ``training.json`` records the starting weights'
-SHA-256). Prompts are built
-exactly as the engine builds them (the checkpoint's chat template, context and query tokenized
-apart, apbv's M-RoPE positions), so what the model learns is what the engine asks.
+SHA-256). Prompts are built exactly as the engine builds them (the checkpoint's chat template,
+context and query tokenized apart, apbv's M-RoPE positions), so what the model learns is what
+the engine asks.
 
 The result is a checkpoint directory that loads through the same ``from_pretrained`` path as a
 released one, weights in bfloat16, plus ``training.json``: the command, seed, steps, wall time,
