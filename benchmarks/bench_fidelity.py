@@ -3,6 +3,7 @@
     python benchmarks/bench_fidelity.py                          # 2k and 8k tokens, 2 ranks
     python benchmarks/bench_fidelity.py --tokens 2048,8192,32768 --samples 12
     python benchmarks/bench_fidelity.py --write-vnbench DIR      # the same sets as VNBench files
+    python benchmarks/bench_fidelity.py --per-class 10 --tokens 8192 --variants exact,spava
 
 The model is the trained tiny checkpoint shipped in ``apbv/assets/needle-tiny`` (or
 ``--model``). For each task kind (retrieval, ordering, counting; :mod:`apbv.synthetic.needles`) and
@@ -14,6 +15,10 @@ variant is right when its greedy answer equals the needle's; it agrees when it e
 mode's answer. Output: JSON lines, a markdown table (accuracy and agreement per kind, length
 and variant) and a plot (accuracy against prompt length per variant, and against the passing
 budget at the longest length).
+
+``--per-class N`` measures per answer class instead (:mod:`fidelity_classes`): ``N`` held-out
+videos per colour (retrieval, most recent flash) and per yes / no (presence), each asked
+free-form and with its kind's closed vocabulary (``choices``).
 
 Frames are generated in memory and passed to the engine already decoded
 (:class:`apbv.video.DecodedVideo`): 56x56 frames at 2 fps, 4 prompt tokens per second.
@@ -29,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import fidelity_classes
 import torch
 from common import pyplot, save_figure
 
@@ -37,6 +43,8 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.plan import default_passing_len
 from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
+VNBENCH_KINDS = ("retrieval", "ordering", "counting")
+"""The kinds measured by default (VNBench's); ``--kinds`` adds presence and recent."""
 SEED = 1_000_003 + 7
 """Held-out seed: the trainer uses seed + 0 (training) and seed + 1000003 (its own check)."""
 MAX_NEW_TOKENS = 8
@@ -59,9 +67,10 @@ def _variants(text: str) -> list[str]:
     return sorted(names, key=lambda v: v != "exact")
 
 
-def _jobs(tokens: list[int], samples: int, depths: list[float]) -> list[dict[str, Any]]:
+def _jobs(tokens: list[int], samples: int, depths: list[float],
+          kinds: tuple[str, ...] = VNBENCH_KINDS) -> list[dict[str, Any]]:
     return [{"kind": kind, "tokens": t, "index": i, "depth": depths[i % len(depths)]}
-            for t in tokens for kind in KINDS for i in range(samples)]
+            for t in tokens for kind in kinds for i in range(samples)]
 
 
 def _sample(job: dict[str, Any]):
@@ -69,22 +78,29 @@ def _sample(job: dict[str, Any]):
                        index=job["index"], depth=job["depth"])
 
 
+def _passing(sample, fraction: float | None) -> int | None:
+    """The passing budget of a variant's ``fraction`` of the default (None: the mode's)."""
+    approx_context = sample.patches * 4 + 40
+    return None if fraction is None else round(fraction * default_passing_len(approx_context))
+
+
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
-              variants: list[str]) -> list[dict]:
+              variants: list[str], per_class: bool = False) -> list[dict]:
     from apbv.engine.engine import Engine
     from apbv.engine.request import Request
 
     engine = Engine(cfg, info)
+    if per_class:
+        return fidelity_classes.rank_job(engine, info, jobs, variants, VARIANTS, _sample,
+                                         _passing, MAX_NEW_TOKENS)
     rows = []
     for n, job in enumerate(jobs):
         sample = _sample(job)
         video = sample.video()
-        approx_context = sample.patches * 4 + 40
         reference = None  # exact mode's answer and first-token logits (exact runs first)
         for label in variants:
             mode, fraction = VARIANTS[label]
-            passing = None if fraction is None else round(
-                fraction * default_passing_len(approx_context))
+            passing = _passing(sample, fraction)
             result = engine.generate(Request(video=video, question=sample.question, mode=mode,
                                              max_new_tokens=MAX_NEW_TOKENS,
                                              passing_len=passing))
@@ -171,8 +187,9 @@ def plot(rows: list[dict], variants: list[str], path: Path) -> bool:
 
     stats = summarise(rows)
     tokens = sorted({r["tokens"] for r in rows})
-    fig, axes = plt.subplots(1, len(KINDS) + 1, figsize=(4 * (len(KINDS) + 1), 3.8))
-    for ax, kind in zip(axes, KINDS):
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4 * (len(kinds) + 1), 3.8))
+    for ax, kind in zip(axes, kinds):
         for v in variants:
             ys = [stats[(kind, t, v)]["accuracy"] for t in tokens if (kind, t, v) in stats]
             xs = [stats[(kind, t, v)]["prompt_tokens"] for t in tokens if (kind, t, v) in stats]
@@ -184,7 +201,7 @@ def plot(rows: list[dict], variants: list[str], path: Path) -> bool:
     ax = axes[-1]
     longest = tokens[-1]
     budget = [("spava P=0", 0.0), ("spava P/4", 0.25), ("spava", 1.0), ("exact", 4.0)]
-    for kind in KINDS:
+    for kind in kinds:
         pts = [(x, stats[(kind, longest, v)]["accuracy"]) for v, x in budget
                if (kind, longest, v) in stats]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
@@ -202,10 +219,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     model = args.model or str(needle_tiny())
     cfg = load_config(args.config, [f"model.path={model!r}",
                                     f"parallel.timeout_s={args.timeout}"])
-    jobs = _jobs(args.tokens, args.samples, args.depths)
+    if args.per_class:
+        jobs = fidelity_classes.class_jobs(args.tokens, args.per_class, args.depths, SEED,
+                                           args.kinds)
+    else:
+        jobs = _jobs(args.tokens, args.samples, args.depths, args.kinds)
     print(f"[bench] {len(jobs)} videos x {len(args.variants)} variants on {args.world_size} "
           "ranks", file=sys.stderr, flush=True)
-    return spawn_local(_rank_job, args.world_size, (cfg, jobs, args.variants),
+    return spawn_local(_rank_job, args.world_size,
+                       (cfg, jobs, args.variants, bool(args.per_class)),
                        timeout_s=7200, collective_timeout_s=args.timeout)[0]
 
 
@@ -221,7 +243,7 @@ def write_vnbench(out: str, tokens: list[int], samples: int, depths: list[float]
     (root / "VNBench").mkdir(parents=True, exist_ok=True)
     entries = []
     category = {"retrieval": "ret_insert1", "ordering": "ord_insert1", "counting": "cnt_insert1"}
-    for job in _jobs(tokens, samples, depths):
+    for job in _jobs(tokens, samples, depths):  # VNBench's kinds
         sample = _sample(job)
         name = f"needle_{job['kind']}_{job['tokens']}_{job['index']}.mp4"
         with av.open(str(root / "VNBench" / name), "w") as container:
@@ -260,6 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depths", default="0.1,0.5,0.9",
                         help="depth of the first needle (fraction of the video), in turn")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--kinds", default=None,
+                        help=f"task kinds, comma-separated, of {', '.join(KINDS)} (default: "
+                             f"{', '.join(VNBENCH_KINDS)}; with --per-class: "
+                             f"{', '.join(fidelity_classes.KINDS)})")
+    parser.add_argument("--per-class", type=int, default=0, metavar="N",
+                        help="N held-out videos per answer class, each asked free-form and "
+                             "with choices (0: the per-kind benchmark)")
     parser.add_argument("--timeout", type=float, default=600.0, help="collective timeout (s)")
     parser.add_argument("--write-vnbench", metavar="DIR",
                         help="write the sets in VNBench's format to DIR and exit")
@@ -270,6 +299,14 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variant(s) {sorted(unknown)}; allowed: {', '.join(VARIANTS)}")
     args.variants = variants = _variants(args.variants)
+    allowed = fidelity_classes.KINDS if args.per_class else KINDS
+    default = fidelity_classes.KINDS if args.per_class else VNBENCH_KINDS
+    args.kinds = tuple(args.kinds.split(",")) if args.kinds else default
+    if set(args.kinds) - set(allowed):
+        parser.error(f"unknown kind(s) {sorted(set(args.kinds) - set(allowed))}; allowed: "
+                     f"{', '.join(allowed)}")
+    if args.per_class < 0:
+        parser.error(f"--per-class must be >= 0, got {args.per_class}")
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.depths = [float(x) for x in args.depths.split(",")]
     if args.write_vnbench:
@@ -286,11 +323,12 @@ def main(argv: list[str] | None = None) -> None:
             f.write(json.dumps({**meta, **row}) + "\n")
     command = "python benchmarks/bench_fidelity.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    table = markdown(rows, variants)
+    table = (fidelity_classes.markdown(rows, variants) if args.per_class
+             else markdown(rows, variants))
     stem.with_suffix(".md").write_text(f"`{command.strip()}` ({args.world_size} CPU gloo "
                                        f"ranks)\n\n{table}\n")
     print(table)
-    plotted = plot(rows, variants, stem.with_suffix(".png"))
+    plotted = not args.per_class and plot(rows, variants, stem.with_suffix(".png"))
     print(json.dumps({"benchmark": "bench_fidelity", **meta, "rows": len(rows),
                       "jsonl": str(stem.with_suffix(".jsonl")),
                       "plot": str(stem.with_suffix(".png")) if plotted else None}))

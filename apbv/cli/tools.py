@@ -22,11 +22,14 @@ def register(sub: Any) -> None:
     tiny.set_defaults(run=run)
 
     train = sub.add_parser("train-tiny", help="train the tiny model on synthetic needle "
-                                              "videos (CPU, about 15 minutes)")
+                                              "videos (CPU; --threads 1 on a busy machine)")
     train.add_argument("--out", required=True, help="checkpoint directory to write")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--steps", type=int, default=None, help="training steps (default 5000)")
+    train.add_argument("--steps", type=int, default=None, help="training steps (default 6000)")
     train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--init", metavar="DIR",
+                       help="continue from this trained checkpoint (default steps, rate and "
+                            "curriculum: train_tiny.FINE_TUNE)")
     train.add_argument("--overwrite", action="store_true")
     train.set_defaults(run=run)
 
@@ -60,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
                                 size=args.size))
         return 0
     if args.command == "train-tiny":
-        from apbv.synthetic.train_tiny import TrainConfig, train
+        from apbv.synthetic.train_tiny import FINE_TUNE, TrainConfig, train
 
-        overrides = {"steps": args.steps} if args.steps is not None else {}
+        overrides: dict[str, Any] = dict(FINE_TUNE, init=args.init) if args.init else {}
+        if args.steps is not None:
+            overrides["steps"] = args.steps
         cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
         command = "python -m apbv " + " ".join(a for a in args.argv)
         print(train(cfg, args.out, overwrite=args.overwrite, command=command))

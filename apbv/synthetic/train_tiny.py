@@ -4,20 +4,25 @@
 :mod:`apbv.model.tiny`: 2 decoder layers of width 64, a 2-block vision tower; tied embeddings
 and the byte-level tokenizer of :mod:`apbv.synthetic.byte_tokenizer`, so about 0.2 M parameters)
 and trains it with teacher forcing on the answer tokens of :mod:`apbv.synthetic.needles` questions
-(retrieval, ordering, counting), with a curriculum over video lengths up to
-:attr:`TrainConfig.max_patches` temporal patches (about 8k prompt tokens). Prompts are built
-exactly as the engine builds them (the checkpoint's chat template, context and query tokenized
-apart, apbv's M-RoPE positions), so what the model learns is what the engine asks.
+(retrieval, ordering, counting, and the standing questions presence and most recent flash), with
+a curriculum over video lengths up to :attr:`TrainConfig.max_patches` temporal patches (about
+8k prompt tokens). The loss is averaged per video, so every answer counts once however many
+tokens it spells. ``--init DIR`` continues from a trained checkpoint instead of a random init
+(:data:`FINE_TUNE`: fewer steps, a lower rate; ``training.json`` records the starting weights'
+SHA-256). Prompts are built exactly as the engine builds them (the checkpoint's chat template,
+context and query tokenized apart, apbv's M-RoPE positions), so what the model learns is what
+the engine asks.
 
 The result is a checkpoint directory that loads through the same ``from_pretrained`` path as a
 released one, weights in bfloat16, plus ``training.json``: the command, seed, steps, wall time,
 loss curve and held-out accuracy (greedy answer tokens, single-process exact attention) per
-task kind and length. Training is seeded and deterministic on a given torch build and thread
-count. This is tooling, not part of the request path.
+task kind and length, and per answer. Training is seeded and deterministic on a given torch
+build and thread count. This is tooling, not part of the request path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -46,14 +51,16 @@ SEED_OFFSETS = {"train": 0, "heldout": 1_000_003}
 """Sample seeds are ``seed + offset``: training and held-out sets never share a sample."""
 
 
-KIND_SCHEDULE = ("retrieval", "ordering", "retrieval", "counting")
-"""Task kind of each step, in turn: retrieval (the benchmark's accuracy bar) gets half."""
+KIND_SCHEDULE = ("retrieval", "presence", "recent", "retrieval", "counting",
+                 "retrieval", "presence", "recent", "retrieval", "ordering")
+"""Task kind of each step, in turn: retrieval (the benchmark's accuracy bar) gets 4 in 10,
+presence and recent (a watch's standing questions) 2 each, counting and ordering 1 each."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    steps: int = 5000
+    steps: int = 6000
     lr: float = 3e-3
     warmup: int = 30
     weight_decay: float = 0.0
@@ -61,8 +68,8 @@ class TrainConfig:
     """Shortest training video (temporal patches; 4 prompt tokens each)."""
     max_patches: int = 2048
     """Longest training video: about 8.3k prompt tokens."""
-    curriculum: tuple[tuple[float, int], ...] = ((0.0, 64), (0.5, 256), (0.75, 1024),
-                                                  (0.9, 2048))
+    curriculum: tuple[tuple[float, int], ...] = ((0.0, 64), (0.45, 256), (0.7, 1024),
+                                                  (0.85, 2048))
     """(fraction of the steps, longest video from then on, in patches); lengths are drawn
     log-uniformly between ``min_patches`` and the current longest."""
     eval_tokens: tuple[int, ...] = (2048, 8192)
@@ -73,6 +80,8 @@ class TrainConfig:
     batch_tokens: int = 2048
     """Short videos are batched (same kind and length) up to about this many video tokens."""
     max_batch: int = 8
+    init: str | None = None
+    """Checkpoint directory whose weights training starts from (None: seeded random init)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "min_patches", "max_patches", "threads", "eval_samples"):
@@ -91,6 +100,12 @@ class TrainConfig:
             if step >= fraction * self.steps:
                 current = patches
         return max(self.min_patches, min(current, self.max_patches))
+
+
+FINE_TUNE = {"steps": 2400, "lr": 1e-3,
+             "curriculum": ((0.0, 64), (0.15, 256), (0.4, 1024), (0.65, 2048))}
+"""TrainConfig overrides for continuing from a trained checkpoint (``--init``): fewer steps,
+a lower peak rate, and a third of the steps on videos up to ``max_patches``."""
 
 
 def trained_config():
@@ -113,12 +128,16 @@ def trained_config():
     )
 
 
-def build_model(seed: int):
-    """The untrained model (fp32, small normal init, seeded)."""
+def build_model(seed: int, init: str | None = None):
+    """The model to train (fp32): small normal init, seeded, or ``init``'s weights."""
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(trained_config()).float()
+    if init is not None:  # the same config (strict: the same shapes), the init's weights
+        start = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            init, local_files_only=True, dtype=torch.float32)
+        model.load_state_dict(start.state_dict())
     ids = bt.SPECIAL_IDS
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
@@ -212,7 +231,21 @@ def collate(encs: list[Encoded]) -> Encoded:
 
 def forward(model, enc: Encoded):
     return model(input_ids=enc.input_ids, pixel_values_videos=enc.pixels,
-                 video_grid_thw=enc.grid, position_ids=enc.positions, labels=enc.labels)
+                 video_grid_thw=enc.grid, position_ids=enc.positions)
+
+
+def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the answer tokens, averaged per sample and then over the batch, so
+    every video counts once however many tokens its answer has ("magenta" is 8, "red" 4).
+
+    logits: (B, T, V); labels: (B, T), -100 outside the answer (logits at i predict i + 1).
+    """
+    targets = labels[:, 1:]
+    per_token = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), targets, ignore_index=-100, reduction="none")
+    counted = (targets != -100).sum(dim=1)
+    assert bool((counted > 0).all()), "every sample has answer tokens"
+    return (per_token.sum(dim=1) / counted).mean()
 
 
 @torch.no_grad()
@@ -225,26 +258,32 @@ def answers_greedily(model, enc: Encoded) -> bool:
     return bool((logits[enc.prompt_len - 1:-1].argmax(-1) == targets).all())
 
 
-def heldout_accuracy(model, encoder: Encoder, cfg: TrainConfig,
-                     progress=None) -> dict[str, dict[str, float]]:
-    """{kind: {tokens: accuracy}} of greedy answers on held-out samples (single process,
-    full causal attention)."""
+def heldout_accuracy(model, encoder: Encoder, cfg: TrainConfig, progress=None
+                     ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[int]]]]:
+    """({kind: {tokens: accuracy}}, {kind: {answer: [right, count]}} over every length) of
+    greedy answers on held-out samples (single process, full causal attention)."""
     model.eval()
     result: dict[str, dict[str, float]] = {}
+    by_answer: dict[str, dict[str, list[int]]] = {}
     for kind in KINDS:
         result[kind] = {}
+        by_answer[kind] = {}
         for tokens in cfg.eval_tokens:
             patches = patches_for_tokens(tokens)
             right = 0
             for i in range(cfg.eval_samples):
                 sample = make_sample(kind, patches=patches, index=i,
                                      seed=cfg.seed + SEED_OFFSETS["heldout"])
-                right += answers_greedily(model, encoder(sample))
+                ok = answers_greedily(model, encoder(sample))
+                right += ok
+                cell = by_answer[kind].setdefault(sample.answer, [0, 0])
+                cell[0] += ok
+                cell[1] += 1
             result[kind][str(tokens)] = right / cfg.eval_samples
             if progress:
                 print(f"held-out {kind} @ {tokens} tokens: {result[kind][str(tokens)]:.2f}",
                       file=progress, flush=True)
-    return result
+    return result, by_answer
 
 
 def _lr_at(cfg: TrainConfig, step: int) -> float:
@@ -271,7 +310,13 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
     try:
         write_support_files(tmp)
         processor = AutoProcessor.from_pretrained(tmp, local_files_only=True)
-        model = build_model(cfg.seed)
+        init_sha256 = None
+        if cfg.init is not None:
+            weights = Path(cfg.init) / "model.safetensors"
+            if not weights.is_file():
+                raise ValueError(f"--init {cfg.init!r} holds no model.safetensors")
+            init_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+        model = build_model(cfg.seed, cfg.init)
         set_vision_attention(model, "grouped")
         encoder = Encoder(processor, model.config)
         optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -293,7 +338,8 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                                    seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch)]
             for group in optim.param_groups:
                 group["lr"] = _lr_at(cfg, step)
-            loss = forward(model, collate([encoder(s) for s in samples])).loss
+            batch_enc = collate([encoder(s) for s in samples])
+            loss = answer_loss(forward(model, batch_enc).logits, batch_enc.labels)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -310,14 +356,16 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
         train_s = time.perf_counter() - start
         model.eval()
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
-        accuracy = heldout_accuracy(model, encoder, cfg, progress)
+        accuracy, by_answer = heldout_accuracy(model, encoder, cfg, progress)
         model.to(torch.bfloat16).save_pretrained(tmp)
         write_json(tmp / "training.json", {
             "generator": "apbv.synthetic.train_tiny", "format_version": FORMAT_VERSION,
             "command": command, "config": asdict(cfg), "torch": torch.__version__,
+            "init_weights_sha256": init_sha256,
             "train_seconds": round(train_s, 1), "threads": cfg.threads,
             "parameters": sum(p.numel() for p in model.parameters()),
             "loss_every_25_steps": losses, "heldout_accuracy": accuracy,
+            "heldout_right_of_count_per_answer": by_answer,
             "heldout": {"seed": cfg.seed + SEED_OFFSETS["heldout"],
                         "samples_per_cell": cfg.eval_samples,
                         "decoding": "greedy, single process, full causal attention"},

@@ -42,8 +42,12 @@ def test_samples_are_deterministic_and_well_formed(kind: str) -> None:
     elif kind == "ordering":
         assert len(a.needles) == 2 and a.needles[0][1] != a.needles[1][1]
         assert a.answer == a.needles[0][1]
-    else:
+    elif kind == "counting":
         assert 1 <= len(a.needles) <= MAX_COUNT and a.answer == str(len(a.needles))
+    elif kind == "presence":
+        assert len(a.needles) <= MAX_COUNT and a.answer == ("yes" if a.needles else "no")
+    else:
+        assert 2 <= len(a.needles) <= MAX_COUNT and a.answer == a.needles[-1][1]
 
 
 def test_depth_places_the_first_needle() -> None:
