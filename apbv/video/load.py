@@ -134,7 +134,8 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
         chunk = max(unit, min(chunk, frames_per_chunk))
         chunk -= chunk % unit
     reader.expect(indices)
-    if device is None and reader.per_frame:
+    if device is None and reader.per_frame and not sampling.processor_resize:
+        # frame by frame into one buffer: the pixels of resize_frames' default kernel only
         yield from _resized_one_by_one(reader, indices, (height, width), chunk)
         return
     for start in range(0, len(indices), chunk):
