@@ -9,12 +9,14 @@ predicted otherwise, by the cost model (:func:`apbv.cost.stream.stream_seconds`)
 server's ``--hardware`` preset, as deadline admission prices one-shot requests
 (:class:`StreamPricing`).
 
-How the two combine: the preset may be far from the machine (the tiny model's appends on two
-CPU ranks, ``benchmarks/results/stream_cpu.json``, take about 18x the ``cpu`` preset's
-prediction: the per-append dispatch and the transfer between ranks are not modelled), so each
-prediction is multiplied by the replica's measured / predicted append seconds, summed over its
-streams with a measured append (:func:`combined_load`; 1.0 before any was measured): a new
-stream's load, a stream not yet appended to, a watch not yet evaluated. A measured figure
+How the two combine: the preset may be far from the machine (the tiny model on two CPU ranks
+takes about 18x the ``cpu`` preset's prediction for ``benchmarks/results/stream_cpu.json``'s
+appends, and 4-8x for ``watch_cpu.json``'s appends, 4-9x for its evaluations: the per-operation
+dispatch and the transfer between ranks are not modelled), so each prediction is multiplied by
+the replica's measured / predicted append seconds, summed over its streams with a measured
+append (:func:`combined_load`; 1.0 before any was measured): a new stream's load, a stream not
+yet appended to, a watch not yet evaluated (one scale for appends and asks, which those runs
+find off by alike factors). A measured figure
 replaces its own prediction; a stream the server could not price counts its measured load
 alone (0 before its first append).
 """
