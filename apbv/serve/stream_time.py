@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from apbv.cost.hardware import Hardware
 from apbv.cost.stream import StreamCost, stream_seconds
@@ -62,13 +63,13 @@ class StreamPricing:
 
 
 def server_pricing(model_path: str, world_size: int, hardware: str, chunk_frames: int,
-                   tokenizer: object) -> StreamPricing:
+                   tokenizer: Any) -> StreamPricing:
     """:class:`StreamPricing` of the checkpoint at ``model_path`` on a hardware preset (or
     calibration file) ``hardware``, counting tokens with ``tokenizer`` (a transformers one)."""
     from apbv import cost
 
     def count(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return StreamPricing(cost.checkpoint_dims(model_path), cost.hardware(hardware), world_size,
                          chunk_frames, count)
