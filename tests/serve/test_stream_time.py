@@ -16,7 +16,7 @@ pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
 from apbv import cost  # noqa: E402
-from apbv.engine.request import Request, StreamRef  # noqa: E402
+from apbv.config import load_config  # noqa: E402
 from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError, Limits  # noqa: E402
@@ -25,7 +25,6 @@ from apbv.serve.stream_budget import GIB, KVSizing  # noqa: E402
 from apbv.serve.stream_registry import StreamOptions  # noqa: E402
 from apbv.serve.stream_time import StreamPricing, combined_load  # noqa: E402
 from apbv.serve.streams import Streams  # noqa: E402
-from apbv.serve.watch_rules import Rule  # noqa: E402
 from apbv.serve.watch_state import StreamWatches, Watch  # noqa: E402
 
 DIMS = cost.preset_dims("qwen2.5-vl-3b")
@@ -44,7 +43,7 @@ def _streams() -> tuple[Streams, Replica]:
         return request
 
     server = SimpleNamespace(replicas=[replica], metrics=Metrics(), authorize=lambda _: None,
-                             read_json=read_json,
+                             read_json=read_json, cfg=load_config("tiny_cpu"),
                              opt=SimpleNamespace(limits=Limits(), model_name="m"))
     pricing = StreamPricing(DIMS, cost.hardware("cpu"), 2, 8, lambda text: len(text.split()))
     options = StreamOptions(budget_bytes=GIB, sizing=KVSizing.of_dims(DIMS, 32768, 2, 2, 8),
@@ -94,28 +93,27 @@ def test_measured_appends_scale_the_predictions():
     _refused(lambda: _open(streams, SMALL), "x 3.00, its streams' measured / predicted")
 
 
-def _watch(stream: str, eval_s: float | None = None) -> Watch:
-    request = Request(video=StreamRef(stream), question="Is there a flash in the last second?",
-                      mode="exact", max_new_tokens=1, choices=("yes", "no"))
-    return Watch(f"w-{eval_s}", stream, request, Rule(), None, eval_s=eval_s)
+WATCH = {"question": "Is there a flash in the last second?", "choices": ["yes", "no"]}
+
+
+def _watch(streams: Streams, stream_id: str) -> dict:
+    """A watch created through the route (the stand-in server reads the body as is)."""
+    response = asyncio.run(streams.watches.create(stream_id, WATCH))
+    assert response.status_code == 201
+    return json.loads(response.body)
 
 
 def test_a_watch_is_refused_from_its_prediction_before_anything_was_measured():
     streams, replica = _streams()
-    small = streams.registry.live[_open(streams, SMALL)["id"]]
-    watches = streams.watches
-    watches.of[small.id] = StreamWatches()
-    watch = _watch(small.id)
-    watch.predicted = watches.predict(small, watch)
-    assert watch.predicted is not None and watch.predicted[1] == 16.0  # 8 frames at 0.5 fps
-    watches._check_budget(small, watch)  # about 0.7 s per 16 s of footage: admitted
-    busy = {**SMALL, "fps": 2}  # appends about 0.97 of the replica
-    streams.registry.forget(small)
-    live = streams.registry.live[_open(streams, busy)["id"]]
-    watches.of[live.id] = StreamWatches()
-    watch = _watch(live.id)
-    watch.predicted = watches.predict(live, watch)
-    _refused(lambda: watches._check_budget(live, watch), "cannot sustain this watch",
-             "per 4 s of footage", "the streams' appends 97% (its seconds predicted)")
-    watches.of[live.id] = StreamWatches({"m": _watch(live.id, eval_s=0.02)}, chunk_s=4.0)
-    watches._check_budget(live, watch)  # measured on the stream: 0.02 s per 4 s fits
+    small = _open(streams, SMALL)["id"]
+    created = _watch(streams, small)
+    first = streams.watches.of[small].watches[created["id"]]
+    assert first.predicted is not None and first.predicted[1] == 16.0  # 8 frames at 0.5 fps
+    assert 0.5 < first.predicted[0] < 1.0  # about 0.7 s per 16 s of footage: admitted
+    streams.registry.forget(streams.registry.live[small])
+    busy = _open(streams, {**SMALL, "fps": 2})["id"]  # appends about 0.97 of the replica
+    _refused(lambda: _watch(streams, busy), "cannot sustain this watch", "per 4 s of footage",
+             "the streams' appends 97% (its seconds predicted)")
+    measured = Watch("m", busy, first.request, first.rule, None, eval_s=0.02)
+    streams.watches.of[busy] = StreamWatches({"m": measured}, chunk_s=4.0)
+    _watch(streams, busy)  # measured on the stream: 0.02 s per 4 s fits
