@@ -244,6 +244,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     from apbv.serve.app import Server, ServerOptions
     from apbv.serve.download import MediaStore
     from apbv.serve.group import RankGroup
+    from apbv.serve.stream_time import server_pricing
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -282,7 +283,10 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
         decode_s = cost_decode_prior(path, args.world_size, hardware, limits.max_prompt_tokens)
         options = ServerOptions(
             model_name=args.served_model_name or os.path.basename(path.rstrip("/")),
-            limits=limits, streams=_stream_options(cfg, args, path, use_gpu, limits),
+            limits=limits, streams=dataclasses.replace(
+                _stream_options(cfg, args, path, use_gpu, limits),
+                pricing=server_pricing(path, args.world_size, hardware,
+                                       limits.max_frames_per_push, processor.tokenizer)),
             policy=MediaPolicy(tuple(args.media_root), domains,
                                None if download_dir is None else MediaStore(
                                    download_dir, int(args.download_cache_mb * 2**20)),

@@ -16,9 +16,9 @@ GPU, so such a group runs gloo on its CUDA tensors (:func:`group_backend`).
 
 A new live stream goes to the ready replica whose streams take the least of its time
 (:func:`place_stream`): each stream's appends and its watches' evaluations, in seconds on the
-ranks per second of footage, as measured (:class:`ReplicaLoad`); among those whose stream memory
-budget holds it. Ties (e.g. nothing measured yet) to the fewest bytes reserved, the fewest jobs
-queued, the lowest index.
+ranks per second of footage, as measured or else predicted (:class:`ReplicaLoad`); among
+those whose stream memory budget holds it. Ties (e.g. nothing measured yet) to the fewest
+bytes reserved, the fewest jobs queued, the lowest index.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class ReplicaLoad:
     index: int
     busy: float
     """Seconds its open streams' appends and watch evaluations take on its ranks per second
-    of footage, summed over them (as last measured; 0 for what was not yet measured)."""
+    of footage, summed over them (as last measured; predicted by the cost model, or 0 without
+    one, for what was not yet measured: :mod:`apbv.serve.stream_time`)."""
     held: int
     """KV bytes per rank its open streams reserve."""
     queued: int

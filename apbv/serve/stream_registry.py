@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from apbv.capture import Capture, Source
+from apbv.cost.stream import StreamCost
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve import stream_budget
+from apbv.serve import stream_budget, stream_time
 from apbv.serve.admission import Job
 from apbv.serve.ops import Append, CloseStream, Op, OpenStream
 from apbv.serve.placement import ReplicaLoad, place_stream
@@ -46,6 +47,9 @@ class StreamOptions:
     sizing: stream_budget.KVSizing | None = None
     """The served family's frame size rule and reservations (None: the defaults' 14-pixel
     patches, and no stream may be placed)."""
+    pricing: stream_time.StreamPricing | None = None
+    """The cost model the time budget predicts with (None: only measured figures count, and
+    a new stream is never refused for time)."""
 
     @property
     def family(self) -> stream_budget.KVSizing:
@@ -91,6 +95,8 @@ class LiveStream:
     """Its last append's (seconds queued, seconds on the ranks)."""
     append_load: float = 0.0
     """Its last append's seconds on the ranks per second of footage it held."""
+    predicted: StreamCost | None = None
+    """The cost model's figures for it (:mod:`apbv.serve.stream_time`; None: not priced)."""
     error: str | None = None
     closing: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -181,17 +187,32 @@ class StreamRegistry:
         return await self.admit(live, op, evaluates=evaluates).future
 
     def need(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
-        limits = self.limits
-        if sized:
-            pixels = spec.height * spec.width
-        else:
-            pixels = min(max_pixels or limits.max_pixels_per_frame, limits.max_pixels_per_frame)
         sizing = self.opt.sizing
         assert sizing is not None
-        return sizing.need(sizing.unit_tokens(pixels), spec.fps, spec.window_s,
-                           spec.window_tokens, spec.keep_vision)
+        return sizing.need(sizing.unit_tokens(self.pixels(spec, sized, max_pixels)), spec.fps,
+                           spec.window_s, spec.window_tokens, spec.keep_vision)
 
-    def place(self, need: int) -> Replica:
+    def pixels(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
+        """Pixels per frame a stream is sized by: its frames', or before they are known the
+        most its ``max_pixels`` and --max-pixels-per-frame allow."""
+        most = self.limits.max_pixels_per_frame
+        return spec.height * spec.width if sized else min(max_pixels or most, most)
+
+    def price(self, spec: StreamSpec, sized: bool, max_pixels: int | None, question: str = "",
+              choices: tuple[str, ...] = ()) -> StreamCost | None:
+        """:meth:`~apbv.serve.stream_time.StreamPricing.cost` of a stream (and an ask on it);
+        None without a cost model."""
+        pricing, sizing = self.opt.pricing, self.opt.sizing
+        if pricing is None or sizing is None:
+            return None
+        return pricing.cost(sizing, spec, self.pixels(spec, sized, max_pixels), question,
+                            choices)
+
+    def place(self, need: int, cost: StreamCost | None = None, spec: StreamSpec | None = None,
+              pixels: int = 0) -> Replica:
+        """The replica a new stream reserving ``need`` bytes per rank goes to; ClientError 429
+        when it is full, or the stream's predicted ``cost`` (of ``spec``, ``pixels`` per frame)
+        would take it past its whole time (:func:`apbv.serve.stream_time.check_stream`)."""
         if len(self.live) >= self.opt.max_streams:
             raise ClientError(429, f"{len(self.live)} streams are open, the limit is "
                                    f"{self.opt.max_streams} (--max-streams): close one first")
@@ -204,13 +225,25 @@ class StreamRegistry:
             replica = min(usable, key=lambda r: (self.held(r), r.index))
             stream_budget.check_fits(need, self.held(replica), self.opt.budget_bytes,
                                      sum(s.replica is replica for s in self.live.values()))
-        return next(r for r in usable if r.index == index)
+        best = next(r for r in usable if r.index == index)
+        if cost is not None and spec is not None:
+            stream_time.check_stream(best.index, self.time_share(best), cost,
+                                     self.appends(best)[1], spec, pixels)
+        return best
+
+    def appends(self, replica: Replica) -> tuple[float, float]:
+        """(seconds ``replica``'s open streams' appends take on its ranks per second of
+        footage, the scale on its predictions): :func:`apbv.serve.stream_time.combined_load`."""
+        return stream_time.combined_load(
+            (None if s.append_s is None and s.predicted else s.append_load,
+             None if s.predicted is None else s.predicted.append_load)
+            for s in self.live.values() if s.replica is replica)
 
     def time_share(self, replica: Replica) -> float:
         """Seconds ``replica``'s open streams' appends and watches take on its ranks per second
-        of footage (as last measured)."""
-        appends = sum(s.append_load for s in self.live.values() if s.replica is replica)
-        return appends + (0.0 if self.watch_load is None else self.watch_load(replica))
+        of footage (:meth:`appends` and the watches' :attr:`watch_load`)."""
+        watches = 0.0 if self.watch_load is None else self.watch_load(replica)
+        return self.appends(replica)[0] + watches
 
     def size_of(self, pixels: tuple[int | None, int | None],
                 native: tuple[int, int]) -> tuple[int, int]:
@@ -236,6 +269,7 @@ class StreamRegistry:
                                      self.opt.budget_bytes,
                                      sum(s.replica is replica for s in self.live.values()))
         live.spec, live.sized, live.reserved = spec, True, need
+        live.predicted = self.price(spec, True, None)
 
     async def append(self, live: LiveStream, frames: torch.Tensor, stamps: list[float]) -> dict:
         arrived = time.monotonic()

@@ -107,9 +107,11 @@ class Streams:
         path, source = (None, None) if body.get("source") is None else \
             await self._probe(check_url(body["source"], "source"))
         need = self.registry.need(spec, sized, pixels[1])
-        replica = self.registry.place(need)
+        cost = self.registry.price(spec, sized, pixels[1])
+        replica = self.registry.place(need, cost, spec, self.registry.pixels(spec, sized,
+                                                                             pixels[1]))
         live = LiveStream("stream-" + uuid.uuid4().hex[:16], replica, replica.generation, spec,
-                          sized, pixels, need, native=native)
+                          sized, pixels, need, native=native, predicted=cost)
         self.registry.live[live.id] = live
         try:
             if sized:

@@ -40,6 +40,10 @@ class Watch:
     """Its last evaluation's probabilities."""
     eval_s: float | None = None
     """Seconds of its last evaluation (queue wait excluded)."""
+    predicted: tuple[float, float] | None = None
+    """(Seconds of one evaluation as the cost model predicts it, scaled as
+    :mod:`apbv.serve.stream_time` says; footage seconds between evaluations before its stream
+    measured a chunk); None: not priced."""
 
     def due(self, footage_ts: float) -> bool:
         """Whether the state whose last frame is at ``footage_ts`` is to be evaluated (never
@@ -92,6 +96,12 @@ def lag_s(sw: StreamWatches) -> float:
 
 def share(watch: Watch, sw: StreamWatches) -> float:
     """The share of its replica's time ``watch`` takes: its last evaluation's seconds per
-    footage seconds between its evaluations (0 before it was measured)."""
+    footage seconds between its evaluations; before it was measured, its predicted seconds
+    (:attr:`Watch.predicted`; 0 without one)."""
     period = watch.every_s or sw.chunk_s
-    return 0.0 if watch.eval_s is None or not period else watch.eval_s / period
+    if watch.eval_s is not None and period:
+        return watch.eval_s / period
+    if watch.predicted is None:
+        return 0.0
+    seconds, chunk_s = watch.predicted
+    return seconds / (period or chunk_s)

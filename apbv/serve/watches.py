@@ -6,9 +6,11 @@ A watch's body is checked by :mod:`apbv.serve.watch_body`, what is held of it is
 :mod:`apbv.serve.watch_state`, its evaluation as footage arrives (coalesced, its events
 published) is :mod:`apbv.serve.watch_eval`.
 
-A new watch is refused (429) when the replica's watches would need more than its whole time:
-each watch costs its measured evaluation seconds per its stream's footage seconds between
-evaluations (:meth:`Watches.load`); the figures are in the message.
+A new watch is refused (429) when the replica's streams would need more than its whole time:
+each watch costs its evaluation seconds per its stream's footage seconds between evaluations
+(:meth:`Watches.load`), measured once evaluated, predicted by the cost model before
+(:mod:`apbv.serve.stream_time`), on top of the streams' appends; the figures are in the
+message.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Watches:
         if len(sw.watches) >= MAX_WATCHES:
             raise ClientError(429, f"stream {live.id!r} holds {len(sw.watches)} watches, the "
                                    f"limit is {MAX_WATCHES}: delete one first")
+        watch.predicted = self.predict(live, watch)
         self._check_budget(live, watch)
         if watch.webhook is not None:
             watch.sender = asyncio.ensure_future(watch.webhook.run())
@@ -128,20 +131,39 @@ class Watches:
             total += sum(share(w, sw) for w in sw.watches.values())
         return total
 
+    def predict(self, live: LiveStream, watch: Watch) -> tuple[float, float] | None:
+        """:attr:`Watch.predicted` of ``watch`` on ``live``: the cost model's seconds of its
+        ask x the replica's scale, and the footage seconds of an append as priced; None
+        without a cost model."""
+        ask, pricing = watch.request, self.registry.opt.pricing
+        cost = self.registry.price(live.spec, live.sized, live.pixels[1], ask.question,
+                                   ask.choices or ())
+        if cost is None or pricing is None:
+            return None
+        return (cost.ask_s * self.registry.appends(live.replica)[1],
+                pricing.chunk_frames / live.spec.fps)
+
     def _check_budget(self, live: LiveStream, watch: Watch) -> None:
         sw = self.of[live.id]
         measured = [w.eval_s for w in sw.watches.values() if w.eval_s is not None]
         period = watch.every_s or sw.chunk_s
-        if not measured or not period:
-            return  # nothing measured yet on this stream: admitted
-        need = max(measured) / period
-        held = self.load(live)
-        if held + need > 1.0:
+        if measured and period:
+            seconds, how = max(measured), "measured on this stream"
+        elif watch.predicted is not None:  # nothing measured yet: the cost model's
+            seconds, how = watch.predicted[0], "predicted"
+            period = period or watch.predicted[1]
+        else:
+            return  # neither measured nor priced: admitted
+        need, held = seconds / period, self.load(live)
+        appends = self.registry.appends(live.replica)[0]
+        if held + appends + need > 1.0:
             raise ClientError(429, f"replica {live.replica.index} cannot sustain this watch: "
-                                   f"it needs about {max(measured):.3f} s of evaluation per "
+                                   f"it needs about {seconds:.3f} s of evaluation per "
                                    f"{period:g} s of footage ({need:.0%} of the replica), and "
-                                   f"the watches there already take {held:.0%}; ask less often "
-                                   "(every_s) or on fewer streams")
+                                   f"the watches there already take {held:.0%}, the streams' "
+                                   f"appends {appends:.0%} (its seconds {how}); ask less often "
+                                   "(every_s) or on fewer streams, or lower the streams' fps, "
+                                   "frame size or window")
 
     def stats(self, live: LiveStream) -> dict[str, Any]:
         """What a stream's GET shows of its watches: how far evaluation lags behind the

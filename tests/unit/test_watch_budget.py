@@ -22,7 +22,8 @@ from apbv.serve.watches import Watches  # noqa: E402
 
 
 def _watches(live: dict) -> Watches:
-    registry = SimpleNamespace(live=live, on_append=None, on_forget=None)
+    registry = SimpleNamespace(live=live, on_append=None, on_forget=None,
+                               appends=lambda replica: (0.0, 1.0))
     server = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()),
                              opt=SimpleNamespace(model_name="m"))
     return Watches(SimpleNamespace(server=server, registry=registry))

@@ -1,0 +1,108 @@
+"""The time budget of a replica's live streams: a new stream or a new watch is refused (429,
+with the figures) when the replica's streams would need more than its whole time.
+
+A replica's load is seconds on its ranks per second of footage, summed over its open streams'
+appends and their watches' evaluations
+(:meth:`apbv.serve.stream_registry.StreamRegistry.time_share`).
+Each figure is measured where it exists (a stream's last append, a watch's last evaluation) and
+predicted otherwise, by the cost model (:func:`apbv.cost.stream.stream_seconds`) on the
+server's ``--hardware`` preset, as deadline admission prices one-shot requests
+(:class:`StreamPricing`).
+
+How the two combine: the preset may be far from the machine (the tiny model on two CPU ranks
+takes about 18x the ``cpu`` preset's prediction for ``benchmarks/results/stream_cpu.json``'s
+appends, and 4-8x for ``watch_cpu.json``'s appends, 4-9x for its evaluations: the per-operation
+dispatch and the transfer between ranks are not modelled), so each prediction is multiplied by
+the replica's measured / predicted append seconds, summed over its streams with a measured
+append (:func:`combined_load`; 1.0 before any was measured): a new stream's load, a stream not
+yet appended to, a watch not yet evaluated (one scale for appends and asks, which those runs
+find off by alike factors). A measured figure
+replaces its own prediction; a stream the server could not price counts its measured load
+alone (0 before its first append).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apbv.cost.hardware import Hardware
+from apbv.cost.stream import StreamCost, stream_seconds
+from apbv.cost.work import ModelDims
+from apbv.engine.stream_plan import StreamSpec
+from apbv.serve.policy import ClientError
+from apbv.serve.stream_budget import KVSizing
+
+
+@dataclass(frozen=True)
+class StreamPricing:
+    """What the server prices its streams with: the checkpoint's sizes, the hardware preset,
+    the ranks of one replica, frames per append (before one was measured: the largest push,
+    ``--max-frames-per-push``, as a capture's feeder takes them) and the tokenizer's count of a
+    text's tokens."""
+
+    dims: ModelDims
+    hw: Hardware
+    world_size: int
+    chunk_frames: int
+    count_tokens: Callable[[str], int]
+
+    def cost(self, sizing: KVSizing, spec: StreamSpec, pixels: int, question: str = "",
+             choices: Sequence[str] = ()) -> StreamCost:
+        """A stream of ``spec`` whose frames have ``pixels`` pixels, its window as the memory
+        budget counts it (:meth:`KVSizing.tokens_per_rank`: without one, the engine's ceiling),
+        and an ask of ``question`` with ``choices`` on it."""
+        tokens = sizing.unit_tokens(pixels)
+        held = sizing.tokens_per_rank(tokens, spec.fps, spec.window_s, spec.window_tokens)
+        return stream_seconds(
+            self.dims, self.hw, frame_tokens=tokens, fps=spec.fps, held_tokens=held,
+            world_size=self.world_size, chunk_frames=self.chunk_frames,
+            question_tokens=self.count_tokens(question) if question else 0,
+            choice_tokens=tuple(self.count_tokens(c) for c in choices))
+
+
+def server_pricing(model_path: str, world_size: int, hardware: str, chunk_frames: int,
+                   tokenizer: Any) -> StreamPricing:
+    """:class:`StreamPricing` of the checkpoint at ``model_path`` on a hardware preset (or
+    calibration file) ``hardware``, counting tokens with ``tokenizer`` (a transformers one)."""
+    from apbv import cost
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return StreamPricing(cost.checkpoint_dims(model_path), cost.hardware(hardware), world_size,
+                         chunk_frames, count)
+
+
+def combined_load(streams: Iterable[tuple[float | None, float | None]]) -> tuple[float, float]:
+    """(seconds per second of footage, the scale on predictions) of streams' appends, each
+    given as (its measured load or None, its predicted load or None): the measured figure where
+    there is one, else the prediction x the scale, the ratio of measured to predicted loads
+    summed over the streams that have both (1.0 where none has)."""
+    figures = list(streams)
+    both = [(m, p) for m, p in figures if m is not None and p]
+    scale = sum(m for m, _ in both) / sum(p for _, p in both) if both else 1.0
+    load = sum(m if m is not None else scale * (p or 0.0) for m, p in figures)
+    return load, scale
+
+
+def check_stream(replica: int, held: float, need: StreamCost, scale: float, spec: StreamSpec,
+                 pixels: int) -> None:
+    """ClientError 429 when a new stream whose appends take ``need``'s load x ``scale`` would
+    bring replica ``replica``, whose streams take ``held`` of its time, past all of it."""
+    load = need.append_load * scale
+    if held + load <= 1.0:
+        return
+    scaled = "" if scale == 1.0 else f" (the cost model's {need.append_load:.3f} x {scale:.2f}, " \
+                                     "its streams' measured / predicted appends)"
+    window = "none" if not spec.windowed else \
+        ", ".join(f"{k} {v:g}" for k, v in (("window_s", spec.window_s),
+                                            ("window_tokens", spec.window_tokens)) if v)
+    raise ClientError(429, f"replica {replica} cannot sustain this stream: its appends need "
+                           f"about {load:.3f} s per second of footage{scaled} ({load:.0%} of "
+                           f"the replica) at {spec.fps:g} fps, {pixels} pixels per frame and "
+                           f"window {window}, and the streams there already take {held:.0%} "
+                           "(appends and watches, measured where they were, predicted "
+                           "otherwise); lower fps, the frame size (max_pixels, width/height) "
+                           "or the window (window_s, window_tokens), or close a stream")
