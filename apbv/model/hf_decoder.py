@@ -2,13 +2,22 @@
 its configs, end-of-answer tokens, device and dtype, context length, RoPE frequencies, token
 embedding and LM head (:class:`HFVisionLM`, a base of each adapter). The model object is
 ``model.model.language_model`` (the decoder) plus ``model.lm_head``, as transformers 5 lays out
-every family apbv runs."""
+every family apbv runs; :func:`load_stock` loads one the way every adapter does."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+from apbv.model.checkpoint import read_config, validate_checkpoint
+
+if TYPE_CHECKING:
+    from apbv.config import VisionConfig
+
+A = TypeVar("A", bound="HFVisionLM")
 
 
 class HFVisionLM:
@@ -66,3 +75,42 @@ class HFVisionLM:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
+
+
+def load_stock(adapter: type[A], model_class: Any, path: str | Path, *, model_type: str,
+               family: str, device: torch.device, dtype: torch.dtype,
+               vision: VisionConfig | None, text_types: tuple[str, ...] | None = None,
+               config: Callable[[Path], Any] | None = None) -> A:
+    """``adapter(model=..., processor=...)`` over ``model_class.from_pretrained`` of the
+    checkpoint directory ``path`` (no downloads; ``config`` reads the config object to load it
+    with from the checked directory, None: its own) and the stock processor beside it, the
+    vision tower set up by ``vision`` (None: the defaults). Checked first, before any weight
+    is read: the directory (:func:`apbv.model.checkpoint.validate_checkpoint`, ``model_type``
+    of ``family``) and, given ``text_types``, the decoder's ``text_config.model_type``:
+    ValueError naming it."""
+    from transformers import AutoProcessor
+    from transformers.utils import logging as hf_logging
+
+    from apbv.config import VisionConfig
+    from apbv.model.hf_compat import check_version, dtype_kwargs
+    from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+
+    path = validate_checkpoint(path, {model_type: family})
+    if text_types is not None:
+        text_type = (read_config(path).get("text_config") or {}).get("model_type")
+        if text_type not in text_types:
+            raise ValueError(f"{str(path)!r} has a {text_type!r} decoder; {family} runs "
+                             f"{', '.join(text_types)}")
+    check_version()
+    register_attention()
+    hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
+    extra = {} if config is None else {"config": config(path)}
+    model = model_class.from_pretrained(
+        path, local_files_only=True,
+        attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
+        **extra, **dtype_kwargs(dtype))
+    model.to(device).eval()
+    loaded = adapter(model=model, processor=AutoProcessor.from_pretrained(
+        path, local_files_only=True))
+    loaded.set_vision(vision or VisionConfig())
+    return loaded

@@ -30,13 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoProcessor, InternVLForConditionalGeneration
-from transformers.utils import logging as hf_logging
+from transformers import InternVLForConditionalGeneration
 
-from apbv.model.checkpoint import validate_checkpoint
-from apbv.model.hf_compat import check_version, dtype_kwargs, tower_output
-from apbv.model.hf_decoder import HFVisionLM
-from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.hf_compat import tower_output
+from apbv.model.hf_decoder import HFVisionLM, load_stock
 from apbv.model.internvl_prompt import FAMILY, InternVLRules, InternVLStreamPrompt
 from apbv.model.stream_prompt import sequential_positions
 from apbv.plan import Range
@@ -226,23 +223,6 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     """Load an InternVL3 checkpoint directory (no downloads). Checked first: a wrong or
     incomplete directory, or a decoder other than :data:`TEXT_MODEL_TYPES`, is a ValueError
     before any weight is read."""
-    from apbv.config import VisionConfig
-    from apbv.model.checkpoint import read_config
-
-    path = validate_checkpoint(path, {MODEL_TYPE: FAMILY})
-    text_type = (read_config(path).get("text_config") or {}).get("model_type")
-    if text_type not in TEXT_MODEL_TYPES:
-        raise ValueError(f"{str(path)!r} has a {text_type!r} decoder; {FAMILY} runs "
-                         f"{', '.join(TEXT_MODEL_TYPES)}")
-    check_version()
-    register_attention()
-    hf_logging.disable_progress_bar()
-    model = InternVLForConditionalGeneration.from_pretrained(
-        path, local_files_only=True,
-        attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
-        **dtype_kwargs(dtype))
-    model.to(device).eval()
-    adapter = InternVL(model=model, processor=AutoProcessor.from_pretrained(
-        path, local_files_only=True))
-    adapter.set_vision(vision or VisionConfig())
-    return adapter
+    return load_stock(InternVL, InternVLForConditionalGeneration, path, model_type=MODEL_TYPE,
+                      family=FAMILY, device=device, dtype=dtype, vision=vision,
+                      text_types=TEXT_MODEL_TYPES)

@@ -18,20 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
-from transformers.utils import logging as hf_logging
+from transformers import Qwen2_5_VLForConditionalGeneration
 
-from apbv.model.checkpoint import validate_checkpoint
 from apbv.model.front import QwenRules
 from apbv.model.hf_compat import (
-    check_version,
-    dtype_kwargs,
     load_config,
     tower_output,
     video_processor_kwargs,
 )
-from apbv.model.hf_decoder import HFVisionLM
-from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+from apbv.model.hf_decoder import HFVisionLM, load_stock
 from apbv.model.stream_prompt import QwenStreamPrompt
 from apbv.model.tower import (
     CPU_CHUNK_ROWS,
@@ -309,23 +304,6 @@ def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,
     The directory is checked first (:func:`apbv.model.checkpoint.validate_checkpoint`): a
     wrong or incomplete checkpoint is a ValueError before any weight is read.
     """
-    if vision is None:
-        from apbv.config import VisionConfig
-
-        vision = VisionConfig()
-    path = validate_checkpoint(path, {MODEL_TYPE: FAMILY})
-    check_version()
-    register_attention()
-    hf_logging.disable_progress_bar()  # one bar per rank is noise in a multi-rank log
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        path,
-        config=load_config(path),
-        local_files_only=True,
-        attn_implementation={"text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"},
-        **dtype_kwargs(dtype),
-    )
-    model.to(device).eval()
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    qwen = QwenVL(model=model, processor=processor)
-    qwen.set_vision(vision)
-    return qwen
+    return load_stock(QwenVL, Qwen2_5_VLForConditionalGeneration, path, model_type=MODEL_TYPE,
+                      family=FAMILY, device=device, dtype=dtype, vision=vision,
+                      config=load_config)

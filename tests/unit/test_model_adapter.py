@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from apbv.config import VisionConfig
 from apbv.model import hf_compat, hook, patch_embed, qwen2_5_vl, tower
@@ -62,7 +63,7 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the checkpoint was loaded before it was checked")
 
     monkeypatch.setattr(qwen2_5_vl.Qwen2_5_VLForConditionalGeneration, "from_pretrained", refuse)
-    monkeypatch.setattr(qwen2_5_vl.AutoProcessor, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", refuse)
 
 
 def _refused(path: Path, *patterns: str) -> str:
