@@ -11,7 +11,7 @@ Starts ``python -m apbv serve`` (the trained tiny model, 2 CPU rank actors). Per
 - **watch**: K pushed streams (56x56 frames at 2 fps, pushed in real time one temporal patch,
   2 frames, per second, each camera at its own phase of the second), each with one standing
   question ("What colour is the flash?", the 8 colours, rule ``change``); one flash of a
-  random colour (not cyan: the tiny model's answer before any flash) at a random second in
+  random colour (not cyan: the previous tiny model's answer before any flash) at a random second in
   the middle; events read from ``GET /v1/events``.
 - **baseline**: the same cameras without watches; per camera a client asks the same question
   with ``choices`` every 2 s as a one-shot prefill of the last 30 s (``"fresh": true`` over a

@@ -1,6 +1,7 @@
 """``apbv watch --watch QUESTION --choices ...``: the standing question's loop without a server,
-on the trained tiny model over a needle video fed 4 frames (2 s) at a time: the baseline, then
-one event in the batch that holds the flash, none after; bad flags refused."""
+on the trained tiny model asked "Is there a flash?" (yes / no) over needle footage fed 4 frames
+(2 s) at a time: the baseline, then one event in the batch that holds the first flash, none
+after, none on flash-free footage; bad flags refused."""
 
 from __future__ import annotations
 
@@ -32,35 +33,55 @@ class _Batches:
         pass
 
 
+def _presence_sample(answer: str):
+    """The first presence sample (seed 5) of 24 temporal patches (12 s), its first flash
+    halfway, answering ``answer``."""
+    from apbv.synthetic.needles import answer_of, make_sample
+
+    index = next(i for i in range(100)
+                 if answer_of("presence", patches=24, seed=5, index=i, depth=0.5) == answer)
+    return make_sample("presence", patches=24, seed=5, index=index, depth=0.5)
+
+
 def test_watch_prints_one_event_in_the_batch_of_the_flash() -> None:
+    """The presence question ("Is there a flash?", yes / no): "no" until the batch that holds
+    the first flash, one "yes" event then, none after; on the same length of flash-free
+    footage only the baseline."""
     from apbv.capture.sources import Frame
     from apbv.cli.watch_loop import WatchOptions, run_watch
     from apbv.cli.watch_standing import StandingQuestion
     from apbv.config import load_config
     from apbv.distributed import init_distributed
     from apbv.engine.engine import Engine
-    from apbv.synthetic.needle_video import needle_sample_of
-    from apbv.synthetic.needles import COLOURS, FPS, QUESTIONS
+    from apbv.synthetic.needles import FPS, PRESENCE_ANSWERS, QUESTIONS
 
-    sample = needle_sample_of("red", 12.0, seed=5)
-    frames = [Frame(image, i / FPS) for i, image in enumerate(sample.frames)]
-    flash_s = sample.needles[0][0] * 2 / FPS  # its first frame
     cfg = load_config("tiny_cpu", [f"model.path={str(NEEDLE_TINY)!r}"])
     engine = Engine(cfg, init_distributed(backend="gloo"))
-    standing = StandingQuestion(QUESTIONS["retrieval"], tuple(COLOURS))
-    out = io.StringIO()
-    options = WatchOptions(source="fake", as_json=True, standing=standing)
-    assert run_watch(engine, engine.info, options, out=out,
-                     make_capture=lambda: _Batches(frames)) == 0
-    events = [json.loads(line) for line in out.getvalue().splitlines()]
+
+    def watch(sample) -> tuple[list[dict], StandingQuestion]:
+        frames = [Frame(image, i / FPS) for i, image in enumerate(sample.frames)]
+        standing = StandingQuestion(QUESTIONS["presence"], PRESENCE_ANSWERS)
+        out = io.StringIO()
+        options = WatchOptions(source="fake", as_json=True, standing=standing)
+        assert run_watch(engine, engine.info, options, out=out,
+                         make_capture=lambda: _Batches(frames)) == 0
+        assert standing.evaluations == len(frames) // 4  # one per batch
+        return [json.loads(line) for line in out.getvalue().splitlines()], standing
+
+    flashed = _presence_sample("yes")
+    events, _ = watch(flashed)
     kinds = [e["event"] for e in events]
-    assert kinds[0] == "baseline" and kinds.count("watch") == 1 and kinds[-1] == "end", kinds
+    assert kinds[0] == "baseline" and kinds.count("watch") == 1 and kinds[-1] == "end", events
+    assert events[0]["answer"] == "no", events[0]
     event = next(e for e in events if e["event"] == "watch")
-    assert event["answer"] == "red" and event["previous"] != "red", event
+    assert event["answer"] == "yes" and event["previous"] == "no", event
+    flash_s = min(slot for slot, _ in flashed.needles) * 2 / FPS  # the first flash's frame
     # the first batch (4 frames, 2 s) that holds the flash: its last frame's timestamp
     assert flash_s <= event["footage_ts"] < flash_s + 2.0, (flash_s, event)
-    assert event["probs"]["red"] > 0.5 and event["ttft_s"] > 0
-    assert standing.evaluations == len(frames) // 4  # one per batch
+    assert event["probs"]["yes"] > 0.5 and event["ttft_s"] > 0
+    events, _ = watch(_presence_sample("no"))
+    assert [e["event"] for e in events] == ["baseline", "end"], events
+    assert events[0]["answer"] == "no", events[0]
 
 
 @pytest.mark.parametrize("args, text", [

@@ -1,6 +1,7 @@
 """Standing questions on live streams against the real server (one start, 2 CPU ranks, the
-trained tiny model, pushed 56x56 frames): an event within one chunk of a flash (server-sent
-events and the webhook), none on flash-free frames, the minimum hold of a threshold rule,
+trained tiny model, pushed 56x56 frames): asked "Is there a flash?" (yes / no), an event within
+one chunk of a flash (server-sent events and the webhook), none on flash-free frames, the
+minimum hold of a threshold rule, the colour question's answer on the flash's chunk,
 coalescing under load, a watch on a closed stream, bad watches refused (a webhook to a
 disallowed host among them)."""
 
@@ -22,13 +23,15 @@ import torch
 pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 
-from apbv.synthetic.needles import COLOURS, FRAME_SIZE, QUESTIONS  # noqa: E402
+from apbv.synthetic.needles import COLOURS, FRAME_SIZE, PRESENCE_ANSWERS, QUESTIONS  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
 KEY = "watch-key"
 QUESTION = QUESTIONS["retrieval"]  # "What colour is the flash?"
 CHOICES = list(COLOURS)
+PRESENCE = QUESTIONS["presence"]  # "Is there a flash?"
+PRESENCE_CHOICES = list(PRESENCE_ANSWERS)  # yes, no
 OPEN = {"fps": 2.0, "width": FRAME_SIZE, "height": FRAME_SIZE, "min_pixels": 3136,
         "max_pixels": 3136}
 WAIT_S = 60.0
@@ -103,8 +106,9 @@ def _push(url: str, frames: list[str]) -> float:
     return _call("GET", url).json()["last_timestamp"]
 
 
-def _watch(url: str, **body) -> dict:
-    made = _call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+def _watch(url: str, question: str = PRESENCE, choices: list[str] = PRESENCE_CHOICES,
+           **body) -> dict:
+    made = _call("POST", url + "/watches", json={"question": question, "choices": choices,
                                                  **body})
     assert made.status_code == 201, made.text
     return made.json()
@@ -155,20 +159,21 @@ def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
     for url in (flashed, plain):
         _push(url, _chunk(1))
     change = _watch(flashed, webhook=hook_url)
-    held = _watch(flashed, rule="threshold", choice="red", threshold=0.6, hysteresis=0.2,
+    held = _watch(flashed, rule="threshold", choice="yes", threshold=0.6, hysteresis=0.2,
                   hold=2)
+    colour = _watch(flashed, QUESTION, CHOICES)  # its answer on noise wanders: no event claim
     quiet = _watch(plain)
-    events = _Events(f"{base}/v1/events?stream={sid}", 2)
+    events = _Events(f"{base}/v1/events?stream={sid}&watch={change['id']}", 1)
     stream_events = _Events(f"{flashed}/events?watch={held['id']}", 1)
     for seed in (2, 3):
         _settled(plain, _push(plain, _chunk(seed)))
         _settled(flashed, _push(flashed, _chunk(seed)))
-    assert events.events == []  # noise only: no event yet
+    assert events.events == [] and stream_events.events == []  # noise only: no event yet
     flash_ts = _push(flashed, _chunk(4, flash="red"))
     first = events.wait(1)[0]
     assert first["watch"] == change["id"] and first["stream"] == sid
-    assert first["answer"] == "red" and first["previous"] not in (None, "red")
-    assert first["footage_ts"] == flash_ts and first["probs"]["red"] > 0.5
+    assert (first["answer"], first["previous"]) == ("yes", "no")
+    assert first["footage_ts"] == flash_ts and first["probs"]["yes"] > 0.5
     assert 0 < first["capture_to_event_s"] < WAIT_S and first["ttft_s"] > 0
     stages = first["stages"]  # where the latency went: the flash's append, the evaluation
     assert stages["append_s"] > 0 and stages["eval_s"] > 0 and stages["eval_wait_s"] >= 0
@@ -176,11 +181,14 @@ def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
     # the threshold rule holds 2 evaluations: no event on the flash's chunk, one on the next
     watches = _settled(flashed, flash_ts)
     assert watches[held["id"]]["events"] == 0 and watches[held["id"]]["answer"] == "below"
+    probs = watches[colour["id"]]["probs"]  # the colour question on the flash's chunk
+    assert max(probs, key=probs.get) == "red" and probs["red"] > 0.5, probs
     next_ts = _push(flashed, _chunk(5))
-    second = events.wait(2)[1]
+    second = stream_events.wait(1)[0]
     assert (second["watch"], second["previous"], second["answer"], second["footage_ts"]) == \
         (held["id"], "below", "above", next_ts)
-    assert stream_events.wait(1)[0]["watch"] == held["id"]
+    watches = _settled(flashed, next_ts)
+    assert watches[change["id"]]["events"] == 1 and watches[change["id"]]["answer"] == "yes"
     _settled(plain, _push(plain, _chunk(5)))
     quiet_now = _call("GET", plain + "/watches").json()["data"][0]
     assert quiet_now["id"] == quiet["id"] and quiet_now["events"] == 0 and \
@@ -189,7 +197,7 @@ def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
     while not _Hooks.received and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [h["watch"] for h in _Hooks.received] == [change["id"]]
-    assert _Hooks.received[0]["answer"] == "red"
+    assert _Hooks.received[0]["answer"] == "yes"
     metrics = httpx.get(base + "/metrics").text
     assert 'apbv:events_total{model_name=' in metrics
     assert "apbv:capture_to_event_seconds_count" in metrics
