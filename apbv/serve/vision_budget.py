@@ -60,7 +60,7 @@ def largest_request_bytes(cfg: RuntimeConfig, limits: Limits, world_size: int,
     from apbv.modes import get_mode
 
     dims = cost.checkpoint_dims(cfg.model.path)
-    side = 14 * dims.spatial_merge_size
+    side = dims.patch_size * dims.spatial_merge_size  # a merged token's pixels (28, 32)
     cells = max(1, int(limits.max_pixels_per_frame // side**2))
     gh = max(1, int(math.isqrt(cells))) * dims.spatial_merge_size
     gw = max(1, cells // (gh // dims.spatial_merge_size)) * dims.spatial_merge_size
