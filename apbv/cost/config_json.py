@@ -1,5 +1,6 @@
-"""Reading a checkpoint's ``config.json`` dict for the cost model: a nested section, a
-required field, each missing one a ValueError naming it."""
+"""Reading a checkpoint for the cost model: a nested section and a required field of its
+``config.json`` dict, each missing one a ValueError naming it; the chat template's text before
+the video."""
 
 from __future__ import annotations
 
@@ -23,3 +24,15 @@ def required(part: Mapping[str, Any], where: str, *names: str) -> Any:
         if name in part:
             return part[name]
     raise ValueError(f"config.json has no {' or '.join(names)} in {where}")
+
+
+def template_before_video(processor: Any, video_token: str) -> str:
+    """The text a processor's chat template renders before ``video_token`` for one user turn (a
+    video, then a question); ValueError when the template does not place the token once."""
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": "What happens?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    if text.count(video_token) != 1:
+        raise ValueError(f"the chat template must place one {video_token}; it "
+                         f"rendered {text!r}")
+    return text[:text.index(video_token)]

