@@ -271,13 +271,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolutions", default="448x448", help="comma-separated WxH")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=600.0, help="collective timeout (s)")
-    parser.add_argument("--out", default="benchmarks/results/ttft_cpu",
-                        help="output stem: writes STEM.jsonl, STEM.md and STEM.png")
+    parser.add_argument("--out", help="output stem: writes STEM.jsonl, STEM.md and STEM.png "
+                        "(default benchmarks/results/ttft_cpu; with --footage STEM.md only, "
+                        "default benchmarks/results/ttft_camera_latest)")
     add_footage_args(parser)
     args = parser.parse_args(argv)
     if args.footage:  # camera footage, the earlier reader against the new one
         print(run_footage(args))
         return
+    args.out = args.out or "benchmarks/results/ttft_cpu"
     for name in ("modes", "old_modes", "pipelined_modes"):  # comma-separated -> a list
         setattr(args, name, [mode for mode in getattr(args, name).split(",") if mode])
     unknown = set(args.modes + args.old_modes + args.pipelined_modes) - set(MODE_NAMES)

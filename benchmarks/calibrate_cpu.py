@@ -22,9 +22,9 @@ share the cores and the memory bus as in a benchmark, with the runtime's own cod
   ``conv_flops``);
 - host overhead: the tiny checkpoint's prefill (per decoder layer), vision tower (per block)
   and one vision attention call, on inputs too small to cost compute;
-- decode per coded frame walked and resize per sampled frame on camera footage (20 s of 1080p
-  H.264, a keyframe every 2 s, 3 B-frames; ``benchmarks/footage_decode.py``), in this process
-  after the runs.
+- decode per coded frame walked, per keyframe interval walked into and resize per sampled
+  frame on camera footage (20 s of 1080p H.264, a keyframe every 2 s, 3 B-frames;
+  ``benchmarks/footage_decode.py``), in this process after the runs.
 
 The single-process ``full`` baseline runs with H threads: its speedup over one thread is
 measured in this process. ``--runs`` whole runs (3 by default) are made and each constant is
@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
             gop_seconds=2.0, bframes=3)))
     hw = _round(dataclasses.replace(median_constants([r["hardware"] for r in runs]),
                                     coded_frame_s_per_pixel=footage["coded_frame_s_per_pixel"],
+                                    keyframe_s_per_pixel=footage["keyframe_s_per_pixel"],
                                     convert_s_per_pixel=footage["convert_s_per_pixel"]))
     report = {
         "hardware": hw.to_json(),

@@ -136,7 +136,8 @@ def predicted_frame_s(cfg: RuntimeConfig, video: Path, fields: dict[str, Any],
     sampling = plan_sampling(spec, meta)
     ranges = frame_split(sampling, world_size)
     pixels = meta.width * meta.height
-    return [(walk, footage_frame_s(cost.CPU, walk, 2 * (end - start), pixels))
+    return [(walk.frames, footage_frame_s(cost.CPU, walk.frames, 2 * (end - start), pixels,
+                                          walk.intervals))
             for (start, end), walk in zip(ranges, rank_walks(keys, sampling.indices, ranges))]
 
 
@@ -186,7 +187,9 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, warmup: str, video: str,
 
 
 def run_footage(args: argparse.Namespace) -> str:
-    """The side-by-side run; returns the markdown report (also written to ``args.out``.md)."""
+    """The side-by-side run; returns the markdown report (also written to ``args.out``.md,
+    default ``benchmarks/results/ttft_camera_latest.md``: the curated
+    ``ttft_camera_cpu.md`` and the synthetic runs' ``ttft_cpu.md`` are left alone)."""
     cache = Path(".cache")
     cache.mkdir(exist_ok=True)
     video, wrote = camera_footage(cache, args.footage_seconds, args.footage_bframes)
@@ -209,7 +212,7 @@ def run_footage(args: argparse.Namespace) -> str:
                                                         args.footage_keyframe_split).items()
                      if fields["decode"] == "needed"}
     report = _report(per_rank, video, wrote, args, predicted)
-    stem = Path(args.out)
+    stem = Path(args.out or "benchmarks/results/ttft_camera_latest")
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(report)
     return report

@@ -5,8 +5,9 @@ the runtime's (:func:`apbv.video.plan_sampling`); per rank, :func:`apbv.video.go
 counts the coded frames walked from the keyframe before each of its samples, for the balanced
 split and the keyframe-aligned one (``video.keyframe_split``). Predicted seconds: each
 rank's walk and conversions (:func:`apbv.cost.predict.footage_frame_s`: every coded frame
-walked at ``coded_frame_s_per_pixel`` and every sampled frame's conversion at
-``convert_s_per_pixel``, per source pixel; measured on camera footage with
+walked at ``coded_frame_s_per_pixel``, every keyframe interval walked into at
+``keyframe_s_per_pixel`` and every sampled frame's conversion at ``convert_s_per_pixel``, per
+source pixel; measured on camera footage with
 ``video.decode=needed``, which skips the frames nothing refers to) plus the processor's work
 (``process_s_per_pixel`` per resized pixel) and ``preprocess_fixed_s``.
 """
@@ -48,11 +49,12 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
         lines.append(f"{name} split {list(ranges)}: {shared_intervals(keyframes, indices, ranges)}"
                      " keyframe intervals walked by two ranks")
         for rank, ((start, end), walk) in enumerate(zip(ranges, walks)):
-            line = (f"  rank {rank}: {2 * (end - start)} sampled frames, {walk} coded frames "
-                    "walked")
+            line = (f"  rank {rank}: {2 * (end - start)} sampled frames, {walk.frames} coded "
+                    f"frames walked in {walk.intervals} keyframe intervals")
             if hw is not None:
                 sampled = 2 * (end - start)
-                seconds = (hw.preprocess_fixed_s + footage_frame_s(hw, walk, sampled, pixels)
+                seconds = (hw.preprocess_fixed_s
+                           + footage_frame_s(hw, walk.frames, sampled, pixels, walk.intervals)
                            + sampled * hw.process_s_per_pixel * resized)
                 line += f", predicted frame work {seconds:.2f} s on {hw.name}"
             lines.append(line)

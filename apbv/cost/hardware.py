@@ -70,12 +70,18 @@ class Hardware:
     conversion is counted here), measured on camera footage with 3 B-frames
     (``benchmarks/footage_decode.py``; :func:`apbv.cost.predict.footage_frame_s`). 0.0: not
     measured (only the sampled frames are counted)."""
+    keyframe_s_per_pixel: float = 0.0
+    """Host seconds per source pixel of each keyframe interval a decoder walks into, beyond
+    its frames' ``coded_frame_s_per_pixel``: the seek, and a keyframe's decoding over an
+    average coded frame's (about 9x the average on the benchmark's camera footage), measured
+    by decoding keyframes alone (``benchmarks/footage_decode.py``). 0.0: not measured."""
     convert_s_per_pixel: float = 0.0
     """Host seconds per source pixel to resize a decoded sampled frame of camera footage
-    (``video.decode=needed``: the float copy and the antialiased bicubic resize, which reads
-    every source pixel), measured on 1080p camera footage with the decoding timed apart
-    (``benchmarks/footage_decode.py``). 0.0: not measured (a sampled frame costs
-    ``decode_s_per_pixel``, the frames walked past it :func:`apbv.cost.predict.walk_s`)."""
+    (``video.decode=needed``: the antialiased bicubic resize, which reads every source pixel,
+    by :func:`apbv.video.bicubic.frame_resizer`), measured on 1080p camera footage with the
+    decoding timed apart (``benchmarks/footage_decode.py``). 0.0: not measured (a sampled
+    frame costs ``decode_s_per_pixel``, the frames walked past it
+    :func:`apbv.cost.predict.walk_s`)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -124,8 +130,9 @@ CPU = Hardware(
     full_uses_all_ranks=True,
     thread_efficiency=0.938,
     dtype_bytes=4,
-    coded_frame_s_per_pixel=5.44e-10,
-    convert_s_per_pixel=1.128e-08,
+    coded_frame_s_per_pixel=4.099e-10,
+    keyframe_s_per_pixel=3.752e-09,
+    convert_s_per_pixel=1.888e-09,
 )
 """The 2-core development machine, one thread per rank: the values of
 benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
@@ -181,6 +188,7 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
         decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         coded_frame_s_per_pixel=CPU.coded_frame_s_per_pixel / (HOST_SPEEDUP
                                                                * HOST_CORES_PER_GPU),
+        keyframe_s_per_pixel=CPU.keyframe_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         convert_s_per_pixel=CPU.convert_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         process_s_per_pixel=CPU.process_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
         preprocess_fixed_s=CPU.preprocess_fixed_s / HOST_SPEEDUP,

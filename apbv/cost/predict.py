@@ -132,11 +132,14 @@ def walk_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> float:
     return max(walked - sampled, 0) * hw.coded_frame_s_per_pixel * pixels
 
 
-def footage_frame_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> float:
+def footage_frame_s(hw: Hardware, walked: int, sampled: int, pixels: int,
+                    intervals: int = 0) -> float:
     """Host seconds to decode and resize ``sampled`` frames of ``pixels`` source pixels each
-    when the decoder walks ``walked`` coded frames to them (the sampled ones included; the
-    frames nothing refers to skipped, as ``video.decode=needed`` does): the decoder's work,
-    ``walked`` x ``hw.coded_frame_s_per_pixel``, plus each sampled frame's conversion,
+    when the decoder walks ``walked`` coded frames to them in ``intervals`` keyframe
+    intervals (the sampled ones included; the frames nothing refers to skipped, as
+    ``video.decode=needed`` does): the decoder's work, ``walked`` x
+    ``hw.coded_frame_s_per_pixel`` plus ``intervals`` x ``hw.keyframe_s_per_pixel`` (each
+    interval's seek and keyframe), plus each sampled frame's conversion,
     ``hw.convert_s_per_pixel``, per source pixel. Without a measured conversion rate
     (``convert_s_per_pixel`` 0.0) the earlier rule: the sampled frames at
     ``decode_s_per_pixel`` and the frames walked past them at :func:`walk_s`. The video
@@ -144,6 +147,7 @@ def footage_frame_s(hw: Hardware, walked: int, sampled: int, pixels: int) -> flo
     if not hw.convert_s_per_pixel:
         return sampled * hw.decode_s_per_pixel * pixels + walk_s(hw, walked, sampled, pixels)
     return (max(walked, sampled) * hw.coded_frame_s_per_pixel
+            + intervals * hw.keyframe_s_per_pixel
             + sampled * hw.convert_s_per_pixel) * pixels
 
 
@@ -167,6 +171,7 @@ def predict(
     pipeline: bool = False,
     answer_tokens: int = 1,
     walked_frames: Sequence[int] | None = None,
+    walked_intervals: Sequence[int] | None = None,
 ) -> Prediction:
     """Predicted work and stage times of one request in ``mode`` on ``world_size`` ranks.
 
@@ -198,6 +203,8 @@ def predict(
             ones included; ``plan --video``): the rank's frames are then priced by
             :func:`footage_frame_s` (the walk and the conversions) plus the processor's work.
             None: the sampled frames only, at ``hw.decode_s_per_pixel`` each.
+        walked_intervals: per rank, the keyframe intervals of that walk (each a seek and a
+            keyframe; :class:`apbv.video.gop.Walk`); None: not priced apart.
     """
     spec = get_mode(mode)
     unit = dims.temporal_patch_size  # frames per temporal patch (InternVL3: 1)
@@ -241,8 +248,13 @@ def predict(
         if len(walked_frames) != ranks:
             raise ValueError(f"walked_frames must give one count per rank ({ranks}), got "
                              f"{len(walked_frames)}")
+        intervals = walked_intervals or [0] * ranks
+        if len(intervals) != ranks:
+            raise ValueError(f"walked_intervals must give one count per rank ({ranks}), got "
+                             f"{len(intervals)}")
         for r, (n, walked) in enumerate(zip(shares, walked_frames)):
-            frame_work[r] = (footage_frame_s(hw, walked, unit * n, source_pixels or resized)
+            frame_work[r] = (footage_frame_s(hw, walked, unit * n, source_pixels or resized,
+                                             intervals[r])
                              + unit * n * hw.process_s_per_pixel * resized) / m.scale
     preprocess = [hw.preprocess_fixed_s + tokenize + work for work in frame_work]
     if vision_attention not in ("grouped", "per_window"):

@@ -264,9 +264,11 @@ def _toward(value: float, measured: float, bounds: tuple[float, float]) -> float
     return min(max(value * math.exp(step), bounds[0]), bounds[1])
 
 
-def walked_frames(mode: str, world_size: int, measured: dict[str, int]) -> list[int] | None:
-    """Per rank of ``mode`` on ``world_size`` ranks, the coded frames its decoder walks (what
-    :func:`apbv.cost.predict` takes as ``walked_frames``), from the file's keyframe layout as
+def walked_frames(mode: str, world_size: int,
+                  measured: dict[str, int]) -> tuple[list[int], list[int]] | None:
+    """Per rank of ``mode`` on ``world_size`` ranks, the coded frames its decoder walks and
+    their keyframe intervals (what :func:`apbv.cost.predict` takes as ``walked_frames`` and
+    ``walked_intervals``), from the file's keyframe layout as
     :func:`apbv.video.gop.decode_work` measured it: the slowest rank's walk for every rank of
     a mode that splits the frames, the whole walk where one process or every rank decodes
     every frame; None when the layout is not known (the sampled frames alone are priced)."""
@@ -274,8 +276,10 @@ def walked_frames(mode: str, world_size: int, measured: dict[str, int]) -> list[
 
     spec = get_mode(mode)
     ranks = 1 if spec.single_process else world_size
-    key = "walked" if spec.vit_split and not spec.single_process else "walked_one"
-    return [measured[key]] * ranks if key in measured else None
+    one = "" if spec.vit_split and not spec.single_process else "_one"
+    if "walked" + one not in measured:
+        return None
+    return [measured["walked" + one]] * ranks, [measured["intervals" + one]] * ranks
 
 
 def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor:
@@ -291,13 +295,15 @@ def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor
     def predict(call: ChatCall, measured: dict[str, int]) -> float:
         grid = (measured["height"] // (14 * merge), measured["width"] // (14 * merge))
         mode = call.request.mode.name
+        walked = walked_frames(mode, world_size, measured)
         return cost.predict(mode, dims, context_len=measured["context_len"],
                             query_len=measured["query_len"], world_size=world_size,
                             frames=measured["frames"], grid=grid, hw=hw,
                             anchor_len=call.request.anchor_len,
                             passing_len=call.request.passing_len,
                             source_pixels=measured.get("source_pixels"),
-                            walked_frames=walked_frames(mode, world_size, measured)).ttft_s
+                            walked_frames=walked[0] if walked else None,
+                            walked_intervals=walked[1] if walked else None).ttft_s
 
     return predict
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from apbv.plan import Range, patch_ranges
 from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling, VideoMeta
@@ -30,13 +31,26 @@ def interval_of(keyframes: Sequence[int], frame: int) -> int:
     return keyframes[k] if k >= 0 else 0
 
 
-def walked_frames(keyframes: Sequence[int], frames: Sequence[int]) -> int:
-    """Coded frames walked to decode ``frames`` (ascending): per keyframe interval holding
-    some, from its keyframe to the last of them."""
+class Walk(NamedTuple):
+    """A decoder's way to some sampled frames: ``frames`` coded frames walked (the sampled ones
+    included) in ``intervals`` keyframe intervals (each a seek and a keyframe)."""
+
+    frames: int
+    intervals: int
+
+
+def walk(keyframes: Sequence[int], frames: Sequence[int]) -> Walk:
+    """The :class:`Walk` to ``frames`` (ascending): per keyframe interval holding some, from
+    its keyframe to the last of them."""
     last: dict[int, int] = {}
     for frame in frames:
         last[interval_of(keyframes, frame)] = frame
-    return sum(end - start + 1 for start, end in last.items())
+    return Walk(sum(end - start + 1 for start, end in last.items()), len(last))
+
+
+def walked_frames(keyframes: Sequence[int], frames: Sequence[int]) -> int:
+    """Coded frames walked to decode ``frames``: :func:`walk`'s ``frames``."""
+    return walk(keyframes, frames).frames
 
 
 def _frames(indices: Sequence[int], patches: Range) -> Sequence[int]:
@@ -44,9 +58,9 @@ def _frames(indices: Sequence[int], patches: Range) -> Sequence[int]:
 
 
 def rank_walks(keyframes: Sequence[int], indices: Sequence[int],
-               ranges: Sequence[Range]) -> list[int]:
-    """:func:`walked_frames` of each rank's share (``ranges`` in temporal patches)."""
-    return [walked_frames(keyframes, _frames(indices, r)) for r in ranges]
+               ranges: Sequence[Range]) -> list[Walk]:
+    """:func:`walk` of each rank's share (``ranges`` in temporal patches)."""
+    return [walk(keyframes, _frames(indices, r)) for r in ranges]
 
 
 def shared_intervals(keyframes: Sequence[int], indices: Sequence[int],
@@ -97,17 +111,19 @@ def frame_split(sampling: Sampling, world_size: int) -> tuple[Range, ...]:
 def decode_work(meta: VideoMeta, sampling: Sampling, world_size: int) -> dict[str, int]:
     """The decode work the file's keyframe layout implies for ``sampling`` on ``world_size``
     ranks, as deadline admission prices it: ``source_pixels`` (of one decoded frame) and,
-    where the decoder lists the keyframes, ``walked`` (the most coded frames a rank walks to
-    its share under :func:`frame_split`; left out with fewer temporal patches than ranks,
-    which the engine refuses) and ``walked_one`` (the coded frames one decoder walks to all
-    the sampled frames: a single process, or a mode whose every rank decodes every frame)."""
+    where the decoder lists the keyframes, ``walked`` and ``intervals`` (the :class:`Walk` of
+    the rank that walks the most coded frames to its share under :func:`frame_split`; left out
+    with fewer temporal patches than ranks, which the engine refuses) and ``walked_one`` and
+    ``intervals_one`` (one decoder's walk to all the sampled frames: a single process, or a
+    mode whose every rank decodes every frame)."""
     work = {"source_pixels": meta.height * meta.width}
     keys = meta.keyframes
     if keys is None:
         return work
     indices, unit = sampling.indices, sampling.temporal_patch_size
-    work["walked_one"] = walked_frames(keys, indices)
+    work["walked_one"], work["intervals_one"] = walk(keys, indices)
     if sampling.num_patches >= world_size:
-        work["walked"] = max(walked_frames(keys, indices[unit * start:unit * end])
-                             for start, end in frame_split(sampling, world_size))
+        work["walked"], work["intervals"] = max(
+            walk(keys, indices[unit * start:unit * end])
+            for start, end in frame_split(sampling, world_size))
     return work

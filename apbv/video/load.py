@@ -11,6 +11,7 @@ import torch
 
 from apbv.plan import Range
 from apbv.validate import check_int
+from apbv.video.bicubic import frame_resizer
 from apbv.video.decoders import _open, _Reader
 from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.gop import frame_split
@@ -54,30 +55,6 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
             or frames[0].numel() <= RESIZE_ONE_BY_ONE:
         return resize(frames)
     return torch.cat([resize(frames[i:i + 1]) for i in range(frames.shape[0])])
-
-
-def resize_frame_into(frame: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
-    """Write one CPU frame, uint8 (H, W, 3), resized into ``out`` (uint8 (3, h, w)): the
-    pixels of :func:`resize_frames`, bit for bit, with less memory traffic. torchvision
-    resizes a uint8 tensor as a float32 copy, the bicubic antialiased interpolation, a clamp
-    to [0, 255] and rounding; here the float32 copy goes into ``scratch`` (float32
-    (1, 3, H, W), planar, reused from frame to frame) instead of a new channels-last tensor
-    per frame, and the decoder's frames need not be stacked first. Each interpolated value is
-    the same sum of the same products in the same order whatever the input's memory layout
-    (tests/unit/test_video_convert.py compares both on random frames of five sizes, and the
-    footage tests on decoded camera footage)."""
-    functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
-    assert frame.dtype == torch.uint8 and frame.dim() == 3 and frame.shape[2] == 3, frame.shape
-    assert scratch.shape == (1, 3, *frame.shape[:2]), (scratch.shape, frame.shape)
-    chw = frame.permute(2, 0, 1)
-    if tuple(out.shape[1:]) == tuple(frame.shape[:2]):
-        out.copy_(chw)  # torchvision returns a frame of the asked size unchanged
-        return
-    scratch[0].copy_(chw)
-    resized = functional.resize(scratch, list(out.shape[1:]),
-                                interpolation=functional.InterpolationMode.BICUBIC,
-                                antialias=True)
-    out.copy_(resized[0].clamp_(0, 255).round_())
 
 
 _SAME_FRAMES = ("path", "decode", "decode_threads")
@@ -159,18 +136,18 @@ def _check_size(reader: _Reader, shape: Sequence[int]) -> None:
 
 def _resized_one_by_one(reader: _Reader, indices: Sequence[int], size: tuple[int, int],
                         chunk: int) -> Iterator[torch.Tensor]:
-    """:func:`_resized_chunks` on the CPU for ``video.decode=needed``: each frame resized by
-    :func:`resize_frame_into` as it is decoded (one float32 buffer for all), in chunks of
-    ``chunk`` frames, uint8 (k, 3, h, w) each."""
+    """:func:`_resized_chunks` on the CPU for ``video.decode=needed``: each frame resized as it
+    is decoded (:func:`apbv.video.bicubic.frame_resizer`: the pixels of :func:`resize_frames`),
+    in chunks of ``chunk`` frames, uint8 (k, 3, h, w) each."""
     meta = reader.meta
-    scratch = torch.empty((1, 3, meta.height, meta.width), dtype=torch.float32)
+    resize = frame_resizer((meta.height, meta.width), size)
     for start in range(0, len(indices), chunk):
         part = indices[start:start + chunk]
         out = torch.empty((len(part), 3, *size), dtype=torch.uint8)
         for k, frame in enumerate(reader.frames(part)):
             assert frame.dtype == torch.uint8 and frame.shape[-1] == 3, frame.shape
             _check_size(reader, frame.shape[:2])
-            resize_frame_into(frame, out[k], scratch)
+            resize(frame, out[k])
         yield out
 
 

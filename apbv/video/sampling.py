@@ -89,7 +89,7 @@ class VideoSpec:
     unless the decoder is already on its way there and stop at the last sampled frame.
     ``needed`` (PyAV): the frames nothing refers to are skipped unless sampled, and the open
     checks truncation from the packet index without decoding the last frame; on the CPU each
-    frame is resized as it is decoded (:func:`apbv.video.load.resize_frame_into`). ``all``:
+    frame is resized as it is decoded (:func:`apbv.video.bicubic.frame_resizer`). ``all``:
     every coded frame on the way, the last frame at open, and chunks of stacked frames
     resized (the earlier reader and conversion; for comparisons). decord decodes the same way
     in both. The frames are the same bit for bit."""

@@ -53,10 +53,13 @@ def test_plan_video_predicts_from_the_walk(tmp_path, capsys) -> None:
     hw, pixels = cost.CPU, 640 * 360
     resized = sampling.resized_width * sampling.resized_height
     for rank, walk in enumerate(walks):
-        want = (hw.preprocess_fixed_s + footage_frame_s(hw, walk, 4, pixels)
+        want = (hw.preprocess_fixed_s + footage_frame_s(hw, walk.frames, 4, pixels,
+                                                        walk.intervals)
                 + 4 * hw.process_s_per_pixel * resized)
-        got = re.search(rf"rank {rank}: 4 sampled frames, {walk} coded frames walked, "
+        got = re.search(rf"rank {rank}: 4 sampled frames, {walk.frames} coded frames walked "
+                        rf"in {walk.intervals} keyframe intervals, "
                         r"predicted frame work ([\d.]+) s", out)
         assert got and float(got[1]) == pytest.approx(want, abs=0.006), (out, want)
         # the earlier rule priced every walked frame as a sampled one: 10x more here
-        assert walk * hw.decode_s_per_pixel * pixels > 10 * walk_s(hw, walk, 4, pixels)
+        assert walk.frames * hw.decode_s_per_pixel * pixels > 10 * walk_s(hw, walk.frames, 4,
+                                                                          pixels)

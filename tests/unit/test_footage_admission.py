@@ -10,7 +10,7 @@ import pytest
 from apbv import cost
 from apbv.serve import admission
 from apbv.video import VideoMeta
-from apbv.video.gop import decode_work, frame_split, rank_walks, walked_frames
+from apbv.video.gop import decode_work, frame_split, rank_walks, walk, walked_frames
 from apbv.video.sampling import Sampling
 
 # 120 s at 30 fps, 8 frames sampled every 15 s (4 temporal patches), 1080p.
@@ -27,8 +27,11 @@ def test_decode_work_counts_the_walks_of_the_engines_split() -> None:
     meta = _meta(240)  # a keyframe every 8 s: samples 0..7 s after one
     work = decode_work(meta, SAMPLING, 2)
     walks = rank_walks(meta.keyframes, INDICES, frame_split(SAMPLING, 2))
-    assert work == {"source_pixels": 1920 * 1080, "walked": max(walks),
-                    "walked_one": walked_frames(meta.keyframes, INDICES)}
+    one = walk(meta.keyframes, INDICES)
+    assert work == {"source_pixels": 1920 * 1080, "walked": max(walks).frames,
+                    "intervals": max(walks).intervals, "walked_one": one.frames,
+                    "intervals_one": one.intervals}
+    assert one.frames == walked_frames(meta.keyframes, INDICES) and one.intervals > 1
     assert work["walked"] < work["walked_one"] and work["walked"] > len(INDICES) // 2
     sparse = decode_work(_meta(3600), SAMPLING, 2)  # one keyframe: every rank walks from it
     assert sparse["walked"] > work["walked"]
@@ -41,10 +44,10 @@ def test_decode_work_counts_the_walks_of_the_engines_split() -> None:
 
 
 def test_walked_frames_per_rank_follow_the_mode() -> None:
-    measured = {"walked": 300, "walked_one": 560}
-    assert admission.walked_frames("spava", 2, measured) == [300, 300]
-    assert admission.walked_frames("no_vit_split", 2, measured) == [560, 560]
-    assert admission.walked_frames("full", 2, measured) == [560]
+    measured = {"walked": 300, "intervals": 5, "walked_one": 560, "intervals_one": 9}
+    assert admission.walked_frames("spava", 2, measured) == ([300, 300], [5, 5])
+    assert admission.walked_frames("no_vit_split", 2, measured) == ([560, 560], [9, 9])
+    assert admission.walked_frames("full", 2, measured) == ([560], [9])
     assert admission.walked_frames("spava", 2, {"source_pixels": 10}) is None
 
 
@@ -68,9 +71,11 @@ def test_admission_predicts_more_for_a_file_that_walks_more(monkeypatch) -> None
     hw = cost.hardware("cpu")
     want = cost.predict("spava", dims, context_len=base["context_len"], query_len=9,
                         world_size=2, frames=8, grid=(3, 5), hw=hw,
-                        source_pixels=1920 * 1080, walked_frames=[sparse["walked"]] * 2).ttft_s
+                        source_pixels=1920 * 1080, walked_frames=[sparse["walked"]] * 2,
+                        walked_intervals=[sparse["intervals"]] * 2).ttft_s
     assert got["sparse"] == pytest.approx(want)
-    walk_s = (sparse["walked"] - dense["walked"]) * hw.coded_frame_s_per_pixel * 1920 * 1080
+    walk_s = ((sparse["walked"] - dense["walked"]) * hw.coded_frame_s_per_pixel
+              + (sparse["intervals"] - dense["intervals"]) * hw.keyframe_s_per_pixel) * 1920 * 1080
     assert got["sparse"] - got["dense"] == pytest.approx(walk_s, rel=1e-6)
     assert got["unknown"] < got["dense"] < got["sparse"]
 
@@ -85,6 +90,9 @@ def test_footage_frame_s_prices_the_walk_and_each_resize() -> None:
     hw = dataclasses.replace(cost.CPU, coded_frame_s_per_pixel=1e-9, convert_s_per_pixel=1e-8)
     assert footage_frame_s(hw, 100, 4, 1000) == pytest.approx((100 * 1e-9 + 4 * 1e-8) * 1000)
     assert footage_frame_s(hw, 3, 4, 1000) == pytest.approx((4 * 1e-9 + 4 * 1e-8) * 1000)
+    keyed = dataclasses.replace(hw, keyframe_s_per_pixel=5e-9)  # each interval's seek and keyframe
+    assert footage_frame_s(keyed, 100, 4, 1000, intervals=3) == pytest.approx(
+        (100 * 1e-9 + 3 * 5e-9 + 4 * 1e-8) * 1000)
     earlier = dataclasses.replace(hw, convert_s_per_pixel=0.0)
     assert footage_frame_s(earlier, 100, 4, 1000) == pytest.approx(
         4 * hw.decode_s_per_pixel * 1000 + walk_s(earlier, 100, 4, 1000))

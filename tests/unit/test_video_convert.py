@@ -1,4 +1,4 @@
-"""The per-frame conversion of ``video.decode=needed`` (apbv.video.load.resize_frame_into): the
+"""The per-frame conversion of ``video.decode=needed`` (apbv.video.bicubic.resize_frame_into): the
 pixels of the earlier stacked-chunk resize (resize_frames), bit for bit."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("torchvision")
 
-from apbv.video import load
+from apbv.video import bicubic, load
 
 
 @pytest.mark.parametrize("source, size", [
@@ -28,7 +28,7 @@ def test_resize_frame_into_equals_resize_frames(source: tuple[int, int],
     scratch = torch.full((1, 3, *source), float("nan"))  # reused across both frames
     out = torch.empty((2, 3, *size), dtype=torch.uint8)
     for k in range(2):
-        load.resize_frame_into(decoded[k], out[k], scratch)
+        bicubic.resize_frame_into(decoded[k], out[k], scratch)
     assert torch.equal(out, expected)
 
 

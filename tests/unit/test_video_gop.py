@@ -6,9 +6,11 @@ import torch
 
 from apbv.plan import patch_ranges
 from apbv.video.gop import (
+    Walk,
     keyframe_aligned_ranges,
     rank_walks,
     shared_intervals,
+    walk,
     walked_frames,
 )
 from apbv.video.sampling import snap_to_keyframes
@@ -25,6 +27,8 @@ def test_walked_frames_counts_from_each_keyframe_to_its_last_sample() -> None:
     assert walked_frames(keys, [10, 45]) == 46  # one interval, up to 45
     assert walked_frames(keys, [45, 70, 130]) == 46 + 11 + 11
     assert walked_frames(keys, []) == 0
+    assert walk(keys, [45, 70, 130]) == Walk(46 + 11 + 11, 3)
+    assert walk(keys, [10, 45]) == Walk(46, 1) and walk(keys, []) == Walk(0, 0)
 
 
 def test_keyframe_aligned_split_for_every_rank_count() -> None:
@@ -53,8 +57,8 @@ def test_keyframe_aligned_split_for_every_rank_count() -> None:
                 assert indices[frame - 1] // gop != indices[frame] // gop, (world, i)
             assert shared_intervals(keys, indices, aligned) <= shared_intervals(
                 keys, indices, balanced)
-            assert sum(rank_walks(keys, indices, aligned)) <= sum(
-                rank_walks(keys, indices, balanced))
+            assert sum(w.frames for w in rank_walks(keys, indices, aligned)) <= sum(
+                w.frames for w in rank_walks(keys, indices, balanced))
     assert moved_somewhere
 
 
