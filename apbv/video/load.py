@@ -11,7 +11,7 @@ import torch
 
 from apbv.plan import Range
 from apbv.validate import check_int
-from apbv.video.bicubic import frame_resizer
+from apbv.video.bicubic import FAST_MIN_VALUES, frame_resizer
 from apbv.video.decoders import _open, _Reader
 from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.gop import frame_split
@@ -33,15 +33,26 @@ RESIZE_ONE_BY_ONE = 1 << 16
 
 
 def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
-                  processor: bool = False) -> torch.Tensor:
+                  processor: bool = False, fast: bool = True) -> torch.Tensor:
     """uint8 (F, 3, H, W) -> (F, 3, h, w) for ``size`` (h, w), as qwen-vl-utils resizes:
     torchvision's bicubic tensor resize with antialiasing (keep the strides qwen-vl-utils
     sees, channels-last from a decoder, for bit-equal frames); ``processor``: as transformers'
-    video processors resize (Qwen3-VL's), with torchvision's v2 uint8 kernel instead. Frames over
-    :data:`RESIZE_ONE_BY_ONE` values (about 150x150) on the CPU one at a time: the same bits as
-    one call on the batch (each output pixel depends on its own frame only), and a 1080p
-    frame's float32 copy (25 MB) stays in cache where a batch's does not (about 1.5-2x faster,
-    measured)."""
+    video processors resize (Qwen3-VL's), with torchvision's v2 uint8 kernel instead. CPU
+    frames of :data:`apbv.video.bicubic.FAST_MIN_VALUES` values or more go through
+    :func:`apbv.video.bicubic.frame_resizer` one at a time (the same bits; ``fast`` False:
+    torch's kernel, as the earlier path had it). Other frames over :data:`RESIZE_ONE_BY_ONE`
+    values (about 150x150) on the CPU one at a time: the same bits as one call on the batch
+    (each output pixel depends on its own frame only), and a 1080p frame's float32 copy
+    (25 MB) stays in cache where a batch's does not (about 1.5-2x faster, measured)."""
+    on_cpu = frames.device.type == "cpu"
+    if fast and on_cpu and not processor and frames.dim() == 4 and frames.shape[0] \
+            and frames[0].numel() >= FAST_MIN_VALUES:
+        resize = frame_resizer((int(frames.shape[2]), int(frames.shape[3])),
+                               (int(size[0]), int(size[1])))
+        out = torch.empty((frames.shape[0], 3, *size), dtype=torch.uint8)
+        for i in range(frames.shape[0]):
+            resize(frames[i].permute(1, 2, 0), out[i])
+        return out
     functional = _import("torchvision.transforms.v2.functional" if processor
                          else "torchvision.transforms.functional", "torchvision",
                          "frame resizing")
@@ -51,8 +62,7 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
                                  interpolation=functional.InterpolationMode.BICUBIC,
                                  antialias=True)
 
-    if frames.device.type != "cpu" or frames.shape[0] <= 1 \
-            or frames[0].numel() <= RESIZE_ONE_BY_ONE:
+    if not on_cpu or frames.shape[0] <= 1 or frames[0].numel() <= RESIZE_ONE_BY_ONE:
         return resize(frames)
     return torch.cat([resize(frames[i:i + 1]) for i in range(frames.shape[0])])
 
@@ -123,7 +133,9 @@ def _resized_chunks(reader: _Reader, indices: Sequence[int], sampling: Sampling,
         frames = frames.permute(0, 3, 1, 2)
         if device is not None:
             frames = frames.to(device)
-        yield resize_frames(frames, (height, width), processor=sampling.processor_resize)
+        # video.decode=all and device resizes: the earlier path, torch's kernel
+        yield resize_frames(frames, (height, width), processor=sampling.processor_resize,
+                            fast=False)
 
 
 def _check_size(reader: _Reader, shape: Sequence[int]) -> None:

@@ -43,7 +43,7 @@ def test_fast_resize_equals_torch(source: tuple[int, int], size: tuple[int, int]
     assert plan is not None, (f"no summation order reproduces torch's kernel for {source} -> "
                               f"{size} (CPU capability {torch.backends.cpu.get_cpu_capability()})")
     frames = _frames(source, seed=11)
-    expected = load.resize_frames(frames.permute(0, 3, 1, 2), size)
+    expected = load.resize_frames(frames.permute(0, 3, 1, 2), size, fast=False)
     out = torch.empty((2, 3, *size), dtype=torch.uint8)
     resize = bicubic.frame_resizer(source, size)
     for k in range(2):
@@ -79,7 +79,7 @@ def test_a_wrong_order_is_refused_and_torch_resizes(monkeypatch, caplog) -> None
         resize = bicubic.frame_resizer(source, size)
         for k in range(2):
             resize(frames[k], out[k])
-        assert torch.equal(out, load.resize_frames(frames.permute(0, 3, 1, 2), size))
+        assert torch.equal(out, load.resize_frames(frames.permute(0, 3, 1, 2), size, fast=False))
     finally:
         bicubic.fast_plan.cache_clear()
 
@@ -108,7 +108,7 @@ def test_small_frames_keep_torch_kernel(monkeypatch) -> None:
     resize = bicubic.frame_resizer((108, 192), (56, 84))
     for k in range(2):
         resize(frames[k], out[k])
-    assert torch.equal(out, load.resize_frames(frames.permute(0, 3, 1, 2), (56, 84)))
+    assert torch.equal(out, load.resize_frames(frames.permute(0, 3, 1, 2), (56, 84), fast=False))
 
 
 def test_resizers_do_not_share_buffers() -> None:
@@ -151,3 +151,28 @@ def test_decoded_footage_through_the_fast_kernel(backend: str, tmp_path, monkeyp
         frames[decode] = load_rank_frames(spec, 0, 1).frames
     assert [p.source for p in made] == [(240, 320)], made
     assert torch.equal(frames["needed"], frames["all"])
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_resize_frames_uses_the_fast_kernel_with_torch_bytes(layout: str, monkeypatch) -> None:
+    """resize_frames (the server's decoded frames, the capture loop, pushed stream frames) on
+    large CPU frames: the fast kernel, once per call, with torch's bytes in either memory
+    layout; fast=False (video.decode=all, the earlier path) and small frames never ask."""
+    source, size = (360, 640), (196, 336)
+    frames = torch.cat([_frames(source, seed=4), _frames(source, seed=8)]).permute(0, 3, 1, 2)
+    if layout == "contiguous":
+        frames = frames.contiguous()
+    expected = load.resize_frames(frames, size, fast=False)
+    asked: list[tuple] = []
+    original = bicubic.frame_resizer
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        asked.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(load, "frame_resizer", counting)
+    got = load.resize_frames(frames, size)
+    assert asked == [(source, size)] and torch.equal(got, expected)
+    load.resize_frames(frames, size, fast=False)
+    load.resize_frames(frames[:, :, :100, :100], (56, 56))  # 30000 values: torch's kernel
+    assert len(asked) == 1, asked
