@@ -87,18 +87,21 @@ def frame_resizer(source: tuple[int, int], size: tuple[int, int]) -> Resizer:
 def _windows(n_in: int, n_out: int) -> Windows | None:
     """Torch's antialiased bicubic windows from ``n_in`` source to ``n_out`` target values:
     (starts int64 (n_out,), sizes int64 (n_out,), weights float32 (n_out, max size)). The
-    ranges follow torch's rule (in double precision, as there); the weights are read from
-    torch's kernel itself, resizing an identity matrix along one axis (each output value is
-    then exactly one weight). None when a weight lies outside its range (another rule)."""
+    ranges follow torch's rule in its float32 arithmetic (the scale a float32 quotient, each
+    center and bound rounded to float32 before the + 0.5 and the truncation; in double
+    precision some bounds that are whole numbers come out one higher); the weights are read
+    from torch's kernel itself, resizing an identity matrix along one axis (each output value
+    is then exactly one weight). None when a weight lies outside its range (another rule)."""
     functional = _import("torchvision.transforms.functional", "torchvision", "frame resizing")
-    scale = n_in / n_out
-    support = 2.0 * scale if scale >= 1.0 else 2.0
+    f32 = np.float32
+    scale = f32(n_in) / f32(n_out)
+    support = f32(2.0 * float(scale)) if scale >= 1.0 else f32(2.0)
     starts = np.empty(n_out, np.int64)
     sizes = np.empty(n_out, np.int64)
     for i in range(n_out):
-        center = scale * (i + 0.5)
-        starts[i] = max(int(center - support + 0.5), 0)
-        sizes[i] = min(int(center + support + 0.5), n_in) - starts[i]
+        center = f32(float(scale) * (i + 0.5))
+        starts[i] = max(int(float(center - support) + 0.5), 0)
+        sizes[i] = min(int(float(center + support) + 0.5), n_in) - starts[i]
     identity = torch.eye(n_in).reshape(1, 1, n_in, n_in)
     probe = functional.resize(identity, [n_in, n_out],
                               interpolation=functional.InterpolationMode.BICUBIC,
@@ -165,11 +168,27 @@ def fast_plan(source: tuple[int, int], size: tuple[int, int]) -> FastPlan | None
     """The fast kernel's plan for ``source`` (H, W) -> ``size`` (h, w), once it gave torch's
     interpolated float32 values, every bit, on a random frame of that size (not only the
     rounded bytes, which a one-ulp difference rarely changes) in one of the orders of
-    :data:`GROUPINGS`; None without numba, or when no order did (logged)."""
+    :data:`GROUPINGS`; None without numba, when no order did, or when numba fails (for
+    instance with nowhere to cache its compiled kernels; logged): torch's kernel then resizes,
+    with the same bytes."""
     try:
         import apbv.video.bicubic_numba  # noqa: F401 - numba is installed
     except ImportError:
         return None
+    except Exception as err:  # numba installed but unusable here
+        log.warning("fast resize unavailable (%s: %s); torch's kernel resizes",
+                    type(err).__name__, err)
+        return None
+    try:
+        return _checked_plan(source, size)
+    except Exception as err:  # a kernel that fails to compile or run: the exact fallback
+        log.warning("fast resize %s -> %s failed (%s: %s); torch's kernel resizes", source,
+                    size, type(err).__name__, err)
+        return None
+
+
+def _checked_plan(source: tuple[int, int], size: tuple[int, int]) -> FastPlan | None:
+    """:func:`fast_plan` once numba imports."""
     (height, width), (h, w) = source, size
     none: Windows = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 1), np.float32))
     across = _windows(width, w) if w != width else none

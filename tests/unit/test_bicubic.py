@@ -21,6 +21,7 @@ SIZES = [
     ((1080, 1920), (84, 1920)),  # the height only
     ((300, 400), (616, 812)),    # an upscale
     ((333, 517), (140, 196)),    # odd sizes, rows not a multiple of the kernel's 16
+    ((240, 320), (112, 140)),    # window bounds that are whole numbers (torch's float32 rule)
 ]
 
 
@@ -176,3 +177,42 @@ def test_resize_frames_uses_the_fast_kernel_with_torch_bytes(layout: str, monkey
     load.resize_frames(frames, size, fast=False)
     load.resize_frames(frames[:, :, :100, :100], (56, 56))  # 30000 values: torch's kernel
     assert len(asked) == 1, asked
+
+
+def test_numba_failures_fall_back_to_torch(monkeypatch, caplog) -> None:
+    """numba installed but unusable (its import raising, as it does with nowhere to cache the
+    compiled kernels) or a kernel failing: a warning naming the error, no plan, and
+    frame_resizer still gives torch's bytes."""
+    import sys
+
+    source, size = (240, 320), (112, 140)
+    frames = _frames(source, seed=6)
+    expected = load.resize_frames(frames.permute(0, 3, 1, 2), size, fast=False)
+
+    class Unusable:
+        def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201, ARG002
+            if name == "apbv.video.bicubic_numba":
+                raise RuntimeError("cannot cache function: no locator available")
+            return None
+
+    def broken(self):  # noqa: ANN001, ANN202
+        raise ValueError("kernel failed")
+
+    for break_it in ("import", "kernel"):
+        bicubic.fast_plan.cache_clear()
+        with monkeypatch.context() as patch, caplog.at_level(logging.WARNING):
+            if break_it == "import":
+                patch.delitem(sys.modules, "apbv.video.bicubic_numba", raising=False)
+                patch.setattr(sys, "meta_path", [Unusable(), *sys.meta_path])
+            else:
+                patch.setattr(bicubic.FastPlan, "float_resizer", broken)
+            assert bicubic.fast_plan(source, size) is None
+            out = torch.empty((2, 3, *size), dtype=torch.uint8)
+            resize = bicubic.frame_resizer(source, size)
+            for k in range(2):
+                resize(frames[k], out[k])
+            assert torch.equal(out, expected)
+        assert ("no locator" if break_it == "import" else "kernel failed") in caplog.text
+        caplog.clear()
+    bicubic.fast_plan.cache_clear()
+    assert bicubic.fast_plan(source, size) is not None
