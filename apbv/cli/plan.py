@@ -27,7 +27,8 @@ def register(sub: Any) -> None:
     plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
                                          "h200-ib, cpu or a calibration JSON file")
     plan.add_argument("--video", help="a video file: print its decode work per rank (keyframe "
-                      "structure; predicted seconds with --hardware) and stop")
+                      "structure; predicted seconds with --hardware; frames chosen by --model's "
+                      "family, default qwen-vl-utils' rules) and stop")
     plan.add_argument("--frames", type=int, help="sampled video frames: the context is then "
                                                  "this video's prompt (replaces --context-len)")
     plan.add_argument("--height", type=int, help="frame height in pixels (with --frames; "
@@ -60,7 +61,17 @@ def run(args: argparse.Namespace) -> int:
         from apbv.cost.footage import footage_lines
 
         hw = None if args.hardware is None else cost.hardware(args.hardware)
-        print("\n".join(footage_lines(args.video, args.world_size, hw)))
+        family: dict[str, Any] = {}
+        if args.model is not None:  # the checkpoint's frame choice (its processor, no weights)
+            from transformers import AutoProcessor
+
+            from apbv.model.front import prompt_rules
+
+            cost.checkpoint_dims(args.model)  # ValueError naming a missing or unknown one
+            processor = AutoProcessor.from_pretrained(args.model, local_files_only=True)
+            family = {"planner": prompt_rules(processor).plan_sampling,
+                      "rules": f"{type(processor).__name__}'s"}
+        print("\n".join(footage_lines(args.video, args.world_size, hw, **family)))
         return 0
     predicting = any(x is not None for x in (args.hardware, args.preset, args.frames))
     dims = None

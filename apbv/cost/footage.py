@@ -14,16 +14,24 @@ source pixel; measured on camera footage with
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from apbv.cost.hardware import Hardware
 from apbv.cost.predict import footage_frame_s
 from apbv.plan import patch_ranges
 from apbv.video import VideoSpec, plan_sampling
 from apbv.video.gop import keyframe_aligned_ranges, rank_walks, shared_intervals
 
+if TYPE_CHECKING:
+    from apbv.video.load import Planner
+
 
 def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
-                  fps: float = 2.0) -> list[str]:
-    """Lines describing ``path``'s decode work on ``world_size`` ranks (see the module)."""
+                  fps: float = 2.0, planner: Planner = plan_sampling,
+                  rules: str = "qwen-vl-utils' (Qwen2.5-VL)") -> list[str]:
+    """Lines describing ``path``'s decode work on ``world_size`` ranks (see the module), its
+    frames chosen by ``planner`` (a model family's sampling rule, named by ``rules``: frames
+    per temporal patch included, 1 for InternVL3)."""
     from apbv.video.decoders import _open
 
     spec = VideoSpec(path, fps=fps, backend="pyav")
@@ -32,27 +40,29 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
         meta, keyframes = reader.meta, reader.keyframes
     finally:
         reader.close()
-    sampling = plan_sampling(spec, meta)
-    indices = sampling.indices
+    sampling = planner(spec, meta)
+    indices, unit = sampling.indices, sampling.temporal_patch_size
     gaps = [b - a for a, b in zip(keyframes, keyframes[1:])] or [meta.total_frames]
     lines = [f"video {path}: {meta.total_frames} frames at {meta.fps:.4g} fps "
              f"({meta.duration:.1f} s), {meta.width}x{meta.height}, {len(keyframes)} "
              f"keyframes (every {sum(gaps) / len(gaps) / meta.fps:.2f} s on average); "
-             f"{sampling.num_frames} frames sampled at {sampling.sample_fps:.3g} fps, "
-             f"resized to {sampling.resized_width}x{sampling.resized_height}"]
+             f"{sampling.num_frames} frames sampled at {sampling.sample_fps:.3g} fps by "
+             f"{rules} rules ({unit} per temporal patch), resized to "
+             f"{sampling.resized_width}x{sampling.resized_height}"]
     splits = {"balanced": patch_ranges(sampling.num_patches, world_size),
-              "keyframe-aligned": keyframe_aligned_ranges(keyframes, indices, world_size)}
+              "keyframe-aligned": keyframe_aligned_ranges(keyframes, indices, world_size, unit)}
     pixels = meta.width * meta.height
     resized = sampling.resized_width * sampling.resized_height
     for name, ranges in splits.items():
-        walks = rank_walks(keyframes, indices, ranges)
-        lines.append(f"{name} split {list(ranges)}: {shared_intervals(keyframes, indices, ranges)}"
-                     " keyframe intervals walked by two ranks")
+        walks = rank_walks(keyframes, indices, ranges, unit)
+        lines.append(f"{name} split {list(ranges)}: "
+                     f"{shared_intervals(keyframes, indices, ranges, unit)} keyframe intervals "
+                     "walked by two ranks")
         for rank, ((start, end), walk) in enumerate(zip(ranges, walks)):
-            line = (f"  rank {rank}: {2 * (end - start)} sampled frames, {walk.frames} coded "
+            sampled = unit * (end - start)
+            line = (f"  rank {rank}: {sampled} sampled frames, {walk.frames} coded "
                     f"frames walked in {walk.intervals} keyframe intervals")
             if hw is not None:
-                sampled = 2 * (end - start)
                 seconds = (hw.preprocess_fixed_s
                            + footage_frame_s(hw, walk.frames, sampled, pixels, walk.intervals)
                            + sampled * hw.process_s_per_pixel * resized)

@@ -53,38 +53,40 @@ def walked_frames(keyframes: Sequence[int], frames: Sequence[int]) -> int:
     return walk(keyframes, frames).frames
 
 
-def _frames(indices: Sequence[int], patches: Range) -> Sequence[int]:
-    return indices[TEMPORAL_PATCH_SIZE * patches[0]:TEMPORAL_PATCH_SIZE * patches[1]]
+def _frames(indices: Sequence[int], patches: Range, unit: int) -> Sequence[int]:
+    return indices[unit * patches[0]:unit * patches[1]]
 
 
-def rank_walks(keyframes: Sequence[int], indices: Sequence[int],
-               ranges: Sequence[Range]) -> list[Walk]:
-    """:func:`walk` of each rank's share (``ranges`` in temporal patches)."""
-    return [walk(keyframes, _frames(indices, r)) for r in ranges]
+def rank_walks(keyframes: Sequence[int], indices: Sequence[int], ranges: Sequence[Range],
+               unit: int = TEMPORAL_PATCH_SIZE) -> list[Walk]:
+    """:func:`walk` of each rank's share (``ranges`` in temporal patches of ``unit`` frames:
+    the family's, 1 for InternVL3)."""
+    return [walk(keyframes, _frames(indices, r, unit)) for r in ranges]
 
 
 def shared_intervals(keyframes: Sequence[int], indices: Sequence[int],
-                     ranges: Sequence[Range]) -> int:
+                     ranges: Sequence[Range], unit: int = TEMPORAL_PATCH_SIZE) -> int:
     """Keyframe intervals that more than one rank walks into."""
     owners: dict[int, set[int]] = {}
     for rank, r in enumerate(ranges):
-        for frame in _frames(indices, r):
+        for frame in _frames(indices, r, unit):
             owners.setdefault(interval_of(keyframes, frame), set()).add(rank)
     return sum(len(ranks) > 1 for ranks in owners.values())
 
 
 def keyframe_aligned_ranges(keyframes: Sequence[int], indices: Sequence[int],
-                            world_size: int) -> list[Range]:
+                            world_size: int, unit: int = TEMPORAL_PATCH_SIZE) -> list[Range]:
     """:func:`apbv.plan.patch_ranges` with each inner boundary moved by at most one temporal
-    patch to the nearest place where the frames before and after it lie in different keyframe
-    intervals; a boundary with no such place stays. Every rank keeps at least one patch and
-    at most one more than the balanced split's largest share (the slowest rank's)."""
-    assert len(indices) % TEMPORAL_PATCH_SIZE == 0 and indices, len(indices)
-    ranges = patch_ranges(len(indices) // TEMPORAL_PATCH_SIZE, world_size)
+    patch (``unit`` frames) to the nearest place where the frames before and after it lie in
+    different keyframe intervals; a boundary with no such place stays. Every rank keeps at
+    least one patch and at most one more than the balanced split's largest share (the slowest
+    rank's)."""
+    assert len(indices) % unit == 0 and indices, (len(indices), unit)
+    ranges = patch_ranges(len(indices) // unit, world_size)
     bounds = [start for start, _ in ranges] + [ranges[-1][1]]
 
     def clean(b: int) -> bool:
-        frame = TEMPORAL_PATCH_SIZE * b
+        frame = unit * b
         return interval_of(keyframes, indices[frame - 1]) != interval_of(keyframes,
                                                                          indices[frame])
 
@@ -105,7 +107,8 @@ def frame_split(sampling: Sampling, world_size: int) -> tuple[Range, ...]:
     ranks."""
     if sampling.keyframes is None:
         return patch_ranges(sampling.num_patches, world_size)
-    return tuple(keyframe_aligned_ranges(sampling.keyframes, sampling.indices, world_size))
+    return tuple(keyframe_aligned_ranges(sampling.keyframes, sampling.indices, world_size,
+                                         sampling.temporal_patch_size))
 
 
 def decode_work(meta: VideoMeta, sampling: Sampling, world_size: int) -> dict[str, int]:
