@@ -123,16 +123,12 @@ def predicted_frame_s(cfg: RuntimeConfig, video: Path, fields: dict[str, Any],
     the sampling and frame split the engine uses."""
     from apbv import cost
     from apbv.cost.predict import footage_frame_s
-    from apbv.video import plan_sampling
-    from apbv.video.decoders import _open
+    from apbv.video import plan_sampling, probe
     from apbv.video.gop import frame_split, rank_walks
 
     spec = dataclasses.replace(cfg.video.spec(str(video)), **fields)
-    reader = _open(spec)
-    try:
-        meta, keys = reader.meta, reader.keyframes
-    finally:
-        reader.close()
+    meta = probe(spec)
+    keys = meta.keyframes
     sampling = plan_sampling(spec, meta)
     ranges = frame_split(sampling, world_size)
     pixels = meta.width * meta.height

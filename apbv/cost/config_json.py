@@ -1,6 +1,6 @@
 """Reading a checkpoint for the cost model: a nested section and a required field of its
-``config.json`` dict, each missing one a ValueError naming it; the chat template's text before
-the video."""
+``config.json`` dict, each missing one a ValueError naming it; the decoder's fields, read the
+same way for every family; the chat template's text before the video."""
 
 from __future__ import annotations
 
@@ -24,6 +24,28 @@ def required(part: Mapping[str, Any], where: str, *names: str) -> Any:
         if name in part:
             return part[name]
     raise ValueError(f"config.json has no {' or '.join(names)} in {where}")
+
+
+def decoder_fields(config: Mapping[str, Any], text: Mapping[str, Any],
+                   where: str) -> dict[str, Any]:
+    """The decoder's :class:`apbv.cost.work.ModelDims` fields from its section ``text`` (called
+    ``where``) of ``config``: layers, hidden, heads, kv_heads and head_dim (defaulting as in
+    transformers, to the attention heads and hidden / heads), intermediate, vocab (the
+    section's, else the top level's) and tied_embeddings (the top level's, else the
+    section's); ValueError naming a missing one."""
+    heads = required(text, where, "num_attention_heads")
+    hidden = required(text, where, "hidden_size")
+    vocab = text.get("vocab_size", config.get("vocab_size"))
+    if vocab is None:
+        raise ValueError(f"config.json has no vocab_size in {where}")
+    return {
+        "layers": required(text, where, "num_hidden_layers"), "hidden": hidden, "heads": heads,
+        "kv_heads": text.get("num_key_value_heads") or heads,
+        "head_dim": text.get("head_dim") or hidden // heads,
+        "intermediate": required(text, where, "intermediate_size"), "vocab": vocab,
+        "tied_embeddings": bool(config.get("tie_word_embeddings",
+                                           text.get("tie_word_embeddings", False))),
+    }
 
 
 def template_before_video(processor: Any, video_token: str) -> str:

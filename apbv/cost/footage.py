@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from apbv.cost.hardware import Hardware
 from apbv.cost.predict import footage_frame_s
 from apbv.plan import patch_ranges
-from apbv.video import VideoSpec, plan_sampling
+from apbv.video import VideoSpec, plan_sampling, probe
 from apbv.video.gop import keyframe_aligned_ranges, rank_walks, shared_intervals
 
 if TYPE_CHECKING:
@@ -32,14 +32,10 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
     """Lines describing ``path``'s decode work on ``world_size`` ranks (see the module), its
     frames chosen by ``planner`` (a model family's sampling rule, named by ``rules``: frames
     per temporal patch included, 1 for InternVL3)."""
-    from apbv.video.decoders import _open
-
     spec = VideoSpec(path, fps=fps, backend="pyav")
-    reader = _open(spec)
-    try:
-        meta, keyframes = reader.meta, reader.keyframes
-    finally:
-        reader.close()
+    meta = probe(spec)
+    keyframes = meta.keyframes
+    assert keyframes is not None  # PyAV lists them
     sampling = planner(spec, meta)
     indices, unit = sampling.indices, sampling.temporal_patch_size
     gaps = [b - a for a, b in zip(keyframes, keyframes[1:])] or [meta.total_frames]

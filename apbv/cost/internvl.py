@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from apbv.cost.config_json import required, section, template_before_video
+from apbv.cost.config_json import decoder_fields, required, section, template_before_video
 
 INTERNVL_VIDEO_START = 8
 """Context tokens before the first video token in the InternVL3-*-hf chat template (no default
@@ -43,8 +43,7 @@ def internvl_fields(config: Mapping[str, Any], *, video_start: int | None = None
     ``internvl`` form: ``text_config`` and ``vision_config`` nested)."""
     text = section(config, "text_config", "an InternVL3")
     vision = section(config, "vision_config", "an InternVL3")
-    heads = required(text, "text_config", "num_attention_heads")
-    hidden = required(text, "text_config", "hidden_size")
+    decoder = decoder_fields(config, text, "text_config")
     ratio = config.get("downsample_ratio", 0.5)
     merge = round(1 / ratio)
     if abs(merge * ratio - 1) > 1e-9:
@@ -52,11 +51,7 @@ def internvl_fields(config: Mapping[str, Any], *, video_start: int | None = None
     patch = _side(required(vision, "vision_config", "patch_size"))
     side = _side(required(vision, "vision_config", "image_size"))
     return {
-        "layers": required(text, "text_config", "num_hidden_layers"), "hidden": hidden,
-        "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
-        "head_dim": text.get("head_dim") or hidden // heads,
-        "intermediate": required(text, "text_config", "intermediate_size"),
-        "vocab": required(text, "text_config", "vocab_size"),
+        **decoder,
         "vision_depth": required(vision, "vision_config", "num_hidden_layers"),
         "vision_hidden": required(vision, "vision_config", "hidden_size"),
         "vision_intermediate": required(vision, "vision_config", "intermediate_size"),
@@ -65,9 +60,8 @@ def internvl_fields(config: Mapping[str, Any], *, video_start: int | None = None
         "in_channels": vision.get("num_channels", 3),
         "window_size": side,  # one window: the whole frame
         "fullatt_blocks": required(vision, "vision_config", "num_hidden_layers"),
-        "tied_embeddings": bool(config.get("tie_word_embeddings",
-                                           text.get("tie_word_embeddings", False))),
-        "video_start": video_start, "vision_gated": False, "projector_hidden": hidden,
+        "video_start": video_start, "vision_gated": False,
+        "projector_hidden": decoder["hidden"],
         "tiled_frames": True, "unit_text_tokens": INTERNVL_UNIT_TEXT,
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from apbv.cost.config_json import required, section, template_before_video
+from apbv.cost.config_json import decoder_fields, required, section, template_before_video
 
 QWEN3_VL_VIDEO_START = 11
 """Context tokens before the first video token in the Qwen3-VL-Instruct chat template (no
@@ -35,19 +35,15 @@ def qwen3_vl_fields(config: Mapping[str, Any], *, video_start: int | None = None
     and ``vision_config`` nested, as released and as transformers saves it)."""
     text = section(config, "text_config", "a Qwen3-VL")
     vision = section(config, "vision_config", "a Qwen3-VL")
-    heads = required(text, "text_config", "num_attention_heads")
-    hidden = required(text, "text_config", "hidden_size")
+    decoder = decoder_fields(config, text, "text_config")
+    hidden = decoder["hidden"]
     out_hidden = vision.get("out_hidden_size", hidden)
     if out_hidden != hidden:
         raise ValueError(f"vision_config.out_hidden_size ({out_hidden}) differs from the text "
                          f"hidden_size ({hidden})")
     depth = required(vision, "vision_config", "depth")
     return {
-        "layers": required(text, "text_config", "num_hidden_layers"), "hidden": hidden,
-        "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
-        "head_dim": text.get("head_dim") or hidden // heads,
-        "intermediate": required(text, "text_config", "intermediate_size"),
-        "vocab": required(text, "text_config", "vocab_size"),
+        **decoder,
         "vision_depth": depth,
         "vision_hidden": required(vision, "vision_config", "hidden_size"),
         "vision_intermediate": required(vision, "vision_config", "intermediate_size"),
@@ -57,8 +53,6 @@ def qwen3_vl_fields(config: Mapping[str, Any], *, video_start: int | None = None
         "spatial_merge_size": required(vision, "vision_config", "spatial_merge_size"),
         "in_channels": vision.get("in_channels", 3),
         "fullatt_blocks": depth,  # every block attends over the whole temporal patch
-        "tied_embeddings": bool(config.get("tie_word_embeddings",
-                                           text.get("tie_word_embeddings", False))),
         "video_start": video_start, "vision_gated": False,
         "unit_text_tokens": QWEN3_VL_UNIT_TEXT,
         "deepstack_levels": len(vision.get("deepstack_visual_indexes") or ()),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apbv.cost.config_json import required
+from apbv.cost.config_json import decoder_fields, required
 from apbv.cost.internvl import (
     INTERNVL_VIDEO_END,
     INTERNVL_VIDEO_START,
@@ -205,24 +205,15 @@ def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> 
     if not isinstance(vision, Mapping):
         raise ValueError("config.json has no vision_config: not a Qwen2.5-VL checkpoint")
     where = "text_config" if text is not config else "the top level"
-    heads = required(text, where, "num_attention_heads")
-    hidden = required(text, where, "hidden_size")
-    vocab = text.get("vocab_size", config.get("vocab_size"))
-    if vocab is None:
-        raise ValueError("config.json has no vocab_size")
+    decoder = decoder_fields(config, text, where)
+    hidden = decoder["hidden"]
     fullatt = required(vision, "vision_config", "fullatt_block_indexes")
     out_hidden = vision.get("out_hidden_size", hidden)
     if out_hidden != hidden:
         raise ValueError(f"vision_config.out_hidden_size ({out_hidden}) differs from the text "
                          f"hidden_size ({hidden})")
     return ModelDims(
-        layers=required(text, where, "num_hidden_layers"),
-        hidden=hidden,
-        heads=heads,
-        kv_heads=text.get("num_key_value_heads") or heads,
-        head_dim=text.get("head_dim") or hidden // heads,
-        intermediate=required(text, where, "intermediate_size"),
-        vocab=vocab,
+        **decoder,
         vision_depth=required(vision, "vision_config", "depth"),
         vision_hidden=required(vision, "vision_config", "hidden_size"),
         vision_intermediate=required(vision, "vision_config", "intermediate_size"),
@@ -233,8 +224,6 @@ def model_dims(config: Mapping[str, Any], *, video_start: int | None = None) -> 
         in_channels=vision.get("in_channels", vision.get("in_chans", 3)),
         window_size=required(vision, "vision_config", "window_size"),
         fullatt_blocks=len(fullatt),
-        tied_embeddings=bool(config.get("tie_word_embeddings",
-                                        text.get("tie_word_embeddings", False))),
         video_start=video_start,
     )
 

@@ -77,6 +77,46 @@ class HFVisionLM:
         return self.model.lm_head(hidden)
 
 
+class QwenVideoLM(HFVisionLM):
+    """What the two Qwen families (2.5-VL, 3-VL) read the same way from their configs and
+    video processor: the video placeholder, the spatial merge, frames per temporal patch and
+    a stream frame's side multiple."""
+
+    @property
+    def video_token_id(self) -> int:
+        return self.model.config.video_token_id
+
+    @property
+    def spatial_merge_size(self) -> int:
+        return self.vision_config.spatial_merge_size
+
+    @property
+    def temporal_patch_size(self) -> int:
+        """Frames per temporal patch of the vision tower (2)."""
+        return self.processor.video_processor.temporal_patch_size
+
+    @property
+    def frame_multiple(self) -> int:
+        """A stream's frame sides are multiples of this (pixels): patch x merge (28 for
+        Qwen2.5-VL, 32 for Qwen3-VL)."""
+        vp = self.processor.video_processor
+        return vp.patch_size * vp.merge_size
+
+    def check_frames(self, frames: Any) -> None:
+        """ValueError unless ``frames`` is a uint8 tensor (F, 3, H, W), F >= 1, with H and W
+        multiples of :attr:`frame_multiple` (already resized)."""
+        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
+                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
+            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
+                   else type(frames).__name__)
+            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
+        factor = self.frame_multiple
+        height, width = frames.shape[-2:]
+        if height % factor or width % factor:
+            raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
+                             "the frames first (apbv.video does)")
+
+
 def load_stock(adapter: type[A], model_class: Any, path: str | Path, *, model_type: str,
                family: str, device: torch.device, dtype: torch.dtype,
                vision: VisionConfig | None, text_types: tuple[str, ...] | None = None,

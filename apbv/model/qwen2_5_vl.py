@@ -26,11 +26,11 @@ from apbv.model.hf_compat import (
     tower_output,
     video_processor_kwargs,
 )
-from apbv.model.hf_decoder import HFVisionLM, load_stock
+from apbv.model.hf_decoder import QwenVideoLM, load_stock
 from apbv.model.stream_prompt import QwenStreamPrompt
 from apbv.model.tower import (
     CPU_CHUNK_ROWS,
-    grid_rows,
+    patch_grid,
     patch_spec,
     rows_in_worker,
     set_tower,
@@ -55,7 +55,7 @@ FAMILY = "Qwen2.5-VL"
 
 
 @dataclass
-class QwenVL(HFVisionLM):
+class QwenVL(QwenVideoLM):
     """A loaded Qwen2.5-VL checkpoint and the pieces apbv drives."""
 
     model: Qwen2_5_VLForConditionalGeneration
@@ -73,17 +73,6 @@ class QwenVL(HFVisionLM):
     """Tower rows are the merged embeddings alone."""
 
     @property
-    def frame_multiple(self) -> int:
-        """A stream's frame sides are multiples of this (pixels): patch x merge (28)."""
-        vp = self.processor.video_processor
-        return vp.patch_size * vp.merge_size
-
-    @property
-    def temporal_patch_size(self) -> int:
-        """Frames per temporal patch of the vision tower (2)."""
-        return self.processor.video_processor.temporal_patch_size
-
-    @property
     def embeds_levels(self) -> bool:
         """Whether the patch embedding takes pixel levels itself: the linear one
         (:func:`apbv.model.tower.set_patch_embed`) does, the stock Conv3d does not."""
@@ -93,14 +82,6 @@ class QwenVL(HFVisionLM):
     def family(self) -> str:
         """The family's name, e.g. for ``/v1/models``."""
         return FAMILY
-
-    @property
-    def video_token_id(self) -> int:
-        return self.model.config.video_token_id
-
-    @property
-    def spatial_merge_size(self) -> int:
-        return self.vision_config.spatial_merge_size
 
     @property
     def tokens_per_second(self) -> float:
@@ -121,16 +102,7 @@ class QwenVL(HFVisionLM):
         float rows of them).
         """
         vp = self.processor.video_processor
-        factor = vp.patch_size * vp.merge_size
-        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
-                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
-            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
-                   else type(frames).__name__)
-            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
-        height, width = frames.shape[-2:]
-        if height % factor or width % factor:
-            raise ValueError(f"frame size {height}x{width} is not a multiple of {factor}: resize "
-                             "the frames first (apbv.video does)")
+        self.check_frames(frames)
         spec = patch_spec(vp) if self.preprocess != "processor" else None
         if spec is not None:  # the processor's arithmetic in fewer passes (apbv.video.patches)
             return patch_rows(frames, spec, workers=self.preprocess_workers, levels=levels)
@@ -223,11 +195,7 @@ class QwenVL(HFVisionLM):
         :func:`apbv.model.tower.tower_chunks`) and the embeddings are concatenated in order.
         Levels go to the device as they are; the stock Conv3d gets them as the processor's
         float rows."""
-        grid = grid_rows(grid_thw)
-        patches = int(grid.prod(dim=1).sum())
-        if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
-                             f"{grid.tolist()} ({patches} patch rows)")
+        grid = patch_grid(pixel_values, grid_thw)
         visual = self.model.model.visual
         levels = pixel_values.dtype == torch.int8
         spec = visual.patch_embed.__dict__.get("levels_spec")

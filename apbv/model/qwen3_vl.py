@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from apbv.model.hf_decoder import HFVisionLM, load_stock
+from apbv.model.hf_decoder import QwenVideoLM, load_stock
 from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
-from apbv.model.tower import CPU_CHUNK_ROWS, grid_rows, tower_chunks
+from apbv.model.tower import CPU_CHUNK_ROWS, patch_grid, tower_chunks
 from apbv.plan import Range
 from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -54,7 +54,7 @@ TEXT_MODEL_TYPES = ("qwen3_vl_text",)
 
 
 @dataclass
-class Qwen3VL(HFVisionLM):
+class Qwen3VL(QwenVideoLM):
     """A loaded Qwen3-VL checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: Qwen3VLForConditionalGeneration
@@ -72,28 +72,9 @@ class Qwen3VL(HFVisionLM):
         return FAMILY
 
     @property
-    def temporal_patch_size(self) -> int:
-        """Frames per temporal patch of the vision tower (2)."""
-        return self.processor.video_processor.temporal_patch_size
-
-    @property
-    def frame_multiple(self) -> int:
-        """A stream's frame sides are multiples of this (pixels): patch x merge (32)."""
-        vp = self.processor.video_processor
-        return vp.patch_size * vp.merge_size
-
-    @property
     def extra_levels(self) -> int:
         """DeepStack feature levels after the main embedding in each tower row."""
         return len(self.vision_config.deepstack_visual_indexes)
-
-    @property
-    def video_token_id(self) -> int:
-        return self.model.config.video_token_id
-
-    @property
-    def spatial_merge_size(self) -> int:
-        return self.vision_config.spatial_merge_size
 
     @property
     def tokens_per_second(self) -> float:
@@ -118,15 +99,7 @@ class Qwen3VL(HFVisionLM):
         -> the stock video processor's patch rows (n_patches, 3*2*16*16) and (t, h, w) grid
         (an odd frame count padded with the last frame). ``levels`` is not supported."""
         vp = self.processor.video_processor
-        factor = vp.patch_size * vp.merge_size
-        if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 \
-                or frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
-            got = (f"{frames.dtype} {tuple(frames.shape)}" if isinstance(frames, torch.Tensor)
-                   else type(frames).__name__)
-            raise ValueError(f"frames must be a uint8 tensor (F, 3, H, W) with F >= 1, got {got}")
-        if frames.shape[-2] % factor or frames.shape[-1] % factor:
-            raise ValueError(f"frame size {frames.shape[-2]}x{frames.shape[-1]} is not a "
-                             f"multiple of {factor}: resize the frames first (apbv.video does)")
+        self.check_frames(frames)
         if levels:
             raise ValueError(f"{FAMILY} frames are processed by its processor: no pixel levels")
         processed = vp(videos=[frames], do_resize=False, do_sample_frames=False,
@@ -152,11 +125,7 @@ class Qwen3VL(HFVisionLM):
         grid -> rows (n_tokens, hidden * (1 + :attr:`extra_levels`)) in video-token order:
         the merged embedding, then the DeepStack features of each level (the stock tower's
         ``pooler_output`` and ``deepstack_features``), :attr:`chunk_rows` rows per call."""
-        grid = grid_rows(grid_thw)
-        patches = int(grid.prod(dim=1).sum())
-        if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
-                             f"{grid.tolist()} ({patches} patch rows)")
+        grid = patch_grid(pixel_values, grid_thw)
         visual = self.model.model.visual
         outs = []
         for first, end, call_grid in tower_chunks(grid, self.chunk_rows):

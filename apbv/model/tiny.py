@@ -246,8 +246,7 @@ def _write_files(directory: Path, seed: int, size: str) -> None:
     finally:
         if bar_was_enabled:
             hf_logging.enable_progress_bar()
-    (directory / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
-    write_json(directory / "tokenizer_config.json", tokenizer_config())
+    write_qwen_tokenizer(directory)
     write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     write_json(
@@ -292,6 +291,13 @@ def random_model(model_class: Any, config: Any, seed: int, *,
             else:
                 param.fill_(next((v for k, v in (scales or {}).items() if k in name), 1.0))
     return model.float().eval()
+
+
+def write_qwen_tokenizer(directory: Path) -> None:
+    """The tiny checkpoints' tokenizer files into ``directory``: the real Qwen2.5 BPE
+    (``tokenizer.json``) and its ``tokenizer_config.json``."""
+    (directory / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
+    write_json(directory / "tokenizer_config.json", tokenizer_config())
 
 
 def write_json(path: Path, obj: object) -> None:

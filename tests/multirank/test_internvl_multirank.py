@@ -36,6 +36,7 @@ from apbv.model.internvl import InternVL, load
 from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
+from tests.families import tiny_dir
 
 QUESTION = "Which colour comes after the blue one?"
 NUM_FRAMES = 3
@@ -55,9 +56,7 @@ def _frames() -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def internvl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apbv.model.tiny_internvl import write_tiny_internvl
-
-    return write_tiny_internvl(tmp_path_factory.mktemp("model") / "tiny-internvl3")
+    return tiny_dir(tmp_path_factory, "internvl")
 
 
 @pytest.fixture(scope="module")

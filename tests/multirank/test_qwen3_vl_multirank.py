@@ -28,6 +28,7 @@ from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.request import Result
+from tests.families import tiny_dir
 
 QUESTION = "Which colour comes after the blue one?"
 FILE_FRAMES = 9
@@ -40,9 +41,7 @@ VIDEO_TOKENS = 5 * 5 * 7  # temporal patches x (160 / 32) x (224 / 32)
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apbv.model.tiny_qwen3_vl import write_tiny_qwen3_vl
-
-    return write_tiny_qwen3_vl(tmp_path_factory.mktemp("model") / "tiny-qwen3-vl")
+    return tiny_dir(tmp_path_factory, "qwen3_vl")
 
 
 @pytest.fixture(scope="module")

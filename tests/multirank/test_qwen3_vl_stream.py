@@ -18,13 +18,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apbv.config import RuntimeConfig, load_config
+from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.request import Request, StreamRef
 from apbv.engine.stream_plan import StreamSpec
 from apbv.video import DecodedVideo
-from tests.cases import LOGPROB_RTOL, logprob_error
+from tests.families import answers, check_same, tiny_config
 
 QUESTION = "Which colour comes after the blue one?"
 CHOICES = ("red", "blue square")
@@ -38,23 +38,13 @@ PATCH = 16
 
 @pytest.fixture(scope="module")
 def qwen3_config(tmp_path_factory: pytest.TempPathFactory) -> RuntimeConfig:
-    from apbv.model.tiny_qwen3_vl import write_tiny_qwen3_vl
-
-    path = write_tiny_qwen3_vl(tmp_path_factory.mktemp("model") / "tiny-qwen3-vl")
-    return load_config("tiny_cpu", [f"model.path={str(path)!r}"])
+    return tiny_config(tmp_path_factory, "qwen3_vl")
 
 
 def _answers(engine: Engine, video: DecodedVideo | StreamRef,
              choices: bool = True) -> tuple[list[int], list[float]]:
     """Greedy tokens and (with ``choices``) the choices' log-probabilities."""
-    said = engine.generate(Request(video=video, question=QUESTION, mode="exact",
-                                   max_new_tokens=NEW_TOKENS))
-    if not choices:
-        return said.token_ids, []
-    scored = engine.generate(Request(video=video, question=QUESTION, mode="exact",
-                                     choices=CHOICES))
-    assert scored.choices is not None
-    return said.token_ids, [c["logprob"] for c in scored.choices]
+    return answers(engine, video, QUESTION, CHOICES, NEW_TOKENS, choices)
 
 
 def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
@@ -89,24 +79,14 @@ def _stream_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     return out
 
 
-def _check_same(got: tuple[list[int], list[float]], want: tuple[list[int], list[float]],
-                what: str) -> None:
-    assert got[0] == want[0], (what, got[0], want[0])
-    errors = [logprob_error(a, b) for a, b in zip(got[1], want[1], strict=True)]
-    assert len(errors) == len(want[1])
-    assert max(errors, default=0.0) <= LOGPROB_RTOL, (
-        f"{what}: choice log-probabilities over the stream vs one-shot: max relative err "
-        f"{max(errors):.2e} > {LOGPROB_RTOL:g}; {got[1]} vs {want[1]}")
-
-
 def test_qwen3_vl_stream_ask_equals_one_shot(qwen3_config: RuntimeConfig) -> None:
     per_rank = spawn_local(_stream_job, 2, (qwen3_config,), timeout_s=600,
                            collective_timeout_s=120)
     r = per_rank[0]
     assert r["chunks"] == len(PUSHES)
     assert len(r["held"][0]) == NEW_TOKENS and len(r["one"][1]) == len(CHOICES)
-    _check_same(r["held"], r["one"], "after pushes of 2, 3 and 5 frames")
-    _check_same(r["later"], r["one_later"], "after one more push")
+    check_same(r["held"], r["one"], "after pushes of 2, 3 and 5 frames")
+    check_same(r["later"], r["one_later"], "after one more push")
     assert r["window"] == (6, r["one_window"]), (r["window"], r["one_window"])
     assert r["one_window"] != r["one_later"][0], "the window's frames answer alike: no check"
     assert per_rank[1]["held"] == r["held"] and per_rank[1]["later"] == r["later"]

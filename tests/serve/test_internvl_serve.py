@@ -16,6 +16,7 @@ pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from tests.families import tiny_dir  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 KEY = "internvl-key"
@@ -26,9 +27,7 @@ NEW_TOKENS = 4
 
 @pytest.fixture(scope="module")
 def internvl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apbv.model.tiny_internvl import write_tiny_internvl
-
-    return write_tiny_internvl(tmp_path_factory.mktemp("model") / "tiny-internvl3")
+    return tiny_dir(tmp_path_factory, "internvl")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 from apbv import cost
 from apbv.cost.predict import footage_frame_s, predict, walk_s
 from apbv.video import VideoSpec, plan_sampling, probe
-from apbv.video.decoders import _open
 from apbv.video.gop import rank_walks
 
 HW = dataclasses.replace(cost.CPU, coded_frame_s_per_pixel=1e-9, convert_s_per_pixel=0.0)
@@ -46,9 +45,7 @@ def test_plan_video_predicts_from_the_walk(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     spec = VideoSpec(str(path), fps=2.0, backend="pyav")
     sampling = plan_sampling(spec, probe(spec))
-    reader = _open(spec)
-    keys = reader.keyframes
-    reader.close()
+    keys = probe(spec).keyframes
     walks = rank_walks(keys, sampling.indices, [(0, 2), (2, 4)])
     hw, pixels = cost.CPU, 640 * 360
     resized = sampling.resized_width * sampling.resized_height

@@ -15,6 +15,7 @@ from apbv.config import load_config
 from apbv.distributed import DistInfo
 from apbv.engine.engine import Engine
 from apbv.modes import get_mode
+from tests.families import tiny_dir
 
 NATIVE_HW = (120, 160)
 FRAMES = 3
@@ -22,9 +23,7 @@ FRAMES = 3
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    from apbv.model.tiny_internvl import write_tiny_internvl
-
-    path = write_tiny_internvl(tmp_path_factory.mktemp("model") / "tiny-internvl3")
+    path = tiny_dir(tmp_path_factory, "internvl")
     cfg = load_config("tiny_cpu", [f"model.path={str(path)!r}", f"video.nframes={FRAMES}"])
     return Engine(cfg, DistInfo(0, 1, 0, torch.device("cpu"), None))
 

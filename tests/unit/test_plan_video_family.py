@@ -19,7 +19,6 @@ def test_plan_video_samples_as_the_checkpoints_family(tmp_path, capsys) -> None:
     from apbv.model.tiny_internvl import write_tiny_internvl
     from apbv.plan import patch_ranges
     from apbv.video import VideoSpec, plan_sampling, probe
-    from apbv.video.decoders import _open
     from apbv.video.footage import write_camera_video
     from apbv.video.gop import rank_walks
 
@@ -28,9 +27,7 @@ def test_plan_video_samples_as_the_checkpoints_family(tmp_path, capsys) -> None:
     model = write_tiny_internvl(tmp_path / "internvl")
     spec = VideoSpec(str(video), fps=2.0, backend="pyav")
     meta = probe(spec)
-    reader = _open(spec)
-    keys = reader.keyframes
-    reader.close()
+    keys = meta.keyframes
     rules = InternVLRules(AutoProcessor.from_pretrained(model, local_files_only=True))
     sampling = rules.plan_sampling(spec, meta)
     qwen = plan_sampling(spec, meta)

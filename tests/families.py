@@ -1,0 +1,57 @@
+"""What the InternVL3 and Qwen3-VL tests share: a module's tiny checkpoint of a family, and a
+stream test's answers (greedy tokens and the choices' log-probabilities) and their check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cases import LOGPROB_RTOL, logprob_error
+
+TINY_DIRS = {"internvl": "tiny-internvl3", "qwen3_vl": "tiny-qwen3-vl"}
+"""Each family's tiny checkpoint directory name."""
+
+
+def tiny_dir(factory: pytest.TempPathFactory, family: str) -> Path:
+    """``family``'s tiny checkpoint (``make-tiny-model --family``) in a new temporary
+    directory."""
+    from apbv.model.tiny_families import write_tiny_family
+
+    return write_tiny_family(family, factory.mktemp("model") / TINY_DIRS[family])
+
+
+def tiny_config(factory: pytest.TempPathFactory, family: str) -> Any:
+    """The ``tiny_cpu`` runtime config over :func:`tiny_dir`."""
+    from apbv.config import load_config
+
+    return load_config("tiny_cpu", [f"model.path={str(tiny_dir(factory, family))!r}"])
+
+
+def answers(engine: Any, video: Any, question: str, choices: tuple[str, ...],
+            new_tokens: int, with_choices: bool = True) -> tuple[list[int], list[float]]:
+    """Greedy tokens (``new_tokens``) and, ``with_choices``, the log-probabilities of
+    ``choices``, exact mode, for ``video`` (decoded frames or a stream)."""
+    from apbv.engine.request import Request
+
+    said = engine.generate(Request(video=video, question=question, mode="exact",
+                                   max_new_tokens=new_tokens))
+    if not with_choices:
+        return said.token_ids, []
+    scored = engine.generate(Request(video=video, question=question, mode="exact",
+                                     choices=choices))
+    assert scored.choices is not None
+    return said.token_ids, [c["logprob"] for c in scored.choices]
+
+
+def check_same(got: tuple[list[int], list[float]], want: tuple[list[int], list[float]],
+               what: str) -> None:
+    """:func:`answers` over a stream (``got``) equal the one-shot ones (``want``): the same
+    tokens, and log-probabilities within :data:`tests.cases.LOGPROB_RTOL`."""
+    assert got[0] == want[0], (what, got[0], want[0])
+    errors = [logprob_error(a, b) for a, b in zip(got[1], want[1], strict=True)]
+    assert len(errors) == len(want[1])
+    assert max(errors, default=0.0) <= LOGPROB_RTOL, (
+        f"{what}: choice log-probabilities over the stream vs one-shot: max relative err "
+        f"{max(errors):.2e} > {LOGPROB_RTOL:g}; {got[1]} vs {want[1]}")
