@@ -7,11 +7,13 @@ Backends, chosen per call (``backend=None`` picks the first that applies):
 
 - ``"flash"``: flash-attn (FA3 ``flash_attn_interface`` or FA2 ``flash_attn``) for fp16/bf16
   on CUDA, if installed. GQA is native.
-- ``"sdpa"``: PyTorch's own fused kernels that return the log-sum-exp. On CPU
-  ``aten._scaled_dot_product_flash_attention_for_cpu`` (GQA native); on CUDA
-  ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or
+- ``"sdpa"``: PyTorch's own fused kernels that return the log-sum-exp. On CUDA torch's
+  bundled FlashAttention-2 (:mod:`apbv.attention.bundled_flash`: one call, GQA native,
+  bottom-right causal); where it refuses the call (fp32, head dim, compute capability; the
+  reason is warned once) ``aten._scaled_dot_product_flash_attention`` (fp16/bf16) or
   ``aten._scaled_dot_product_efficient_attention`` (fp32), GQA by :func:`grouped` (no copy
-  of K/V: the query group folded into rows, or one call per group member when causal).
+  of K/V: the query group folded into rows, or one call per group member when causal). On
+  CPU ``aten._scaled_dot_product_flash_attention_for_cpu`` (GQA native).
 - ``"reference"``: plain fp32 math, written for clarity; used by tests.
 
 Mask alignment is the same for every backend: causal means **bottom-right** aligned, query row
@@ -21,11 +23,12 @@ i sees key j iff j <= i + Tk - Tq (flash-attn >= 2.1's convention). For Tq=2, Tk
     row 0   x x x .
     row 1   x x x x
 
-PyTorch's CPU and CUDA fused kernels align causal masks top-left when Tq != Tk and reject or
+PyTorch's CPU and CUDA SDPA kernels align causal masks top-left when Tq != Tk and reject or
 mishandle rows that see no key (the CPU kernel returns lse 0 there and crashes on Tk = 0;
-flash-attn returns lse +inf). So this adapter never hands a kernel such a case: a bottom-right
+flash-attn and torch's bundled FA2 return lse +inf). So this adapter never hands a kernel such
+a case: rows that see no key get out 0, lse -inf here, and for the SDPA kernels a bottom-right
 causal call with Tq < Tk is split into a non-causal prefix and a causal square merged by
-log-sum-exp, and rows that see no key get out 0, lse -inf here.
+log-sum-exp (the flash kernels align bottom-right themselves).
 
 Version drift of flash-attn (2 vs 3 return tuples) lives in :func:`_flash`, nowhere else.
 """
@@ -40,6 +43,7 @@ from types import ModuleType
 
 import torch
 
+from apbv.attention import bundled_flash
 from apbv.attention.merge import merge_partials
 from apbv.config import KERNEL_BACKENDS as BACKENDS
 
@@ -62,10 +66,17 @@ def flash_available() -> bool:
 @cache
 def _warn_no_flash() -> None:
     warnings.warn(
-        "flash-attn is not installed: CUDA attention uses PyTorch's SDPA kernels "
-        "(install the 'gpu' extra for flash-attn)",
+        "flash-attn is not installed: CUDA attention uses torch's bundled flash kernel "
+        "(PyTorch's SDPA kernels where it refuses a call; install the 'gpu' extra for "
+        "flash-attn)",
         stacklevel=3,
     )
+
+
+@cache
+def _warn_sdpa_fallback(why: str) -> None:
+    warnings.warn(f"CUDA attention uses PyTorch's SDPA kernels instead of torch's bundled "
+                  f"flash kernel: {why}", stacklevel=3)
 
 
 def default_backend(q: torch.Tensor) -> str:
@@ -126,6 +137,11 @@ def attention(
         return _reference(q, k, v, causal, scale)
     if backend == "flash":
         return _flash(q, k, v, causal, scale)
+    why_not = bundled_flash.refusal_for(q)
+    if why_not is None:
+        return bundled_flash.attend(q, k, v, causal=causal, scale=scale)
+    if q.is_cuda:
+        _warn_sdpa_fallback(why_not)
     if causal and tq < tk:
         # Fused PyTorch kernels align causal top-left: split off the fully visible prefix.
         prefix = _sdpa(q, k[:, : tk - tq], v[:, : tk - tq], False, scale)
@@ -141,8 +157,22 @@ def attention_upto(
     """:func:`attention` without a mask of the rows q (B, Tq, Hq, D) over the first ``valid``
     keys of k/v (B, C, Hkv, D), ``valid`` a (1,) int64 tensor on their device: the shapes do
     not depend on the count, so the call can be captured in a CUDA graph over preallocated
-    buffers (a decode step). fp32 scores, grouped query heads as a view (no K/V repeat); at
-    least one key must be valid. Returns out (B, Tq, Hq, D) in q's dtype, lse (B, Hq, Tq)."""
+    buffers (a decode step); at least one key must be valid. Returns out (B, Tq, Hq, D) in
+    q's dtype, lse (B, Hq, Tq) fp32.
+
+    On CUDA torch's bundled flash kernel reads only the valid keys (``seqused_k``, in q's
+    dtype; :mod:`apbv.attention.bundled_flash`); where it refuses the call (CPU, fp32, ...)
+    :func:`attention_upto_einsum`."""
+    if bundled_flash.refusal_for(q) is None:
+        return bundled_flash.attend(q, k, v, causal=False, scale=scale, valid=valid)
+    return attention_upto_einsum(q, k, v, valid, scale)
+
+
+def attention_upto_einsum(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_upto` in plain fp32 math over the whole buffers (every key's score
+    computed, the invalid ones masked): grouped query heads as a view, no K/V repeat."""
     b, tq, hq, d = q.shape
     c, hkv = k.shape[1], k.shape[2]
     qg = q.float().view(b, tq, hkv, hq // hkv, d)
