@@ -175,3 +175,22 @@ def test_cpu_tensors_keep_the_cpu_kernel(monkeypatch):
     assert "on cpu" in (bundled_flash.refusal_for(q) or "")
     kernels.attention(q, k, v, causal=True, backend="sdpa")
     kernels.attention_upto(q, k, v, torch.tensor([3]), 0.25)
+
+
+def test_kernel_benchmark_dry_run(capsys):
+    """benchmarks/bench_kernels.py at toy sizes on the CPU: every row, the refusal named, no
+    ratio claimed (both columns time the same fallback there)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--dry-run", "--calls", "1", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "bundled kernel: the tensors are on cpu" in lines[0], lines[0]
+    table = [line for line in lines if line.startswith("| attention") or
+             line.startswith("| owner")]
+    assert len(table) == 7 and all(line.endswith("| - |") for line in table), table
