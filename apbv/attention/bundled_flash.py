@@ -169,4 +169,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, s
         args.max_k, 0.0, args.causal, False, scale=scale, window_size_left=args.window[0],
         window_size_right=args.window[1], seqused_k=args.seqused_k)
     out, lse = result[0], result[1]
-    return out.view(b, tq, hq, d), lse_to_bht(lse, b, tq)
+    return out.reshape(b, tq, hq, d), lse_to_bht(lse, b, tq)
