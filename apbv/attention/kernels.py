@@ -80,7 +80,8 @@ def _warn_sdpa_fallback(why: str) -> None:
 
 
 def default_backend(q: torch.Tensor) -> str:
-    """flash-attn for fp16/bf16 CUDA tensors when installed, PyTorch's SDPA kernels otherwise."""
+    """flash-attn for fp16/bf16 CUDA tensors when installed, ``sdpa`` otherwise (on CUDA
+    torch's bundled flash kernel where it takes the call)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         if _flash_module() is not None:
             return "flash"
