@@ -284,7 +284,7 @@ def rates_line(hw: Hardware) -> str:
     host time and the decode graphs' constants."""
     kernel = f" ({hw.attention_kernel})" if hw.attention_kernel else ""
     graphs = (f"; decode graphs: {1e6 * hw.graph_layer_s:.0f} us per replayed layer, capture "
-              f"{1e3 * hw.graph_capture_s:.0f} ms + 2 eager steps" if hw.graph_capture_s
+              f"{1e3 * hw.graph_capture_s:.0f} ms + 2 eager steps (assumed)" if hw.graph_capture_s
               else "; no decode graphs (eager)")
     return (f"rates assumed on {hw.name}: matmul {hw.matmul_flops / 1e12:.4g} TFLOP/s, "
             f"attention {hw.attention_flops / 1e12:.4g} TFLOP/s{kernel}, memory "

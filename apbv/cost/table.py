@@ -45,4 +45,10 @@ def prediction_table(predictions: list[Prediction]) -> str:
         lines.append(f"spava's speedup without preprocessing (what the reference times): {ratios}")
     if graphs and any(p.graphs is not None and not p.graphs.captured for p in predictions):
         lines.append("decode.graphs: the answer is too short to capture (eager decode)")
+    elif graphs:
+        first = spava or predictions[0]
+        assert first.graphs is not None
+        lines.append(f"decode.graphs: the first request of a KV bucket captures (capture s, in "
+                     f"last graphs s); a later one replays every step: last token "
+                     f"{first.ttft_s + first.graphs.reused_s:.3f} s ({first.mode})")
     return "\n".join(lines)

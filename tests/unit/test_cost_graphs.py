@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -175,6 +176,12 @@ def test_plan_prints_the_last_token_with_graphs_on_and_off(
         assert last_graphs == pytest.approx(ttft + 127 * graph / 1e3 + capture
                                             + (eager - graph) / 1e3, abs=3e-3), row
         assert graph < eager / 3 and last_graphs < last, row
+    later = re.search(r"a later one replays every step: last token ([\d.]+) s \(spava\)", out)
+    spava = rows["spava"]
+    assert later and float(spava[1]) < float(later.group(1)) < float(spava[-1]), out
+    assert float(later.group(1)) == pytest.approx(float(spava[-1]) - float(spava[-2])
+                                                  - (float(spava[-5]) - float(spava[-3])) / 1e3,
+                                                  abs=3e-3), out
     assert main([*args[:-1], "8"]) == 0  # 7 steps: too short to capture
     out = capsys.readouterr().out
     assert "too short to capture (eager decode)" in out
