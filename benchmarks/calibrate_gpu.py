@@ -8,7 +8,8 @@ What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
 - the kernel adapter (apbv.attention.kernels.attention) with SDPA, and flash-attn when it is
   installed: its error against the fp32 CPU reference on a small case, and its time on causal
   squares of several lengths (attention_flops, a fit over the lengths);
-- F.linear at the 7B's MLP shape (matmul_flops), a large add (memory_bw), the vision tower's
+- F.linear at the 7B's MLP shape (matmul_flops), a large add of two tensors into a third
+  (memory_bw: two reads and a write; ``a + a`` would read ``a`` once), the vision tower's
   patch embedding as the runtime runs it (conv_flops);
 - one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
   vision tower as the runtime sets it up (:func:`apbv.model.tower.set_tower`) on frames
@@ -109,6 +110,13 @@ def _attention_flops(checks: dict[str, Any], backend: str, sizes: dict) -> float
     length = sizes["attn_lengths"][-1]
     pairs = length * (length + 1) / 2
     return 4 * HEAD_DIM * pairs * HEADS / checks["causal_s"][f"{backend} {length}"]
+
+
+def _add_s(device: torch.device, dtype: torch.dtype, sizes: dict) -> float:
+    """Seconds of ``torch.add(a, b, out=c)`` on large tensors: two reads and a write
+    (``add_streams``: 3), the memory bandwidth's measurement."""
+    a, b, c = (torch.randn(sizes["add_elements"], device=device, dtype=dtype) for _ in "abc")
+    return _best(lambda: torch.add(a, b, out=c), device, sizes["repeats"])
 
 
 def _device_resize(device: torch.device, frames: int, repeats: int) -> dict[str, Any]:
@@ -293,20 +301,38 @@ def derive(measured: dict[str, Any], setup: dict[str, Any], name: str) -> Hardwa
         "attention_flops": sig(_attention_flops(measured["kernels"], setup["attention_backend"],
                                                 sizes)),
         "attention_pair_s": 0.0,
-        "memory_bw": sig(3 * 2 * sizes["add_elements"] / measured["add_s"]),  # 2 reads, 1 write
+        "memory_bw": sig(add_streams(measured) * 2 * sizes["add_elements"]
+                         / measured["add_s"]),
         "layer_overhead_s": sig(measured["layer_s"]["16"]),
         "vision_layer_overhead_s": sig(measured["vision_small_s"] / measured["vision_depth"]),
         "call_overhead_s": sig(_call_overhead(measured, dims, grid)),
         "vision_elementwise_efficiency": 1.0,
     })
     efficiency = _vision_efficiency(hw, dims, grid, measured["vision_s"])
-    return dataclasses.replace(hw, vision_elementwise_efficiency=sig(efficiency))
+    return dataclasses.replace(hw, vision_elementwise_efficiency=sig(efficiency),
+                               attention_kernel=kernel_rates(setup))
+
+
+def add_streams(measured: dict[str, Any]) -> int:
+    """Bf16 tensors the timed add moves through memory: 3 (``torch.add(a, b, out=c)``: two
+    reads, one write), recorded as ``add_streams``; 2 for a file without it, whose add was
+    ``a + a`` (``a`` is read once: one read, one write)."""
+    return int(measured.get("add_streams", 2))
+
+
+def kernel_rates(setup: dict[str, Any]) -> str:
+    """What ``attention_flops`` is the rate of: the kernel adapter's backend, the device and
+    the torch that measured it (``Hardware.attention_kernel``)."""
+    backend = {"sdpa": "PyTorch SDPA", "flash": "flash-attn"}.get(setup["attention_backend"],
+                                                                   setup["attention_backend"])
+    return f"{backend} measured on {setup['device']}, torch {setup.get('torch', '?')}"
 
 
 def refit(path: str, name: str) -> None:
     """Derive the constants of the calibration file ``path`` again from its measurements
     (after a change of :func:`derive`; no GPU needed) and write it back."""
     report = json.loads(Path(path).read_text())
+    report["setup"].setdefault("torch", report.get("torch", "?"))
     report["hardware"] = derive(report["measurements"], report["setup"], name).to_json()
     report["refit"] = "hardware derived again from the measurements by calibrate_gpu.py --refit"
     write_calibration(path, report, "calibrate_gpu --refit")
@@ -340,8 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     x = torch.randn(sizes["matmul_rows"], MLP_SHAPE[0], device=device, dtype=dtype)
     w = torch.randn(MLP_SHAPE[1], MLP_SHAPE[0], device=device, dtype=dtype)
     matmul_s = _best(lambda: F.linear(x, w), device, sizes["repeats"])
-    a = torch.randn(sizes["add_elements"], device=device, dtype=dtype)
-    add_s = _best(lambda: a + a, device, sizes["repeats"])
+    add_s = _add_s(device, dtype, sizes)
 
     model = _model(device, dtype, args.dry_run)
     measured = _layer_and_tower(model, device, dtype, sizes, FRAME_GRIDS[kind])
@@ -352,14 +377,15 @@ def main(argv: list[str] | None = None) -> None:
         conv_s = _best(lambda: proj(pixels), device, sizes["repeats"])
     resize = _device_resize(device, 2 if args.dry_run else 16, sizes["repeats"])
 
-    measured = {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s, "conv_s": conv_s,
+    measured = {"kernels": checks, "matmul_s": matmul_s, "add_s": add_s, "add_streams": 3,
+                "conv_s": conv_s,
                 "device_resize": resize, **measured}
     setup = {"device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                         else "cpu (dry run)"),
              "dtype": "bfloat16", "sizes": sizes, "attention_backend": backend,
              "model": "qwen2.5-vl-7b shape, 1 decoder layer, random weights"
              if not args.dry_run else "tiny (dry run)",
-             "frame_grid": FRAME_GRIDS[kind]}
+             "frame_grid": FRAME_GRIDS[kind], "torch": torch.__version__}
     report = {
         "hardware": derive(measured, setup, args.name).to_json(),
         "measurements": measured,

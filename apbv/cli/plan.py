@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
                                        "qwen2.5-vl-3b, qwen2.5-vl-7b, internvl3-2b or "
                                        "internvl3-8b")
     plan.add_argument("--hardware", help="predict stage times and TTFT per mode on h200, "
-                                         "h200-ib, cpu or a calibration JSON file")
+                                         "h200-ib, h100, cpu or a calibration JSON file")
     plan.add_argument("--video", help="a video file: print its decode work per rank (keyframe "
                       "structure; predicted seconds with --hardware; frames chosen by --model's "
                       "family, default qwen-vl-utils' rules) and stop")
@@ -138,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per {dims.temporal_patch_size} "
              f"frame{'s' if dims.temporal_patch_size > 1 else ''}" if frames else "no video")
     if args.answer_tokens > 1:
-        video += f"; {args.answer_tokens}-token answers, eager decode"
+        video += (f"; {args.answer_tokens}-token answers, decode eager"
+                  + (" and with decode.graphs" if hw.graph_capture_s else ""))
     print(f"\npredicted on {hw.name} ({args.preset or args.model}; {video}; "
           f"N={context_len} Q={args.query_len} H={args.world_size}; seconds, slowest rank):")
+    print(cost.rates_line(hw))
     print(cost.prediction_table(predictions))
     return 0

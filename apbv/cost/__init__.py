@@ -18,7 +18,7 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
    one request, by part, checked before any work.
 """
 
-from apbv.cost.decode import decode_token_s
+from apbv.cost.decode import MIN_GRAPH_STEPS, GraphDecode, decode_token_s, graph_decode
 from apbv.cost.hardware import (
     CPU,
     H200_MATMUL_FLOPS,
@@ -29,17 +29,15 @@ from apbv.cost.hardware import (
     IB_NDR_BW,
     NVLINK4_BW,
     Hardware,
+    h100,
     h200,
     hardware,
+    rates_line,
 )
 from apbv.cost.memory import PROCESSOR_FLOAT_COPIES, MemoryEstimate, memory_lines, request_memory
-from apbv.cost.predict import (
-    Prediction,
-    RankCost,
-    predict,
-    prediction_table,
-)
+from apbv.cost.predict import Prediction, RankCost, predict
 from apbv.cost.schedule import Event, simulate
+from apbv.cost.table import prediction_table
 from apbv.cost.work import (
     MODEL_PRESETS,
     RELEASED_VIDEO_START,
@@ -70,11 +68,13 @@ __all__ = [
     "HOST_CORES_PER_GPU",
     "HOST_SPEEDUP",
     "IB_NDR_BW",
+    "MIN_GRAPH_STEPS",
     "MODEL_PRESETS",
     "NVLINK4_BW",
     "PROCESSOR_FLOAT_COPIES",
     "RELEASED_VIDEO_START",
     "Event",
+    "GraphDecode",
     "Hardware",
     "MemoryEstimate",
     "ModelDims",
@@ -86,6 +86,8 @@ __all__ = [
     "checkpoint_dims",
     "decode_token_s",
     "full_pairs",
+    "graph_decode",
+    "h100",
     "h200",
     "hardware",
     "memory_lines",
@@ -96,6 +98,7 @@ __all__ = [
     "preset_name",
     "query_pairs",
     "rank_pairs",
+    "rates_line",
     "read_config",
     "request_memory",
     "simulate",

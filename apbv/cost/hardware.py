@@ -1,7 +1,8 @@
 """Hardware constants of the cost model: :class:`Hardware` (a dozen throughput, bandwidth and
-host-overhead constants), its presets (:data:`HARDWARE_PRESETS`: the calibrated development CPU
-and H200s), :func:`hardware` to pick one or read a calibration JSON written by
-``benchmarks/calibrate_cpu.py``, and :class:`Machine`, which turns work into seconds."""
+host-overhead constants), its presets (:data:`HARDWARE_PRESETS`: the calibrated development
+CPU, H200s, and H100s derived from them), :func:`hardware` to pick one or read a calibration
+JSON written by ``benchmarks/calibrate_cpu.py``, and :class:`Machine`, which turns work into
+seconds; :func:`rates_line` says which rates a prediction assumes."""
 
 from __future__ import annotations
 
@@ -82,6 +83,17 @@ class Hardware:
     decoding timed apart (``benchmarks/footage_decode.py``). 0.0: not measured (a sampled
     frame costs ``decode_s_per_pixel``, the frames walked past it
     :func:`apbv.cost.predict.walk_s`)."""
+    attention_kernel: str = ""
+    """The kernel whose rate ``attention_flops`` is, and where it was measured (``plan``
+    prints it); "" where not stated."""
+    graph_layer_s: float = 0.0
+    """Device seconds per decoder layer of a decode step replayed from a CUDA graph, beyond
+    its kernels' work (the gaps between its kernel nodes; the host launches the whole step
+    at once): :func:`apbv.cost.decode.graph_step_s`."""
+    graph_capture_s: float = 0.0
+    """Seconds to capture a decode step besides dispatching it twice (the warm-up and the
+    recording): the device sync and cache release that open a capture and
+    ``cudaGraphInstantiate`` of its nodes. 0.0: no CUDA graphs here (decode is eager)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,11 +153,11 @@ H200_MEASURED: dict[str, float] = {
     "matmul_flops": 7.59e14,
     "conv_flops": 5.994e14,
     "attention_flops": 3.21e14,
-    "memory_bw": 5.847e12,
+    "memory_bw": 3.898e12,
     "layer_overhead_s": 1.069e-3,
     "vision_layer_overhead_s": 6.456e-4,
     "call_overhead_s": 3.85e-5,
-    "vision_elementwise_efficiency": 0.2578,
+    "vision_elementwise_efficiency": 0.3867,
 }
 """One H200's device constants as measured by ``scripts/gpu_check.sh``
 (``benchmarks/results/h200_calibration.json``; bf16, torch 2.11 with PyTorch's SDPA and no
@@ -153,7 +165,23 @@ flash-attn, transformers 5.17): F.linear at the 7B's MLP shape, the runtime's pa
 the kernel adapter's causal attention at 16k tokens, a large add, one 7B decoder layer and
 the 7B's vision tower on inputs too small to compute (host overhead), the host seconds per
 attention call of the stock per-window tower, and the share of the bandwidth the tower's
-elementwise passes reach (fitted on its time per temporal patch)."""
+elementwise passes reach (fitted on its time per temporal patch). The add was ``a + a``,
+which reads ``a`` once: its bytes are one read and one write (``calibrate_gpu.py --refit``;
+counted as two reads, it gave 5.847e12, over the H200's 4.8e12 spec)."""
+H200_KERNELS = "PyTorch SDPA measured on NVIDIA H200, torch 2.11.0+cu130"
+"""What :data:`H200_MEASURED`'s ``attention_flops`` is the rate of."""
+H200_HBM_BW = 4.8e12
+"""The H200 SXM's HBM3e bandwidth (spec)."""
+H100_HBM_BW = 3.35e12
+"""The H100 SXM 80 GB's HBM3 bandwidth (spec)."""
+GRAPH_LAYER_S = 2e-5
+"""Assumed, not measured: a replayed decode layer's gaps between its kernels (about 40
+kernel nodes per layer at about 0.5 us each) on an H100/H200."""
+GRAPH_CAPTURE_S = 0.02
+"""Assumed, not measured: the sync, the cache release and ``cudaGraphInstantiate`` of a
+captured 7B decode step (28 layers x 40-60 nodes); with the two dispatches of the step
+around it a capture comes to the 50-150 ms a reading of torch's capture path estimates.
+``benchmarks/multirank_check.py``'s graphs part prints what it is on a GPU."""
 H200_MATMUL_FLOPS = H200_MEASURED["matmul_flops"]
 """Dense bf16 matmul throughput measured on an H200 (989 TFLOP/s peak)."""
 NVLINK4_BW = 450e9
@@ -177,11 +205,16 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
     if attention_efficiency is not None and not 0 < attention_efficiency <= 1:
         raise ValueError(f"attention_efficiency must be in (0, 1], got {attention_efficiency}")
     measured = dict(H200_MEASURED)
+    kernel = H200_KERNELS
     if attention_efficiency is not None:
         measured["attention_flops"] = attention_efficiency * measured["matmul_flops"]
+        kernel = f"{attention_efficiency} x the matmul rate (assumed)"
     return Hardware(
         name=name,
         **measured,
+        attention_kernel=kernel,
+        graph_layer_s=GRAPH_LAYER_S,
+        graph_capture_s=GRAPH_CAPTURE_S,
         attention_pair_s=0.0,
         link_bw=link_bw,
         link_latency_s=20e-6,
@@ -198,9 +231,24 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
     )
 
 
+def h100(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_BW,
+         name: str = "h100") -> Hardware:
+    """One H100 SXM 80 GB per rank, derived from the H200's measurements (:func:`h200`; no
+    H100 has been measured): the two are the same GH100 chip (132 SMs, the same clocks,
+    989 TFLOP/s bf16 dense, NVLink 4) and differ in memory, so the compute rates, the host
+    overheads and the link are the H200's, and ``memory_bw`` is scaled by the bandwidth
+    specs, :data:`H100_HBM_BW` / :data:`H200_HBM_BW` = 3.35 / 4.8 = 0.698
+    (``vision_elementwise_efficiency`` is a share of it and stays)."""
+    base = h200(attention_efficiency=attention_efficiency, link_bw=link_bw, name=name)
+    scaled = float(f"{base.memory_bw * H100_HBM_BW / H200_HBM_BW:.4g}")
+    return dataclasses.replace(base, memory_bw=scaled,
+                               attention_kernel=f"{base.attention_kernel}; the H200's rate")
+
+
 HARDWARE_PRESETS: dict[str, Hardware] = {
     "h200": h200(),
     "h200-ib": h200(link_bw=IB_NDR_BW, name="h200-ib"),
+    "h100": h100(),
     "cpu": CPU,
 }
 
@@ -228,6 +276,20 @@ def hardware(name_or_path: str | Path) -> Hardware:
         raise ValueError(f"unknown hardware {str(name_or_path)!r}; allowed: "
                          f"{', '.join(HARDWARE_PRESETS)} or a .json file")
     return Hardware.from_json(name_or_path)
+
+
+def rates_line(hw: Hardware) -> str:
+    """One line naming the rates a prediction on ``hw`` assumes: the matmul and attention
+    kernels (and what the attention rate is of), the memory, the link, the eager decode's
+    host time and the decode graphs' constants."""
+    kernel = f" ({hw.attention_kernel})" if hw.attention_kernel else ""
+    graphs = (f"; decode graphs: {1e6 * hw.graph_layer_s:.0f} us per replayed layer, capture "
+              f"{1e3 * hw.graph_capture_s:.0f} ms + 2 eager steps (assumed)" if hw.graph_capture_s
+              else "; no decode graphs (eager)")
+    return (f"rates assumed on {hw.name}: matmul {hw.matmul_flops / 1e12:.4g} TFLOP/s, "
+            f"attention {hw.attention_flops / 1e12:.4g} TFLOP/s{kernel}, memory "
+            f"{hw.memory_bw / 1e12:.4g} TB/s, link {hw.link_bw / 1e9:.4g} GB/s; eager decode "
+            f"{1e3 * hw.layer_overhead_s:.3g} ms host per layer{graphs}")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Predicted work and stage times of one request (:func:`predict`), as :class:`Prediction`
-with one :class:`RankCost` per rank, and a table of predictions (:func:`prediction_table`).
+with one :class:`RankCost` per rank (:mod:`apbv.cost.table` prints them).
 
 For one mode, per rank and per stage of the engine (:data:`apbv.timing.TTFT_STAGES`), the
 FLOPs, bytes moved and KV memory, and from the hardware constants the seconds. Stage times are
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.cost.decode import decode_s
+from apbv.cost.decode import GraphDecode, decode_s, graph_decode
 from apbv.cost.hardware import Hardware, Machine
 from apbv.cost.schedule import full_layer, layer_events, simulate, vision_cost
 from apbv.cost.work import ModelDims, _flops, attention_flops, full_pairs, squarest_grid
@@ -70,6 +70,9 @@ class Prediction:
     decode_token_s: float = 0.0
     """Seconds per decoded token after the first (:mod:`apbv.cost.decode`), averaged over the
     answer's steps (the first step's for a one-token answer)."""
+    graphs: GraphDecode | None = None
+    """The decode stage with ``decode.graphs`` (:func:`apbv.cost.decode.graph_decode`; its
+    stage seconds with the closing barrier); None where the hardware has no CUDA graphs."""
 
     @property
     def ttft_s(self) -> float:
@@ -79,6 +82,11 @@ class Prediction:
     def last_token_s(self) -> float:
         """Seconds to the answer's last token: TTFT and the decode stage."""
         return self.ttft_s + self.seconds["decode"]
+
+    @property
+    def last_token_graphs_s(self) -> float | None:
+        """:attr:`last_token_s` with ``decode.graphs`` (the request that captures)."""
+        return None if self.graphs is None else self.ttft_s + self.graphs.first_s
 
     @property
     def device_ttft_s(self) -> float:
@@ -93,6 +101,8 @@ class Prediction:
             "ttft_s": self.ttft_s, "seconds": self.seconds,
             "answer_tokens": self.answer_tokens, "decode_token_s": self.decode_token_s,
             "last_token_s": self.last_token_s,
+            "graphs": None if self.graphs is None else dataclasses.asdict(self.graphs),
+            "last_token_graphs_s": self.last_token_graphs_s,
             "ranks": [dataclasses.asdict(r) for r in self.ranks],
         }
 
@@ -338,40 +348,14 @@ def predict(
     steps = max(1, answer_tokens - 1)
     per_token = (decode / steps if answer_tokens > 1
                  else decode_s(dims, m, cached, 2, ranks))
+    graphs = None
+    if hw.graph_capture_s > 0:  # CUDA graphs: the decode stage as decode.graphs runs it
+        g = graph_decode(dims, m, cached, answer_tokens, ranks)
+        graphs = dataclasses.replace(g, first_s=g.first_s + barrier,
+                                     reused_s=g.reused_s + barrier)
     seconds = {"preprocess": max(preprocess) + barrier, "vision": max(vision_s) + barrier,
                "transfer": max(transfer) + barrier, "prefill": prefill_stage + barrier,
                "first_token": first_token + barrier, "decode": decode + barrier}
     return Prediction(mode=mode, hardware=hw.name, world_size=world_size, plan=plan,
                       seconds=seconds, ranks=tuple(costs), answer_tokens=answer_tokens,
-                      decode_token_s=per_token)
-
-
-def prediction_table(predictions: list[Prediction]) -> str:
-    """One row per mode: stage seconds, TTFT with and without preprocessing, speedups over
-    ``full`` and ``zigzag_ring`` (when predicted) and the largest per-rank KV cache; for
-    answers of more than one token also the seconds per decoded token and to the last
-    token."""
-    by_mode = {p.mode: p for p in predictions}
-    answer = max(p.answer_tokens for p in predictions) > 1
-    head = (f"{'mode':<13} {'TTFT s':>9} " + " ".join(f"{s:>11}" for s in TTFT_STAGES)
-            + f" {'no-prep s':>10} {'x full':>7} {'x zigzag':>8} {'KV GiB/rank':>11}"
-            + (f" {'decode ms/tok':>13} {'last token s':>12}" if answer else ""))
-    lines = [head]
-    for p in predictions:
-        speedups = []
-        for base in ("full", "zigzag_ring"):
-            other = by_mode.get(base)
-            speedups.append(f"{other.ttft_s / p.ttft_s:.2f}" if other else "-")
-        kv = max(r.kv_bytes for r in p.ranks) / 1024**3
-        lines.append(f"{p.mode:<13} {p.ttft_s:>9.3f} "
-                     + " ".join(f"{p.seconds[s]:>11.3f}" for s in TTFT_STAGES)
-                     + f" {p.device_ttft_s:>10.3f} {speedups[0]:>7} {speedups[1]:>8} {kv:>11.3f}"
-                     + (f" {1e3 * p.decode_token_s:>13.2f} {p.last_token_s:>12.3f}"
-                        if answer else ""))
-    spava = by_mode.get("spava")
-    others = [m for m in ("full", "zigzag_ring", "apb") if m in by_mode]
-    if spava and others:
-        ratios = ", ".join(f"{by_mode[m].device_ttft_s / spava.device_ttft_s:.2f}x {m}"
-                           for m in others)
-        lines.append(f"spava's speedup without preprocessing (what the reference times): {ratios}")
-    return "\n".join(lines)
+                      decode_token_s=per_token, graphs=graphs)

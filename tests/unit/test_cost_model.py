@@ -283,7 +283,8 @@ def test_hardware_json(tmp_path: Path) -> None:
     assert Hardware.from_json(path) == UNIT == cost.hardware(str(path))
     with pytest.raises(ValueError, match=r"unknown hardware field\(s\) \['flops'\]; allowed: "):
         Hardware.from_json({**UNIT.to_json(), "flops": 1.0})
-    with pytest.raises(ValueError, match="unknown hardware 'tpu'; allowed: h200, h200-ib, cpu"):
+    with pytest.raises(ValueError,
+                       match="unknown hardware 'tpu'; allowed: h200, h200-ib, h100, cpu"):
         cost.hardware("tpu")
     # The cpu preset holds the committed calibration of this machine.
     committed = Hardware.from_json(ROOT / "benchmarks" / "results" / "cpu_calibration.json")
