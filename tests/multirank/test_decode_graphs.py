@@ -11,6 +11,7 @@ back to eager on every rank with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from apbv.attention import kernels
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode_graph
-from apbv.engine.decode_graph import GraphStep, resolve_graphs
+from apbv.engine.decode_graph import GraphStep, GraphSteps, resolve_graphs
 from apbv.engine.engine import Engine
+from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import Request, StreamRef
 from apbv.engine.stream_plan import StreamSpec
 
@@ -82,6 +84,7 @@ def test_attention_upto_equals_attention_over_the_valid_rows() -> None:
 
 
 def _graphs_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, graphs_min_tokens=1))
     engine = Engine(cfg, info)
     assert not engine.decode_graphs and "cpu" in engine.decode_graphs_why
     frames = torch.randint(0, 256, (4, 3, SIZE, SIZE), dtype=torch.uint8,
@@ -160,3 +163,89 @@ def test_static_step_tokens_equal_eager(world_size: int, tiny_config: RuntimeCon
         why = "boom" if rank == world_size - 1 else "another rank's capture failed"
         assert len(r["uncaptured"]) == answers and all(why in w for w in r["uncaptured"]), (
             rank, r["uncaptured"])
+
+
+@pytest.mark.parametrize("rows, want", [(1, 64), (64, 64), (65, 80), (1000, 1024),
+                                        (1025, 1280), (1100, 1280), (70000, 81920)])
+def test_buckets_round_up_by_at_most_a_quarter(rows: int, want: int) -> None:
+    got = decode_graph.bucket(rows)
+    assert got == want and rows <= got <= max(64, 1.25 * rows), (rows, got)
+
+
+def test_rehouse_moves_the_rows_into_the_given_buffers() -> None:
+    cache = RankKVCache(2, reserve=3)
+    k, v = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
+    for layer in range(2):
+        cache.store(layer, k, v)
+    houses = {layer: (torch.full((1, 16, 2, 4), 7.0), torch.full((1, 16, 2, 4), 7.0))
+              for layer in range(2)}
+    cache.rehouse(lambda layer, like: houses[layer])
+    for layer in range(2):
+        keys, values = cache.buffers(layer)
+        assert keys is houses[layer][0] and values is houses[layer][1]
+        torch.testing.assert_close(cache.layer(layer)[0], k, rtol=0, atol=0)
+        torch.testing.assert_close(cache.layer(layer)[1], v, rtol=0, atol=0)
+        assert bool((keys[:, 5:] == 7.0).all()), "rows past the cached ones were touched"
+    assert cache.num_tokens() == 5 and cache.room() == 11, (cache.num_tokens(), cache.room())
+
+
+def _kept_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(
+        cfg.decode, graphs_min_tokens=NEW_TOKENS, graphs_kept=4))
+    engine = Engine(cfg, info)
+    questions = [QUESTION, "What colour is the first frame?"]
+
+    def answers(new_tokens: int = NEW_TOKENS, ask: list[str] = questions) -> list[list[int]]:
+        return [engine.generate(engine.request(video, q, mode="spava",
+                                               max_new_tokens=new_tokens)).token_ids
+                for q in ask]
+
+    eager = answers()
+    served, replays = [], {"n": 0}
+    step, replay = GraphSteps.step, GraphStep.replay
+
+    def recorded(self, qwen, ctx, max_new_tokens):
+        got = step(self, qwen, ctx, max_new_tokens)
+        served.append((id(got), [ctx.cache.buffers(layer)[0].data_ptr()
+                                 for layer in range(qwen.num_layers)],
+                       [got.kv[layer][0].data_ptr() for layer in range(qwen.num_layers)]))
+        return got
+
+    def counted(self):
+        replays["n"] += 1
+        return replay(self)
+
+    GraphSteps.step, GraphStep.replay = recorded, counted
+    try:
+        engine.decode_graphs = True  # the static step, uncaptured on the CPU
+        graphed = answers()
+        steps = engine.graph_steps
+        assert steps is not None
+        counts = {"made": steps.made, "reused": steps.reused, "kept": len(steps.steps),
+                  "replays": replays["n"]}
+        short = answers(NEW_TOKENS - 1, questions[:1])  # below graphs_min_tokens: eager
+        short_counts = {"made": steps.made, "reused": steps.reused, "replays": replays["n"]}
+    finally:
+        GraphSteps.step, GraphStep.replay = step, replay
+    return {"eager": eager, "graphed": graphed, "short": short,
+            "served": served, "counts": counts, "short_counts": short_counts}
+
+
+def test_steps_are_kept_across_requests(tiny_config: RuntimeConfig,
+                                        short_video: Path) -> None:
+    per_rank = spawn_local(_kept_job, 2, (tiny_config, str(short_video)), timeout_s=600,
+                           collective_timeout_s=120)
+    for rank, r in enumerate(per_rank):
+        assert r["graphed"] == r["eager"] == per_rank[0]["eager"], (rank, r)
+        assert r["short"][0] == r["eager"][0][:NEW_TOKENS - 1], (rank, r)  # greedy: a prefix
+        steps = sum(len(t) - 1 for t in r["eager"])
+        assert steps >= 4 and all(len(t) > 1 for t in r["eager"]), r["eager"]
+        # The second request of the bucket is served by the first one's step: the same
+        # object, its KV buffers those the cache decoded in, on every layer.
+        (first, cache1, own1), (second, cache2, own2) = r["served"]
+        assert second == first and cache2 == cache1 == own1 == own2, (rank, r["served"])
+        assert r["counts"] == {"made": 1, "reused": 1, "kept": 1, "replays": steps}, (
+            rank, r["counts"], steps)
+        # Answers allowed fewer than decode.graphs_min_tokens: no step made or replayed.
+        assert r["short_counts"] == {k: r["counts"][k] for k in ("made", "reused", "replays")}, (
+            rank, r["short_counts"])
