@@ -1,8 +1,8 @@
-"""NCCL inside a captured CUDA graph on one GPU (skipped without CUDA): a 1-rank NCCL group,
-28 x (matmul + comm's all-gather + wait) captured with eager collectives in flight
-(capture_error_mode="thread_local"), replayed 20 times on fresh inputs against the eager loop
-(benchmarks/nccl_graph.py; fp32, the same kernels). The decode step's all-gathers are
-captured this way on NCCL ranks (apbv/engine/decode_graph.py)."""
+"""NCCL inside a captured CUDA graph on one GPU, and the bounded token read-back (skipped
+without CUDA). A 1-rank NCCL group captures 28 x (matmul + comm's all-gather + wait) with
+eager collectives in flight (capture_error_mode="thread_local") and replays it 20 times on
+fresh inputs against the eager loop (benchmarks/nccl_graph.py; fp32, the same kernels): the
+decode step's all-gathers are captured this way on NCCL ranks (apbv/engine/decode_graph.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,30 @@ def test_nccl_all_gathers_captured_in_a_graph_replay_as_eager(one_rank_nccl) -> 
         f"{r['tolerance']:g} ({r})")
     print(f"\nNCCL graph case: capture {r['capture_ms']:.1f} ms, replay {r['replay_ms']:.3f} ms "
           f"against eager {r['eager_ms']:.3f} ms")
+
+
+def test_the_token_read_back_is_bounded_on_cuda() -> None:
+    """A token behind a kernel that runs past parallel.timeout_s (as a replayed step whose
+    peer is stuck would): the read-back raises PeerStuck after the timeout, not after the
+    kernel."""
+    import time
+
+    from apbv import comm
+    from apbv.engine.decode import host_token
+    from apbv.engine.readback import PeerStuck
+
+    before = comm.timeout_s()
+    comm.set_timeout(0.3)
+    try:
+        token = torch.zeros(1, dtype=torch.long, device="cuda")
+        torch.cuda._sleep(10**10)  # several seconds of spinning on the GPU
+        token += 1
+        t0 = time.monotonic()
+        with pytest.raises(PeerStuck, match="the first token was not ready within "
+                                             r"parallel\.timeout_s=0\.3 s"):
+            host_token(token)
+        waited = time.monotonic() - t0
+    finally:
+        comm.set_timeout(before)
+        torch.cuda.synchronize()
+    assert 0.3 <= waited < 1.5, f"the read-back waited {waited:.2f} s for a 0.3 s bound"
