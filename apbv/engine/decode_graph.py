@@ -251,6 +251,15 @@ class GraphSteps:
         step.adopt(ctx)
         return step
 
+    def make_room(self, short: int) -> int:
+        """Drop kept steps, least recently used first, until ``short`` bytes of their KV are
+        freed or none is left (a request that would not fit otherwise); the bytes freed."""
+        freed = 0
+        while self.steps and freed < short:
+            _, step = self.steps.popitem(last=False)
+            freed += sum(t.numel() * t.element_size() for kv in step.kv.values() for t in kv)
+        return freed
+
     def forget(self, step: GraphStep | None) -> None:
         """Drop ``step`` (one that failed its capture or its first-step check)."""
         for key, kept in list(self.steps.items()):

@@ -249,8 +249,11 @@ class Engine:
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-            return (estimate.device_total - weights, free + cached,
-                    f"the free memory of {device}")
+            need = estimate.device_total - weights
+            if need > free + cached and self.graph_steps is not None and \
+                    self.graph_steps.make_room(need - free - cached):  # kept decode steps' KV
+                cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return need, free + cached, f"the free memory of {device}"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.info.world_size))
         return (estimate.total - weights, _available_host_bytes() // max(1, local),
                 f"this rank's share (1/{local}) of the host's available memory")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from apbv.attention import kernels
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode_graph
+from apbv.engine.decode import DecodeContext
 from apbv.engine.decode_graph import GraphStep, GraphSteps, resolve_graphs
 from apbv.engine.engine import Engine
 from apbv.engine.kvcache import RankKVCache
@@ -187,6 +189,58 @@ def test_rehouse_moves_the_rows_into_the_given_buffers() -> None:
         torch.testing.assert_close(cache.layer(layer)[1], v, rtol=0, atol=0)
         assert bool((keys[:, 5:] == 7.0).all()), "rows past the cached ones were touched"
     assert cache.num_tokens() == 5 and cache.room() == 11, (cache.num_tokens(), cache.room())
+
+
+def test_make_room_drops_the_least_recently_used_kept_steps() -> None:
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
+    steps = GraphSteps(4, 16, CPU)
+    like = torch.zeros(1, 1, 2, 8)  # 2 KV heads x 8 dims of fp32: 64 bytes a row
+    for capacity in (64, 80, 96):
+        step = GraphStep(None, DecodeContext(info, RankKVCache(2), None), CPU,
+                         capacity=capacity)
+        for layer in range(2):
+            step.house(layer, like)
+        steps.steps[(capacity, 1)] = step
+    steps.steps.move_to_end((64, 1))  # the 64-row step was used last
+    row = 2 * 2 * 64  # keys and values of 2 layers
+    assert steps.make_room(0) == 0 and len(steps.steps) == 3
+    assert steps.make_room(1) == 80 * row and list(steps.steps) == [(96, 1), (64, 1)]
+    assert steps.make_room(96 * row + 1) == (96 + 64) * row and not steps.steps
+    assert steps.make_room(1) == 0
+
+
+def _kept_bytes(steps: GraphSteps) -> int:
+    return sum(t.numel() * t.element_size() for step in steps.steps.values()
+               for kv in step.kv.values() for t in kv)
+
+
+@pytest.mark.parametrize("need, dropped", [(500, 0), (1500, 1), (3500, 2)])
+def test_a_request_short_of_cuda_memory_drops_kept_steps_first(
+        monkeypatch: pytest.MonkeyPatch, tiny_config: RuntimeConfig, need: int,
+        dropped: int) -> None:
+    """The memory check on a CUDA rank (faked: the free memory 500 bytes, the cached blocks
+    the allocator's reserve less what the kept steps hold): kept steps are dropped, least
+    recently used first, only as far as the request needs their room."""
+    engine = Engine.__new__(Engine)  # the check alone: no model
+    engine.cfg = tiny_config
+    engine.info = DistInfo(rank=0, world_size=1, local_rank=0, device=CUDA, backend=None)
+    steps = engine.graph_steps = GraphSteps(4, 16, CPU)
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
+    for capacity in (1, 2):  # 1024 and 2048 bytes of fp32 KV
+        step = GraphStep(None, DecodeContext(info, RankKVCache(1), None), CPU,
+                         capacity=capacity * 64)
+        step.house(0, torch.zeros(1, 1, 1, 2))
+        steps.steps[(capacity * 64, 1)] = step
+    reserved = _kept_bytes(steps)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (500, 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: _kept_bytes(steps))
+    estimate = SimpleNamespace(parts={"weights": 100}, device_total=need + 100)
+    got, budget, source = engine._memory_need_and_budget(estimate)  # type: ignore[arg-type]
+    assert got == need and "free memory of cuda:0" in source, (got, source)
+    assert len(steps.steps) == 2 - dropped, (need, list(steps.steps))
+    assert budget == 500 + reserved - _kept_bytes(steps), (budget, reserved)
+    assert dropped == 0 or budget >= need or not steps.steps, (need, budget)
 
 
 def _kept_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
