@@ -66,6 +66,9 @@ def test_bad_values_are_refused(tiny_config: RuntimeConfig) -> None:
         with pytest.raises(ValueError, match="decode.graphs must be one of auto, on, off"):
             load_config("tiny_cpu", [f"decode.graphs={bad!r}"])
     assert load_config("qwen2_5_vl_7b_8gpu").decode.graphs == "auto"
+    for name, bad, low in (("graphs_min_tokens", 0, 1), ("graphs_kept", -1, 0)):
+        with pytest.raises(ValueError, match=f"decode.{name} must be an integer >= {low}"):
+            load_config("tiny_cpu", [f"decode.{name}={bad}"])
     cfg = load_config("tiny_cpu", [f"model.path={str(tiny_config.model.path)!r}",
                                    "decode.graphs=on"])
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
