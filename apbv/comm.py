@@ -30,6 +30,19 @@ def set_timeout(seconds: float) -> None:
     _timeout = timedelta(seconds=seconds)
 
 
+def timeout_s() -> float:
+    """The bound on collective waits in this process, in seconds (:func:`set_timeout`)."""
+    return _timeout.total_seconds()
+
+
+def abort(group: dist.ProcessGroup | None = None) -> None:
+    """End ``group`` now, on this rank, after a peer was found stuck: on NCCL its
+    communicators are aborted (every pending collective fails instead of waiting); other
+    backends have no abort and their waits are bounded already. Nothing without a group."""
+    if is_distributed() and dist.get_backend(group) == "nccl":
+        dist.distributed_c10d._abort_process_group(group)
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -73,10 +86,12 @@ class PendingGather:
 
 
 def start_all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> PendingGather:
-    """Start gathering ``x`` (same shape on every rank) from all ranks; result[i] is rank i's."""
-    _, world = rank_and_size(group)
-    if world == 1:
+    """Start gathering ``x`` (same shape on every rank) from all ranks; result[i] is rank i's.
+    Without a process group nothing moves; a one-rank group still runs its collective (a
+    one-rank NCCL group is how one GPU checks collectives inside a captured decode step)."""
+    if not is_distributed():
         return PendingGather(x.unsqueeze(0), None)
+    _, world = rank_and_size(group)
     x = x.contiguous().view(1, *x.shape)  # gathered along dim 0 (gloo takes only this form)
     result = x.new_empty((world, *x.shape[1:]))
     work = _all_gather_single(result, x, group=group, async_op=True)

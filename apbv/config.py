@@ -30,8 +30,7 @@ SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
 RESIZE_DEVICES = ("cpu", "cuda")
-DECODE_GRAPHS = ("auto", "on", "off")
-"""Values of decode.graphs (see apbv/engine/decode_graph.py)."""
+DECODE_GRAPHS = ("auto", "on", "off")  # values of decode.graphs (docs/decode_graphs.md)
 _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
@@ -216,13 +215,17 @@ class GenerateConfig:
 @dataclass
 class DecodeConfig:
     graphs: str = "auto"
-    """Greedy decode steps captured in a CUDA graph and replayed per token (the first step
-    checked against the eager one, eager again if they differ): auto = on for CUDA ranks
-    with the nccl backend or one rank, off otherwise (the CPU always decodes eagerly); on
-    (refused where it cannot work); off."""
+    """CUDA-graph decode steps (docs/decode_graphs.md): auto = on for CUDA ranks with nccl or
+    one rank (the CPU decodes eagerly); on (refused where it cannot work); off."""
+    graphs_min_tokens: int = 16
+    """Answers allowed fewer tokens (max_new_tokens) decode eagerly: a capture costs more."""
+    graphs_kept: int = 4
+    """Captured steps kept across requests (one per KV bucket and world); 0: none kept."""
 
     def __post_init__(self) -> None:
         one_of("decode.graphs", self.graphs, DECODE_GRAPHS)
+        integer("decode.graphs_min_tokens", self.graphs_min_tokens, 1)
+        integer("decode.graphs_kept", self.graphs_kept, 0)
 
 
 @dataclass

@@ -14,11 +14,16 @@ GPU, so H ranks can share ``cuda:0``. Parts (``--parts``, default all):
 - ``serve``: ``apbv serve --world-size 2 --gpus-per-rank 0.5`` (two rank actors on the one GPU,
   gloo) answering the official ``openai`` client (on the CPU: ``--gpus-per-rank 0``).
 - ``nccl``: a 1-rank NCCL group: the object collectives from a fresh thread, as Ray calls them
-  (which device the thread is on), and a layer loop's ``wait()`` against ``wait(timeout)``.
-- ``graphs``: ``decode.graphs`` on one rank (the trained tiny checkpoint, fp32 and bf16): the
-  decode stage's seconds per token with the captured step against eager, the captured step
-  accepted at its first-step check, and in fp32 the same tokens (CUDA only: skipped on the
-  CPU, which always decodes eagerly).
+  (which device the thread is on), a layer loop's ``wait()`` against ``wait(timeout)``, and
+  NCCL inside a captured graph (benchmarks/nccl_graph.py: 28 x (matmul + comm's all-gather +
+  wait) captured with eager collectives in flight, replayed against eager). On the CPU its
+  CPU-side logic: that loop on a 1-rank gloo group, the bounded decode read-back.
+- ``graphs``: ``decode.graphs`` on one rank (the trained tiny checkpoint, fp32 and bf16) and
+  on a 1-rank NCCL group (fp32: the step's all-gathers captured as NCCL kernels): the decode
+  stage's seconds per token with the captured step (the first request captures, the second
+  reuses the kept step) against eager, the captured step accepted at its first-step check,
+  and in fp32 the same tokens. On the CPU the same step runs uncaptured (the CPU decodes
+  eagerly otherwise).
 
     python benchmarks/multirank_check.py --device cuda:0 --world-sizes 2,4
     python benchmarks/multirank_check.py --device cpu --world-sizes 2 --parts op,engine   # CI
@@ -232,18 +237,33 @@ def check_serve(device: str) -> list[str]:
 
 # --- nccl -------------------------------------------------------------------------------------
 
+def _one_rank_group(backend: str) -> DistInfo:
+    """This process as a 1-rank ``backend`` group (cuda:0 on NCCL), made even though one rank
+    needs none, so that collectives really run (NCCL: its kernels)."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from apbv.distributed import init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    info = init_distributed(backend=backend, timeout_s=60)
+    if not dist.is_initialized():  # one rank makes no group: make it, to talk through it
+        dist.init_process_group(backend, rank=0, world_size=1,
+                                device_id=info.device if backend == "nccl" else None)
+    return dataclasses.replace(info, backend=backend)
+
+
 def _nccl_job(layers: int, repeats: int) -> dict[str, Any]:
     """In a process of its own: a 1-rank NCCL group on cuda:0."""
     import torch.distributed as dist
 
     from apbv import comm
-    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.distributed import destroy_distributed
+    from benchmarks import nccl_graph
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
-    info = init_distributed(backend="nccl", timeout_s=60)
-    if not dist.is_initialized():  # one rank makes no group: make it, to talk through NCCL
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=info.device)
+    info = _one_rank_group("nccl")
     report: dict[str, Any] = {}
 
     def worker() -> None:  # as Ray runs an actor call: a thread that never set a device
@@ -273,7 +293,31 @@ def _nccl_job(layers: int, repeats: int) -> dict[str, Any]:
         layer_loop(timeout)  # warm
         report[f"host_s_{'timeout' if timeout else 'plain'}"] = min(
             layer_loop(timeout) for _ in range(repeats))
+    try:
+        report["graph"] = nccl_graph.graph_case(info.device, layers)
+    except RuntimeError as exc:  # a capture NCCL or torch refuses: reported, counted failed
+        report["graph"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     destroy_distributed()
+    return report
+
+
+def _nccl_cpu_job(layers: int) -> dict[str, Any]:
+    """The nccl part's CPU-side logic, in a process of its own: the graph case's loop on a
+    1-rank gloo group, and the decode's bounded read-back on a token that never arrives."""
+    from apbv.distributed import destroy_distributed
+    from apbv.engine import readback
+    from benchmarks import nccl_graph
+
+    _one_rank_group("gloo")
+    report: dict[str, Any] = {"graph": nccl_graph.cpu_case(layers)}
+    destroy_distributed()
+    aborted, t0 = [], time.perf_counter()
+    try:
+        readback.poll(lambda: False, 0.2, "a stuck token", lambda: aborted.append(True))
+        report["stuck"] = "returned"
+    except readback.PeerStuck as exc:
+        report["stuck"] = f"{time.perf_counter() - t0:.2f} s, aborted {aborted == [True]}: {exc}"
+    report["stuck_ok"] = aborted == [True] and time.perf_counter() - t0 < 2.0
     return report
 
 
@@ -285,14 +329,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_nccl(device: str, layers: int = 28) -> list[str]:
-    if not device.startswith("cuda"):
-        _say("nccl", "skipped: NCCL needs a CUDA device (the check runs on the CPU)")
-        return []
+def _in_process(job: Any, args: tuple, timeout_s: float) -> Any:
+    """``job(*args)`` in a fresh spawned process (a process group of its own)."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        report = pool.apply_async(_nccl_job, (layers, 5)).get(timeout=300)
+        return pool.apply_async(job, args).get(timeout=timeout_s)
+
+
+def check_nccl(device: str, layers: int = 28) -> list[str]:
+    if not device.startswith("cuda"):
+        report = _in_process(_nccl_cpu_job, (layers,), 120)
+        g = report["graph"]
+        ok = g["ok"] and report["stuck_ok"]
+        _say("nccl", "skipped: NCCL needs a CUDA device (the check runs on the CPU); its "
+                     f"CPU-side logic: {'OK' if ok else 'FAILED'}; the graph case's "
+                     f"{layers} layers with a 1-rank gloo all-gather each against no "
+                     f"collective: max rel diff {g['max_rel_diff']:.2g} (tolerance "
+                     f"{g['tolerance']:g}); the bounded read-back of a token that never "
+                     f"arrives: {report['stuck']}")
+        return [] if ok else ["nccl cpu-side"]
+    report = _in_process(_nccl_job, (layers, 5), 300)
+    g = report["graph"]
+    if "error" in g:
+        _say("nccl", f"graph case: FAILED: {g['error']}")
+    else:
+        _say("nccl", f"graph case: {'OK' if g['ok'] else 'FAILED'}; {g['layers']} x (matmul + "
+                     f"comm all-gather + wait) captured on a side stream (thread_local) with "
+                     f"eager collectives in flight (their results right: {g['in_flight_ok']}),"
+                     f" replayed {g['replays']} times: max rel diff against eager "
+                     f"{g['max_rel_diff']:.2g} (tolerance {g['tolerance']:g}); capture "
+                     f"{g['capture_ms']:.1f} ms, replay {g['replay_ms']:.3f} ms against eager "
+                     f"{g['eager_ms']:.3f} ms ({g['eager_ms'] / g['replay_ms']:.2f}x)")
     ok = report.get("broadcast_object") == {"ok": 1} and report.get("all_gather_object") == ["x"]
     _say("nccl", f"1-rank group: {'OK' if ok else 'FAILED'}; object collectives from a fresh "
                  f"thread (on cuda:{report.get('thread_device')}): "
@@ -300,13 +368,15 @@ def check_nccl(device: str, layers: int = 28) -> list[str]:
                  f"{layers} layers queued by the host in {report['host_s_plain'] * 1e3:.1f} ms "
                  f"with wait() against {report['host_s_timeout'] * 1e3:.1f} ms with "
                  "wait(timeout) (the CPU-blocking form comm no longer uses on NCCL)")
-    return [] if ok else ["nccl"]
+    return ([] if ok else ["nccl"]) + ([] if g["ok"] else ["nccl graph case"])
 
 
 # --- graphs -----------------------------------------------------------------------------------
 
 def _graphs_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
-    """The needle request decoded eagerly, then with the captured step, on this one rank."""
+    """The needle request decoded eagerly, then with the captured step (kept across requests:
+    the first request captures, the second reuses), on this one rank. On the CPU the step
+    runs uncaptured (its static KV buffers and masked attention, the kept step's reuse)."""
     from apbv.assets import needle_tiny
     from apbv.cli.demo_pipeline import NEEDLE, needle_sample
     from apbv.config import load_config
@@ -314,42 +384,74 @@ def _graphs_job(info: DistInfo, dtype: str, tokens: int) -> dict[str, Any]:
     from apbv.engine.request import Request
 
     cfg = load_config("tiny_cpu", [f"model.path={str(needle_tiny())!r}", f"model.dtype={dtype!r}",
-                                   "decode.graphs=auto"])
+                                   "decode.graphs=auto", f"decode.graphs_min_tokens={NEW_TOKENS}"])
     sample = needle_sample(dict(NEEDLE, tokens=tokens))
     engine = Engine(cfg, info)
     out: dict[str, Any] = {"resolved": engine.decode_graphs, "why": engine.decode_graphs_why}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for graphs in (False, True):
-            engine.decode_graphs = graphs
+            engine.decode_graphs = graphs  # forced on the CPU: the static step, uncaptured
+            # eager: the first run warms up (one run on the CPU, where no timing counts);
+            # graphs: the first run captures the step, the second reuses it
+            twice = graphs or info.device.type == "cuda"
             runs = [engine.generate(Request(video=sample.video(), question=sample.question,
                                             mode="spava", max_new_tokens=NEW_TOKENS))
-                    for _ in range(2)]  # the first warms up
-            steps = max(1, len(runs[1].token_ids) - 1)
-            name = "graph" if graphs else "eager"
-            out[name] = {"tokens": runs[1].token_ids,
-                         "s_per_token": runs[1].seconds.get("decode", 0.0) / steps}
+                    for _ in range(2 if twice else 1)]
+            runs = runs if twice else runs * 2
+            steps = [max(1, len(r.token_ids) - 1) for r in runs]
+            out["graph" if graphs else "eager"] = {
+                "tokens": runs[1].token_ids, "first_tokens": runs[0].token_ids,
+                "s_per_token_first": runs[0].seconds.get("decode", 0.0) / steps[0],
+                "s_per_token": runs[1].seconds.get("decode", 0.0) / steps[1]}
+    kept = engine.graph_steps
+    out["made"], out["reused"] = (kept.made, kept.reused) if kept is not None else (0, 0)
     out["warnings"] = [str(w.message) for w in caught if "decode.graphs" in str(w.message)]
     return out
 
 
+def _nccl_graphs_job(dtype: str, tokens: int) -> dict[str, Any]:
+    """:func:`_graphs_job` on a 1-rank NCCL group: the decode step's all-gathers are NCCL
+    collectives, captured with the step."""
+    from apbv.distributed import destroy_distributed
+
+    out = _graphs_job(_one_rank_group("nccl"), dtype, tokens)
+    destroy_distributed()
+    return out
+
+
+def _graphs_line(r: dict[str, Any], where: str, dtype: str, captured: bool) -> bool:
+    """Print one graphs run's line; whether it passed: no fallback, one step made and reused
+    by the second request, and (fp32, or uncaptured) the eager tokens."""
+    same = r["graph"]["tokens"] == r["eager"]["tokens"] and \
+        r["graph"]["first_tokens"] == r["eager"]["tokens"]
+    ok = (r["resolved"] or not captured) and not r["warnings"] and \
+        (r["made"], r["reused"]) == (1, 1) and (same or (captured and dtype != "float32"))
+    g, e = r["graph"], r["eager"]
+    _say("graphs", f"{where} {dtype}: {'OK' if ok else 'FAILED'}; auto resolved {r['resolved']} "
+                   f"({r['why']}); steps made {r['made']}, reused {r['reused']}; decode s/token "
+                   f"graph {g['s_per_token_first']:.5f} with the capture, "
+                   f"{g['s_per_token']:.5f} reused, against eager {e['s_per_token']:.5f} "
+                   f"({e['s_per_token'] / max(g['s_per_token'], 1e-9):.2f}x); same tokens "
+                   f"{same}; fell back: {r['warnings'] or 'no'}")
+    return ok
+
+
 def check_graphs(device: str, tokens: int) -> list[str]:
     if not device.startswith("cuda"):
+        r = spawn_local(_graphs_job, 1, ("float32", tokens), device=device, timeout_s=600)[0]
         _say("graphs", "skipped: CUDA graphs need a CUDA device (decode on the CPU is always "
-                       "eager)")
-        return []
+                       "eager); its CPU-side logic: the static step uncaptured, kept across "
+                       "requests:")
+        return [] if _graphs_line(r, "1 rank cpu", "float32", False) else ["graphs cpu-side"]
     failures = []
     for dtype in ("float32", "bfloat16"):
         r = spawn_local(_graphs_job, 1, (dtype, tokens), device=device, timeout_s=600)[0]
-        same = r["graph"]["tokens"] == r["eager"]["tokens"]
-        ok = r["resolved"] and not r["warnings"] and (same or dtype != "float32")
-        _say("graphs", f"1 rank {device} {dtype}: {'OK' if ok else 'FAILED'}; auto resolved "
-                       f"{r['resolved']} ({r['why']}); decode s/token graph "
-                       f"{r['graph']['s_per_token']:.5f} (one capture included) against eager "
-                       f"{r['eager']['s_per_token']:.5f}; same tokens {same}; fell back: "
-                       f"{r['warnings'] or 'no'}")
-        if not ok:
+        if not _graphs_line(r, f"1 rank {device}", dtype, True):
             failures.append(f"graphs {dtype}")
+    r = _in_process(_nccl_graphs_job, ("float32", tokens), 600)  # NCCL inside the step
+    if not _graphs_line(r, f"1-rank NCCL group {device}", "float32", True):
+        failures.append("graphs nccl float32")
     return failures
 
 

@@ -39,6 +39,13 @@ def test_first_run_dry_run_on_the_cpu(tmp_path: Path) -> None:
     assert len(engine) == 1 and ": OK; ranks agree True" in engine[0], log
     assert "[nccl] skipped: NCCL needs a CUDA device" in log, log
     assert "[graphs] skipped: CUDA graphs need a CUDA device" in log, log
+    # ... and their CPU-side logic ran: the graph case's loop with a real 1-rank all-gather,
+    # the bounded read-back of a stuck token, the static decode step kept across requests
+    nccl = [line for line in log.splitlines() if line.startswith("[nccl] skipped")]
+    assert len(nccl) == 1 and "CPU-side logic: OK" in nccl[0] and "aborted True" in nccl[0], log
+    graphs = [line for line in log.splitlines() if line.startswith("[graphs] 1 rank cpu")]
+    assert len(graphs) == 1 and ": OK;" in graphs[0] and "steps made 1, reused 1" in graphs[0] \
+        and "same tokens True" in graphs[0], log
     assert re.search(r"SKIPPED \[\d+\] tests/gpu/\S+: needs a CUDA device", log), log
     summary = log[log.index("== summary"):].splitlines()
     rows = {line.split()[0]: line for line in summary[2:-1]}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,12 +26,16 @@ from apbv.attention import kernels
 from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
+from apbv.engine import readback
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
 from apbv.engine.sampling import GREEDY, Sampling
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
+
+if TYPE_CHECKING:  # decode_graph builds on this module
+    from apbv.engine.decode_graph import GraphSteps
 
 
 @dataclass
@@ -58,6 +62,10 @@ class DecodeContext:
     step is capturable (:mod:`apbv.engine.decode_graph`): the owner writes the new rows' KV
     at that row of its preallocated buffers and attends over the whole buffers masked to
     the valid rows, so no shape or address depends on the count."""
+    static_all: bool = False
+    """With ``length``: every rank's rows sit in buffers of a fixed capacity (a step kept
+    across requests: :class:`apbv.engine.decode_graph.GraphSteps`), so the other ranks too
+    attend over their whole buffers, masked to their ``length`` cached rows."""
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -70,6 +78,9 @@ class DecodeContext:
             keys.index_copy_(1, self.length, k)
             values.index_copy_(1, self.length, v)
             out, lse = kernels.attention_upto(q, keys, values, self.length + 1, scale)
+        elif self.static_all and self.length is not None:  # a kept step's other rank
+            keys, values = self.cache.buffers(layer)
+            out, lse = kernels.attention_upto(q, keys, values, self.length, scale)
         else:
             if mine:
                 self.cache.append(layer, k, v)
@@ -130,10 +141,13 @@ _PINNED: dict[torch.dtype, torch.Tensor] = {}
 finishes the read before the next token's copy can start)."""
 
 
-def host_token(token: torch.Tensor) -> int:
+def host_token(token: torch.Tensor, group: dist.ProcessGroup | None = None,
+               what: str = "the first token") -> int:
     """The value of a (1,) int64 token tensor on the host: the one read back per decoded token
     (for ``on_token``, EOS and stop texts). On CUDA it is a non-blocking copy to pinned memory
-    waited on by an event, so only this token's work is waited for; on the CPU a plain read."""
+    whose event is polled (:func:`apbv.engine.readback.poll`), so only this token's work is
+    waited for, and for at most ``parallel.timeout_s``: past it ``group`` is aborted and
+    :class:`~apbv.engine.readback.PeerStuck` names ``what``. On the CPU a plain read."""
     if token.device.type != "cuda":
         return int(token[0])
     pinned = _PINNED.get(token.dtype)
@@ -142,7 +156,7 @@ def host_token(token: torch.Tensor) -> int:
     pinned.copy_(token, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
-    copied.synchronize()
+    readback.poll(copied.query, comm.timeout_s(), what, lambda: comm.abort(group))
     return int(pinned[0])
 
 
@@ -171,7 +185,7 @@ def greedy_continue(
     on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None,
     stop_texts: Sequence[str] = (),
-    graphs: bool = False,
+    graphs: GraphSteps | None = None,
     sampling: Sampling = GREEDY,
     logprobs: list[dict] | None = None,
 ) -> tuple[list[int], str]:
@@ -188,10 +202,11 @@ def greedy_continue(
     are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
     fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
     steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
-    rank alike), the cache's reservation taking the new rows in place; only for greedy
-    ``sampling`` without log-probabilities. ``sampling`` picks each token (every rank draws
-    the same); with ``logprobs`` (a list, on the query rank) each new token's
-    :meth:`Sampling.record` is appended to it.
+    rank alike), the cache's reservation taking the new rows in place, the step kept across
+    requests where ``graphs`` keeps steps; only for greedy ``sampling`` without
+    log-probabilities and answers of at least ``graphs.min_tokens``. ``sampling`` picks each
+    token (every rank draws the same); with ``logprobs`` (a list, on the query rank) each new
+    token's :meth:`Sampling.record` is appended to it.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
@@ -200,13 +215,11 @@ def greedy_continue(
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
     signal = step_signal(token.device)
-    graph = None
-    if graphs and sampling.plain:  # imported here: decode_graph builds on this module
-        from apbv.engine.decode_graph import GraphStep
-
+    graph = kept = None
+    if graphs is not None and sampling.plain and graphs.wanted(max_new_tokens):
         assert info.rank != QUERY_RANK or cache.room() >= max_new_tokens - 1, (
             f"{cache.room()} reserved KV rows for {max_new_tokens - 1} decode steps")
-        graph = GraphStep(qwen, ctx, token.device)
+        graph = kept = graphs.step(qwen, ctx, max_new_tokens)
     first = True
 
     def ended() -> str | None:
@@ -231,11 +244,13 @@ def greedy_continue(
             if graph is not None:  # the first step: the captured one must agree with it
                 graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
                 if graph is None:  # its row's KV is the graph's: redo the step eagerly
+                    assert graphs is not None
+                    graphs.forget(kept)
                     cache.truncate(mark)
                     token, _ = _eager_step(qwen, fed, positions, signal, ctx)
         first = False
         positions.add_(1)
-        tokens.append(host_token(token))
+        tokens.append(host_token(token, info.group, f"decode step {len(tokens)}'s token"))
         if tokens[-1] == STOP:
             return tokens[:-1], "cancelled"
         if tokens[-1] == DIVERGED:

@@ -14,6 +14,10 @@ the same step and its logits must equal the eager ones within the dtype's tolera
 (:data:`TOLERANCE`) on every rank (one extra collective, once), else the decode goes on eager
 with a warning saying why. The first token of the step is the eager one either way.
 
+Steps are kept across requests (:class:`GraphSteps`: one per KV-capacity bucket and world
+size, their KV buffers reused, captured once into one memory pool), and answers allowed fewer
+than ``decode.graphs_min_tokens`` tokens decode eagerly (docs/decode_graphs.md).
+
 On the CPU (tests) the same static step runs uncaptured: the driver, the in-place KV rows and
 the masked attention are checked there; the capture itself needs a GPU and has not yet run on
 one.
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import OrderedDict
+from typing import Any
 
 import torch
 
@@ -74,17 +80,40 @@ class GraphStep:
     own outputs (overwritten by the next run).
     """
 
-    def __init__(self, qwen: VideoModel, ctx: DecodeContext, device: torch.device):
+    def __init__(self, qwen: VideoModel, ctx: DecodeContext, device: torch.device, *,
+                 pool: Any = None, capacity: int | None = None):
         self.qwen = qwen
         self.ctx = dataclasses.replace(ctx, signal=None, received=None,
-                                       length=torch.zeros(1, dtype=torch.long, device=device))
+                                       length=torch.zeros(1, dtype=torch.long, device=device),
+                                       static_all=capacity is not None)
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.positions = torch.zeros((3, 1, 1), dtype=torch.long, device=device)
         self.signal = step_signal(device)
         self.captures = device.type == "cuda"
+        self.pool = pool
+        """The graph memory pool the capture allocates from (shared by an engine's steps)."""
+        self.capacity = capacity
+        """Rows per layer of the step's own KV buffers (a step kept across requests, whose
+        caches :meth:`house` holds), or None (the request's cache's own buffers)."""
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.next: torch.Tensor | None = None
+
+    def house(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s (1, :attr:`capacity`, Hkv, D) key and value buffers, shaped as ``like``
+        (allocated zeroed at the first request, the same tensors at every later one):
+        :meth:`RankKVCache.rehouse`'s ``house``."""
+        assert self.capacity is not None, "a step of one request has no buffers of its own"
+        if layer not in self.kv:
+            shape = (1, self.capacity, *like.shape[2:])
+            self.kv[layer] = (like.new_zeros(shape), like.new_zeros(shape))
+        return self.kv[layer]
+
+    def adopt(self, ctx: DecodeContext) -> None:
+        """Serve ``ctx``'s request: its cache moves into this step's buffers."""
+        ctx.cache.rehouse(self.house)
+        self.ctx.cache, self.ctx.info = ctx.cache, ctx.info
 
     def _step(self) -> None:
         self.ctx.signal = self.signal
@@ -106,7 +135,7 @@ class GraphStep:
         """Capture the loaded step (on CUDA; nothing to do elsewhere): a warm-up run on a side
         stream (the same step: it writes the same KV row), then the capture, which runs
         nothing. Returns why it failed, or None."""
-        if not self.captures:
+        if not self.captures or self.graph is not None:  # a kept step: captured before
             return None
         try:
             side = torch.cuda.Stream()
@@ -115,7 +144,9 @@ class GraphStep:
                 self._step()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: a concurrent CUDA call of another thread (a serve actor's second
+            # call) cannot invalidate the capture
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 self._step()
         except RuntimeError as exc:  # e.g. an op that cannot be captured
             return f"the capture failed: {exc}"
@@ -153,3 +184,84 @@ def agrees(graph_logits: torch.Tensor, eager_logits: torch.Tensor, dtype: torch.
 def fall_back(why: str) -> None:
     warnings.warn(f"decode.graphs: the captured decode step is not used, decoding eagerly: "
                   f"{why}", RuntimeWarning, stacklevel=3)
+
+
+def bucket(rows: int) -> int:
+    """The KV capacity of the kept step that serves ``rows`` rows per layer: ``rows`` rounded
+    up to a multiple of a quarter of the power of two below it (at least 64): 1000 -> 1024,
+    1100 -> 1280, 70000 -> 81920. At most 25% more rows than needed, and four buckets per
+    doubling, so requests of similar sizes share a step."""
+    if rows <= 64:
+        return 64
+    step = 1 << max(0, (rows - 1).bit_length() - 3)
+    return -(-rows // step) * step
+
+
+class GraphSteps:
+    """An engine's captured decode steps, kept across requests: one per (KV-capacity bucket,
+    world size), the least recently used dropped beyond ``kept``, all captured into one CUDA
+    graph memory pool. A request of a bucket already captured moves its KV into that step's
+    buffers (:meth:`GraphStep.adopt`: one copy of the cache, no capture, no ``empty_cache``);
+    answers allowed fewer than ``min_tokens`` tokens decode eagerly (the capture would cost
+    more than it saves). ``made`` and ``reused`` count the steps made and served again."""
+
+    def __init__(self, kept: int, min_tokens: int, device: torch.device, pool: Any = None):
+        self.kept = kept
+        self.min_tokens = min_tokens
+        self.steps: OrderedDict[tuple[int, int], GraphStep] = OrderedDict()
+        self.pool = pool if pool is not None or device.type != "cuda" else \
+            torch.cuda.graph_pool_handle()
+        self.made = 0
+        self.reused = 0
+
+    def unkept(self) -> GraphSteps:
+        """The same pool and threshold for requests whose cache stays their own (a stream's
+        ask: its KV outlives the answer): each gets a step of its own, captured anew."""
+        return GraphSteps(0, self.min_tokens, torch.device("cpu"), self.pool)
+
+    def wanted(self, max_new_tokens: int) -> bool:
+        """Whether an answer of at most ``max_new_tokens`` tokens is worth a captured step."""
+        return max_new_tokens >= self.min_tokens
+
+    def step(self, qwen: VideoModel, ctx: DecodeContext, max_new_tokens: int) -> GraphStep:
+        """The step for ``ctx``'s request (its cache rehoused into a kept step's buffers, or a
+        step of its own where nothing is kept): the same choice on every rank (two small
+        collectives: the rows every rank needs, then whether any rank lacks the step)."""
+        device = qwen.device
+        info, cache = ctx.info, ctx.cache
+        rows = cache.num_tokens()
+        need = rows + (max_new_tokens - 1 if info.rank == ctx.owner else 0)
+        every = comm.all_gather_ints([need, rows], info.group) if self.kept else None
+        if every is None or int(every[:, 1].min()) == 0:  # kept steps need rows on every rank
+            self.made += 1
+            return GraphStep(qwen, ctx, device, pool=self.pool)
+        key = (bucket(int(every[:, 0].max())), info.world_size)
+        step = self.steps.get(key)
+        if comm.any_rank(step is None, info.group):  # one rank lacks it: all capture anew
+            self.forget(step)
+            step = GraphStep(qwen, ctx, device, pool=self.pool, capacity=key[0])
+            self.made += 1
+            self.steps[key] = step
+            while len(self.steps) > self.kept:
+                self.steps.popitem(last=False)
+        else:
+            assert step is not None
+            self.reused += 1
+            self.steps.move_to_end(key)
+        step.adopt(ctx)
+        return step
+
+    def make_room(self, short: int) -> int:
+        """Drop kept steps, least recently used first, until ``short`` bytes of their KV are
+        freed or none is left (a request that would not fit otherwise); the bytes freed."""
+        freed = 0
+        while self.steps and freed < short:
+            _, step = self.steps.popitem(last=False)
+            freed += sum(t.numel() * t.element_size() for kv in step.kv.values() for t in kv)
+        return freed
+
+    def forget(self, step: GraphStep | None) -> None:
+        """Drop ``step`` (one that failed its capture or its first-step check)."""
+        for key, kept in list(self.steps.items()):
+            if kept is step:
+                del self.steps[key]

@@ -45,7 +45,7 @@ from apbv.cost import (
 from apbv.distributed import DistInfo
 from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
-from apbv.engine.decode_graph import resolve_graphs
+from apbv.engine.decode_graph import GraphSteps, resolve_graphs
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
 from apbv.engine.runner import check_context, run_prompt
 from apbv.engine.stream import Stream
@@ -89,6 +89,8 @@ class Engine:
         self.decode_graphs, self.decode_graphs_why = resolve_graphs(
             cfg.decode.graphs, info.device, info.backend, info.world_size)
         """Whether greedy decode replays a captured step (``decode.graphs``), and why."""
+        self.graph_steps: GraphSteps | None = None
+        """The captured decode steps kept across requests (made at the first one)."""
         self.cfg = cfg
         self.info = info
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
@@ -247,8 +249,11 @@ class Engine:
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-            return (estimate.device_total - weights, free + cached,
-                    f"the free memory of {device}")
+            need = estimate.device_total - weights
+            if need > free + cached and self.graph_steps is not None and \
+                    self.graph_steps.make_room(need - free - cached):  # kept decode steps' KV
+                cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return need, free + cached, f"the free memory of {device}"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.info.world_size))
         return (estimate.total - weights, _available_host_bytes() // max(1, local),
                 f"this rank's share (1/{local}) of the host's available memory")
@@ -322,9 +327,19 @@ class Engine:
             assert isinstance(request.video, StreamRef)
             return run_on_stream(self.qwen, self.streams[request.video.stream_id], inputs,
                                  request, self.info, timer, on_token, stop,
-                                 graphs=self.decode_graphs)
+                                 graphs=self._graph_steps())
         return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop,
-                          graphs=self.decode_graphs)
+                          graphs=self._graph_steps())
+
+    def _graph_steps(self) -> GraphSteps | None:
+        """The kept captured steps while :attr:`decode_graphs` is on, else None (eager)."""
+        if not self.decode_graphs:
+            return None
+        if self.graph_steps is None:
+            decode = self.cfg.decode
+            self.graph_steps = GraphSteps(decode.graphs_kept, decode.graphs_min_tokens,
+                                          self.info.device)
+        return self.graph_steps
 
     def _inputs(self, request: Request,
                 stop: Callable[[], bool] | None) -> PromptInputs | HeldAsk:

@@ -94,6 +94,23 @@ class RankKVCache:
         assert k is not None and v is not None, f"layer {layer} has no cached KV"
         return k, v
 
+    def rehouse(self, house: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                ) -> None:
+        """Move every stored layer's cached rows into the (1, C, Hkv, D) key and value buffers
+        ``house(layer, keys)`` gives for its current buffer ``keys`` (C at least the rows the
+        layer must hold; rows past the cached ones are left as they are, finite), layer by
+        layer, so the old buffers are freed as it goes: a decode step kept across requests
+        reads every request's KV at the same addresses."""
+        for layer, n in enumerate(self._len):
+            k, v = self._k[layer], self._v[layer]
+            if k is None or v is None:
+                continue
+            new_k, new_v = house(layer, k)
+            assert new_k.shape[0] == 1 and new_k.shape[1] >= n and \
+                new_k.shape[2:] == k.shape[2:] and new_v.shape == new_k.shape, (new_k.shape, n)
+            new_k[:, :n], new_v[:, :n] = k[:, :n], v[:, :n]
+            self._k[layer], self._v[layer] = new_k, new_v
+
     def room(self) -> int:
         """Rows every stored layer can still take without growing."""
         return min((self._capacity(layer) - n for layer, n in enumerate(self._len)

@@ -12,6 +12,7 @@ decode, :func:`build_result` the one :class:`Result` builder.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, tra
 from apbv.plan import QUERY_RANK
 from apbv.timing import TTFT_STAGES, StageTimer
 
+if TYPE_CHECKING:
+    from apbv.engine.decode_graph import GraphSteps
+
 
 def check_context(request: Request, context_len: int, query_len: int,
                   choice_ids: list[list[int]] | None, limit: int) -> None:
@@ -55,7 +59,7 @@ def check_context(request: Request, context_len: int, query_len: int,
 def run_prompt(
     qwen: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    *, graphs: bool = False,
+    *, graphs: GraphSteps | None = None,
 ) -> Result:
     """Frame-parallel vision, ZigZag prefill with APB-V attention, first token, exact decode.
 
@@ -63,7 +67,7 @@ def run_prompt(
     split; the result is the same on every rank. ``on_token`` (every rank) gets each token id
     as soon as it is known, the first one included; ``stop`` (asked on the query rank between
     decode steps) ends the decode early (:attr:`Result.finish_reason` ``cancelled``);
-    ``graphs``: decode replays a captured step (:func:`finish_answer`).
+    ``graphs``: decode replays a captured step, kept across requests (:func:`finish_answer`).
     """
     rank, group, mode = info.rank, info.group, request.mode
     ids = torch.cat([inputs.context_ids, inputs.query_ids])
@@ -192,7 +196,8 @@ def finish_answer(
     info: DistInfo, timer: StageTimer, *, choices: Sequence[str] | None,
     choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (), graphs: bool = False, sampling: Sampling = GREEDY,
+    stop_texts: Sequence[str] = (), graphs: GraphSteps | None = None,
+    sampling: Sampling = GREEDY,
     logprobs: list[dict] | None = None,
 ) -> tuple[list[int], list[dict] | None, str]:
     """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
@@ -201,7 +206,8 @@ def finish_answer(
     EOS, a stop text, the length or ``stop``: :func:`greedy_continue`) or the choices' exact
     scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
     position after the prompt. ``graphs``: greedy decode replays a captured step
-    (``decode.graphs``, resolved by the engine: :mod:`apbv.engine.decode_graph`).
+    (``decode.graphs``, resolved by the engine: :class:`apbv.engine.decode_graph.GraphSteps`;
+    None: eager).
     ``sampling`` picks the tokens (greedy by default); ``logprobs``, a list given on the query
     rank, gets each generated token's :meth:`~apbv.engine.sampling.Sampling.record`.
 
@@ -211,7 +217,7 @@ def finish_answer(
     with timer.stage("first_token"):
         # stays on the device for decode
         first_token = pick_token(logits, info.group, sampling)
-        first = host_token(first_token)
+        first = host_token(first_token, info.group)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
         single = all(len(c) == 1 for c in choice_ids)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from apbv.timing import StageTimer
 
 HELD_MODE = "exact"
 """The mode of a question over a stream's held KV: exact attention over the held cache."""
+
+if TYPE_CHECKING:
+    from apbv.engine.decode_graph import GraphSteps
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def window_inputs(qwen: VideoModel, stream: Stream, request: Request, info: Dist
 def run_on_stream(
     qwen: VideoModel, stream: Stream, held: HeldAsk, request: Request, info: DistInfo,
     timer: StageTimer, on_token: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None, *, graphs: bool = False,
+    stop: Callable[[], bool] | None = None, *, graphs: GraphSteps | None = None,
 ) -> Result:
     """Answer a held-KV question (``held``: its rows) over ``stream``'s cache, exactly, then
     forget its rows and the decoded tokens; ``on_token``, ``stop`` and ``graphs`` as in
@@ -126,7 +130,8 @@ def run_on_stream(
             qwen, logits, start + len(rows), cache, info, timer, choices=request.choices,
             choice_ids=held.choice_ids, max_new_tokens=request.max_new_tokens,
             kernel=stream.kernel, on_token=on_token, stop=stop, stop_texts=request.stop_texts,
-            graphs=graphs, sampling=request.sampling, logprobs=logprobs)
+            graphs=None if graphs is None else graphs.unkept(), sampling=request.sampling,
+            logprobs=logprobs)
     finally:
         cache.truncate(mark)
     return build_result(qwen, request, info, timer, cache, logits, tokens, table, finish,

@@ -11,8 +11,10 @@ back to eager on every rank with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,8 +23,10 @@ from apbv.attention import kernels
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode_graph
-from apbv.engine.decode_graph import GraphStep, resolve_graphs
+from apbv.engine.decode import DecodeContext
+from apbv.engine.decode_graph import GraphStep, GraphSteps, resolve_graphs
 from apbv.engine.engine import Engine
+from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import Request, StreamRef
 from apbv.engine.stream_plan import StreamSpec
 
@@ -62,6 +66,9 @@ def test_bad_values_are_refused(tiny_config: RuntimeConfig) -> None:
         with pytest.raises(ValueError, match="decode.graphs must be one of auto, on, off"):
             load_config("tiny_cpu", [f"decode.graphs={bad!r}"])
     assert load_config("qwen2_5_vl_7b_8gpu").decode.graphs == "auto"
+    for name, bad, low in (("graphs_min_tokens", 0, 1), ("graphs_kept", -1, 0)):
+        with pytest.raises(ValueError, match=f"decode.{name} must be an integer >= {low}"):
+            load_config("tiny_cpu", [f"decode.{name}={bad}"])
     cfg = load_config("tiny_cpu", [f"model.path={str(tiny_config.model.path)!r}",
                                    "decode.graphs=on"])
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
@@ -82,6 +89,7 @@ def test_attention_upto_equals_attention_over_the_valid_rows() -> None:
 
 
 def _graphs_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, graphs_min_tokens=1))
     engine = Engine(cfg, info)
     assert not engine.decode_graphs and "cpu" in engine.decode_graphs_why
     frames = torch.randint(0, 256, (4, 3, SIZE, SIZE), dtype=torch.uint8,
@@ -160,3 +168,141 @@ def test_static_step_tokens_equal_eager(world_size: int, tiny_config: RuntimeCon
         why = "boom" if rank == world_size - 1 else "another rank's capture failed"
         assert len(r["uncaptured"]) == answers and all(why in w for w in r["uncaptured"]), (
             rank, r["uncaptured"])
+
+
+@pytest.mark.parametrize("rows, want", [(1, 64), (64, 64), (65, 80), (1000, 1024),
+                                        (1025, 1280), (1100, 1280), (70000, 81920)])
+def test_buckets_round_up_by_at_most_a_quarter(rows: int, want: int) -> None:
+    got = decode_graph.bucket(rows)
+    assert got == want and rows <= got <= max(64, 1.25 * rows), (rows, got)
+
+
+def test_rehouse_moves_the_rows_into_the_given_buffers() -> None:
+    cache = RankKVCache(2, reserve=3)
+    k, v = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
+    for layer in range(2):
+        cache.store(layer, k, v)
+    houses = {layer: (torch.full((1, 16, 2, 4), 7.0), torch.full((1, 16, 2, 4), 7.0))
+              for layer in range(2)}
+    cache.rehouse(lambda layer, like: houses[layer])
+    for layer in range(2):
+        keys, values = cache.buffers(layer)
+        assert keys is houses[layer][0] and values is houses[layer][1]
+        torch.testing.assert_close(cache.layer(layer)[0], k, rtol=0, atol=0)
+        torch.testing.assert_close(cache.layer(layer)[1], v, rtol=0, atol=0)
+        assert bool((keys[:, 5:] == 7.0).all()), "rows past the cached ones were touched"
+    assert cache.num_tokens() == 5 and cache.room() == 11, (cache.num_tokens(), cache.room())
+
+
+def test_make_room_drops_the_least_recently_used_kept_steps() -> None:
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
+    steps = GraphSteps(4, 16, CPU)
+    like = torch.zeros(1, 1, 2, 8)  # 2 KV heads x 8 dims of fp32: 64 bytes a row
+    for capacity in (64, 80, 96):
+        step = GraphStep(None, DecodeContext(info, RankKVCache(2), None), CPU,
+                         capacity=capacity)
+        for layer in range(2):
+            step.house(layer, like)
+        steps.steps[(capacity, 1)] = step
+    steps.steps.move_to_end((64, 1))  # the 64-row step was used last
+    row = 2 * 2 * 64  # keys and values of 2 layers
+    assert steps.make_room(0) == 0 and len(steps.steps) == 3
+    assert steps.make_room(1) == 80 * row and list(steps.steps) == [(96, 1), (64, 1)]
+    assert steps.make_room(96 * row + 1) == (96 + 64) * row and not steps.steps
+    assert steps.make_room(1) == 0
+
+
+def _kept_bytes(steps: GraphSteps) -> int:
+    return sum(t.numel() * t.element_size() for step in steps.steps.values()
+               for kv in step.kv.values() for t in kv)
+
+
+@pytest.mark.parametrize("need, dropped", [(500, 0), (1500, 1), (3500, 2)])
+def test_a_request_short_of_cuda_memory_drops_kept_steps_first(
+        monkeypatch: pytest.MonkeyPatch, tiny_config: RuntimeConfig, need: int,
+        dropped: int) -> None:
+    """The memory check on a CUDA rank (faked: the free memory 500 bytes, the cached blocks
+    the allocator's reserve less what the kept steps hold): kept steps are dropped, least
+    recently used first, only as far as the request needs their room."""
+    engine = Engine.__new__(Engine)  # the check alone: no model
+    engine.cfg = tiny_config
+    engine.info = DistInfo(rank=0, world_size=1, local_rank=0, device=CUDA, backend=None)
+    steps = engine.graph_steps = GraphSteps(4, 16, CPU)
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=CPU, backend=None)
+    for capacity in (1, 2):  # 1024 and 2048 bytes of fp32 KV
+        step = GraphStep(None, DecodeContext(info, RankKVCache(1), None), CPU,
+                         capacity=capacity * 64)
+        step.house(0, torch.zeros(1, 1, 1, 2))
+        steps.steps[(capacity * 64, 1)] = step
+    reserved = _kept_bytes(steps)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (500, 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: _kept_bytes(steps))
+    estimate = SimpleNamespace(parts={"weights": 100}, device_total=need + 100)
+    got, budget, source = engine._memory_need_and_budget(estimate)  # type: ignore[arg-type]
+    assert got == need and "free memory of cuda:0" in source, (got, source)
+    assert len(steps.steps) == 2 - dropped, (need, list(steps.steps))
+    assert budget == 500 + reserved - _kept_bytes(steps), (budget, reserved)
+    assert dropped == 0 or budget >= need or not steps.steps, (need, budget)
+
+
+def _kept_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(
+        cfg.decode, graphs_min_tokens=NEW_TOKENS, graphs_kept=4))
+    engine = Engine(cfg, info)
+    questions = [QUESTION, "What colour is the first frame?"]
+
+    def answers(new_tokens: int = NEW_TOKENS, ask: list[str] = questions) -> list[list[int]]:
+        return [engine.generate(engine.request(video, q, mode="spava",
+                                               max_new_tokens=new_tokens)).token_ids
+                for q in ask]
+
+    eager = answers()
+    served, replays = [], {"n": 0}
+    step, replay = GraphSteps.step, GraphStep.replay
+
+    def recorded(self, qwen, ctx, max_new_tokens):
+        got = step(self, qwen, ctx, max_new_tokens)
+        served.append((id(got), [ctx.cache.buffers(layer)[0].data_ptr()
+                                 for layer in range(qwen.num_layers)],
+                       [got.kv[layer][0].data_ptr() for layer in range(qwen.num_layers)]))
+        return got
+
+    def counted(self):
+        replays["n"] += 1
+        return replay(self)
+
+    GraphSteps.step, GraphStep.replay = recorded, counted
+    try:
+        engine.decode_graphs = True  # the static step, uncaptured on the CPU
+        graphed = answers()
+        steps = engine.graph_steps
+        assert steps is not None
+        counts = {"made": steps.made, "reused": steps.reused, "kept": len(steps.steps),
+                  "replays": replays["n"]}
+        short = answers(NEW_TOKENS - 1, questions[:1])  # below graphs_min_tokens: eager
+        short_counts = {"made": steps.made, "reused": steps.reused, "replays": replays["n"]}
+    finally:
+        GraphSteps.step, GraphStep.replay = step, replay
+    return {"eager": eager, "graphed": graphed, "short": short,
+            "served": served, "counts": counts, "short_counts": short_counts}
+
+
+def test_steps_are_kept_across_requests(tiny_config: RuntimeConfig,
+                                        short_video: Path) -> None:
+    per_rank = spawn_local(_kept_job, 2, (tiny_config, str(short_video)), timeout_s=600,
+                           collective_timeout_s=120)
+    for rank, r in enumerate(per_rank):
+        assert r["graphed"] == r["eager"] == per_rank[0]["eager"], (rank, r)
+        assert r["short"][0] == r["eager"][0][:NEW_TOKENS - 1], (rank, r)  # greedy: a prefix
+        steps = sum(len(t) - 1 for t in r["eager"])
+        assert steps >= 4 and all(len(t) > 1 for t in r["eager"]), r["eager"]
+        # The second request of the bucket is served by the first one's step: the same
+        # object, its KV buffers those the cache decoded in, on every layer.
+        (first, cache1, own1), (second, cache2, own2) = r["served"]
+        assert second == first and cache2 == cache1 == own1 == own2, (rank, r["served"])
+        assert r["counts"] == {"made": 1, "reused": 1, "kept": 1, "replays": steps}, (
+            rank, r["counts"], steps)
+        # Answers allowed fewer than decode.graphs_min_tokens: no step made or replayed.
+        assert r["short_counts"] == {k: r["counts"][k] for k in ("made", "reused", "replays")}, (
+            rank, r["short_counts"])
