@@ -18,7 +18,7 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
    one request, by part, checked before any work.
 """
 
-from apbv.cost.decode import MIN_GRAPH_STEPS, GraphDecode, decode_token_s, graph_decode
+from apbv.cost.decode import MIN_GRAPH_TOKENS, GraphDecode, decode_token_s, graph_decode
 from apbv.cost.hardware import (
     CPU,
     H200_MATMUL_FLOPS,
@@ -68,7 +68,7 @@ __all__ = [
     "HOST_CORES_PER_GPU",
     "HOST_SPEEDUP",
     "IB_NDR_BW",
-    "MIN_GRAPH_STEPS",
+    "MIN_GRAPH_TOKENS",
     "MODEL_PRESETS",
     "NVLINK4_BW",
     "PROCESSOR_FLOAT_COPIES",

@@ -24,14 +24,16 @@ holding every token, with no collective.
 
 With ``decode.graphs`` (CUDA ranks) the steps replay one captured step (:func:`graph_decode`):
 no host dispatch (``graph_layer_s`` per layer instead: the gaps between the replayed
-kernels), but the owner (the query rank) attends over its whole reserved KV buffer of C rows
-(prompt and answer) masked to the valid ones, in fp32 today
-(:func:`apbv.attention.kernels.attention_upto`: the bf16 K and V read, written as fp32 copies
-and read again, 10 bytes per element where the eager kernel reads 2; ``owner_pass="kernel"``
-prices a bf16 kernel over the valid rows instead). A capture costs, once per KV bucket, the
-step dispatched twice more (warm-up and recording), ``graph_capture_s`` (the sync, the cache
-release, the instantiation), one replay and the check's all-reduce; answers of fewer than
-:data:`MIN_GRAPH_STEPS` steps are decoded eagerly.
+kernels), and the owner (the query rank) attends over its reserved KV buffer of C rows
+(prompt and answer) with a device-side valid length
+(:func:`apbv.attention.kernels.attention_upto`): on CUDA torch's bundled flash kernel reads
+only the valid rows in bf16 (``owner_pass="kernel"``, what :func:`apbv.cost.predict` prices);
+where that kernel refuses the call, the masked fp32 einsum over every reserved row
+(``owner_pass="fp32"``: the bf16 K and V read, written as fp32 copies and read again, 10 bytes
+per element where the eager kernel reads 2). A capture costs, once per KV bucket, the step
+dispatched twice more (warm-up and recording), ``graph_capture_s`` (the sync and the
+instantiation), one replay and the check's all-reduce; answers of fewer than
+:data:`MIN_GRAPH_TOKENS` tokens are decoded eagerly.
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ from dataclasses import dataclass
 from apbv.cost.hardware import Hardware, Machine
 from apbv.cost.work import ModelDims
 
-MIN_GRAPH_STEPS = 16
-"""Decode steps (``max_new_tokens - 1``) below which a decode is not captured: a capture
-costs several eager steps, which a shorter answer does not win back."""
+MIN_GRAPH_TOKENS = 16
+"""Answer tokens below which a decode is not captured (``decode.graphs_min_tokens``' default:
+the runtime captures when ``max_new_tokens`` reaches it): a capture costs several eager steps,
+which a shorter answer does not win back."""
 OWNER_PASSES = ("fp32", "kernel")
-"""How a captured step's owner attends its reserved buffer: ``fp32`` (the masked fp32
-einsums over every reserved row, as the runtime captures it today) or ``kernel`` (a bf16
-kernel reading the valid rows only)."""
+"""How a captured step's owner attends its reserved buffer: ``kernel`` (torch's bundled flash
+kernel reading the valid rows only, in bf16: the runtime's path on CUDA) or ``fp32`` (the
+masked fp32 einsums over every reserved row, its fallback where that kernel refuses)."""
 
 
 def decode_step_s(dims: ModelDims, m: Machine, held: list[int], world_size: int) -> float:
@@ -111,7 +114,7 @@ class GraphDecode:
     """The decode stage with ``decode.graphs`` (:func:`graph_decode`), seconds."""
 
     captured: bool
-    """False where the answer is too short to capture (:data:`MIN_GRAPH_STEPS`): eager."""
+    """False where the answer is too short to capture (:data:`MIN_GRAPH_TOKENS`): eager."""
     token_s: float
     """Seconds per replayed step (the mean over the answer's steps; eager's when not
     captured)."""
@@ -155,7 +158,7 @@ def graph_decode(dims: ModelDims, m: Machine, cached: list[int], answer_tokens: 
     if capacity < cached[appending_rank] + max(steps, 0):
         raise ValueError(f"capacity ({capacity}) must hold the {cached[appending_rank]} "
                          f"cached rows and the {steps} decode steps")
-    if steps < MIN_GRAPH_STEPS:
+    if answer_tokens < MIN_GRAPH_TOKENS:
         per = eager / steps if steps else 0.0
         return GraphDecode(False, per, 0.0, eager, eager)
 

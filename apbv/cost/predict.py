@@ -350,7 +350,7 @@ def predict(
                  else decode_s(dims, m, cached, 2, ranks))
     graphs = None
     if hw.graph_capture_s > 0:  # CUDA graphs: the decode stage as decode.graphs runs it
-        g = graph_decode(dims, m, cached, answer_tokens, ranks)
+        g = graph_decode(dims, m, cached, answer_tokens, ranks, owner_pass="kernel")
         graphs = dataclasses.replace(g, first_s=g.first_s + barrier,
                                      reused_s=g.reused_s + barrier)
     seconds = {"preprocess": max(preprocess) + barrier, "vision": max(vision_s) + barrier,
