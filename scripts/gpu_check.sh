@@ -14,12 +14,15 @@
 #   op         benchmarks/multirank_check.py: the APB-V op on H gloo ranks all on cuda:0 (H from
 #              MULTIRANK_SIZES: 2 here), every mode against the oracle, host syncs counted
 #   engine     the engine end to end on those ranks (tiny checkpoint, needle video, a stream)
-#   nccl       a 1-rank NCCL group (object collectives from a thread, waits, and the NCCL
-#              graph case once multirank_check.py has it)
+#   nccl       a 1-rank NCCL group (object collectives from a thread, waits) and the NCCL graph
+#              case: N x (matmul + the project's all-gather + wait) captured on a side stream,
+#              replayed against eager; the bounded token read-back of a stuck peer
 #   graphs     decode.graphs against eager decode on one rank (s/token, capture, tokens)
 #   gpu_tests  tests/gpu (the kernels, the bundled flash path, the op in bf16, a whole request)
-# Later parts (LATER_PARTS): calibrate (benchmarks/calibrate_gpu.py: the cost model's device
-# constants, written to benchmarks/results/<gpu>_calibration.json), serve (apbv serve on the
+# Later parts (LATER_PARTS): kernels (benchmarks/bench_kernels.py: torch's bundled flash kernel
+# against the SDPA paths and the fp32 owner einsum it replaces, side by side), calibrate
+# (benchmarks/calibrate_gpu.py: the cost model's device constants, written to
+# benchmarks/results/<gpu>_calibration.json), serve (apbv serve on the
 # one GPU, 2 ranks), nvdec (torchcodec installed from WHEELS, its version checked against
 # torch's and imported before use, then NVDEC against PyAV: benchmarks/nvdec_check.py).
 # Any other part of multirank_check.py's PARTS may be named too (limit DEFAULT_LIMIT).
@@ -39,16 +42,17 @@ TORCH_PIN=${TORCH_PIN:-"torch==2.14.1 torchvision==0.29.1"}
 SITE=${GPU_CHECK_SITE:-.gpu-check-site}
 [[ "$SITE" == /* ]] || SITE="$PWD/$SITE"
 FIRST_RUN_PARTS=${FIRST_RUN_PARTS:-"install op engine nccl graphs gpu_tests"}
-LATER_PARTS=${LATER_PARTS:-"calibrate serve nvdec"}
+LATER_PARTS=${LATER_PARTS:-"kernels calibrate serve nvdec"}
 FIRST_RUN_LIMIT_S=600
 # install: $TORCH_PIN took 54 s into a fresh venv from local wheels on a 2-core machine
 # (5.5 GB installed); its limit is about twice that
 declare -A LIMIT=([install]=120 [op]=60 [engine]=110 [nccl]=45 [graphs]=80 [gpu_tests]=120
-                  [calibrate]=240 [serve]=300 [nvdec]=300)
+                  [kernels]=90 [calibrate]=240 [serve]=300 [nvdec]=300)
 DEFAULT_LIMIT=60
 declare -A NEEDS=([install]="no GPU" [op]="GPU; the CPU in a dry run"
                   [engine]="GPU; the CPU in a dry run" [nccl]="GPU (NCCL)"
                   [graphs]="GPU (CUDA graphs)" [gpu_tests]="GPU; skipped on the CPU"
+                  [kernels]="GPU; toy sizes on the CPU"
                   [calibrate]="GPU; toy sizes on the CPU" [serve]="GPU; the CPU in a dry run"
                   [nvdec]="GPU (NVDEC); version check on the CPU")
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -79,7 +83,7 @@ elif [ -n "$chosen" ]; then
 else
     parts="$FIRST_RUN_PARTS $LATER_PARTS"
 fi
-allowed="install op engine nccl graphs gpu_tests calibrate serve nvdec"
+allowed="install op engine nccl graphs gpu_tests kernels calibrate serve nvdec"
 for part in $multirank; do [[ " $allowed " == *" $part "* ]] || allowed="$allowed $part"; done
 for part in $parts; do
     if [[ " $allowed " != *" $part "* ]]; then
@@ -190,6 +194,14 @@ for part in $parts; do
             echo "gpu_check: $nocuda: tests/gpu collected and skipped, with the reasons"
             run_part gpu_tests env CUDA_VISIBLE_DEVICES="" "$PY" -m pytest tests/gpu -q -rs \
                 -p no:cacheprovider
+        fi ;;
+    kernels)
+        if [ "$cuda" = 1 ]; then
+            run_part kernels "$PY" benchmarks/bench_kernels.py
+        else
+            echo "gpu_check: $nocuda: the kernels' benchmark at toy sizes on the CPU (no ratio)"
+            run_part kernels env CUDA_VISIBLE_DEVICES="" "$PY" benchmarks/bench_kernels.py \
+                --dry-run
         fi ;;
     calibrate)
         if [ "$cuda" = 1 ]; then
