@@ -36,7 +36,7 @@ _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
 MAX_TIMEOUT_S = 86400.0
-"""Upper bound of parallel.timeout_s (one day)."""
+"""Upper bound of parallel.timeout_s and parallel.startup_timeout_s (one day)."""
 
 # The allowed values of the settings that name an implementation; the modules that implement
 # them import these (this module imports no torch, so every layer can).
@@ -172,7 +172,9 @@ class ParallelConfig:
     backend: str = "auto"
     """Process-group backend: auto = nccl with CUDA, gloo otherwise."""
     timeout_s: float = 600.0
-    """Bound on every collective wait; a rank whose peer died fails after this."""
+    """Bound on each collective wait after start-up (so also on a request's skew across ranks)."""
+    startup_timeout_s: float = 1800.0
+    """Bound on start-up: rendezvous, group set-up, the wait until every rank's model loaded."""
     memory_gb: float | None = None
     """Memory budget per rank in GiB, weights included, that a request's estimate must fit
     (checked before the video is decoded). Default: the device's free memory on CUDA; on CPU
@@ -181,6 +183,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         one_of("parallel.backend", self.backend, DIST_BACKENDS)
         number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S)
+        number("parallel.startup_timeout_s", self.startup_timeout_s, high=MAX_TIMEOUT_S)
         number("parallel.memory_gb", self.memory_gb, optional=True)
 
 

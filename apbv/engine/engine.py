@@ -42,7 +42,7 @@ from apbv.cost import (
     read_config,
     request_memory,
 )
-from apbv.distributed import DistInfo
+from apbv.distributed import DistInfo, ranks_ready
 from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import resolve_graphs
@@ -101,6 +101,8 @@ class Engine:
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""
         self.streams: dict[str, Stream] = {}
         """This rank's part of each open live stream, by id."""
+        if info.world_size > 1:  # the first request's collectives then see no load skew
+            ranks_ready("model loaded")
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Use the ``vision`` settings from the next request on (every rank alike): the tower's
