@@ -80,7 +80,7 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
             it; a check putting gloo ranks on one GPU: ``cuda:0``). Default: ``cuda:LOCAL_RANK``
             on NCCL (torchrun's one process per GPU), the CPU on gloo.
         store: the rendezvous store (default: env://, rank 0 hosting a TCPStore at MASTER_ADDR
-            and MASTER_PORT, which listens on every interface, or torchrun's agent's store).
+            and MASTER_PORT, which listens on every interface, or the one torchrun hosts).
         startup_timeout_s: bound on the start-up: the rendezvous, every rank's arrival before
             the group is made, and each :func:`ranks_ready` wait (``parallel.startup_timeout_s``).
     """
