@@ -206,8 +206,10 @@ class RankGroup:
         for node_ip, _, _ in addresses:  # index on its node: bundles hold ranks in rank order
             local_ranks.append(seen.get(node_ip, 0))
             seen[node_ip] = local_ranks[-1] + 1
+        # Each setup loads the model, then waits up to parallel.startup_timeout_s for the rest.
+        setup_s = max(1800.0, self.cfg.parallel.startup_timeout_s + 600.0)
         self.pids = ray.get([a.setup.remote(master, port, lr, self.backend)
-                             for a, lr in zip(self.actors, local_ranks)], timeout=1800)
+                             for a, lr in zip(self.actors, local_ranks)], timeout=setup_s)
 
     def start_actors(self) -> None:
         """Reserve the placement group and start one actor per rank (nothing loaded yet)."""
