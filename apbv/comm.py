@@ -205,13 +205,17 @@ class StartupTimeout(TimeoutError):
         self.late = late
 
 
+class StartupFailed(RuntimeError):
+    """Another rank failed before a start-up point (its error is in the message)."""
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
                     timeout_s: float, *, report_every_s: float = 30.0, poll_s: float = 0.1,
-                    log: Callable[[str], None] = _stderr) -> None:
+                    log: Callable[[str], None] = _stderr, failed: str | None = None) -> None:
     """Wait until every rank of ``world_size`` has reached the start-up point ``name`` (a key
     per rank in ``store``, the job's rendezvous store; ``name`` unique within the job).
 
@@ -219,15 +223,26 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
     ``timeout_s`` (``parallel.startup_timeout_s``), not ``parallel.timeout_s``. While it
     waits, every ``report_every_s`` seconds ``log`` gets a line naming the ranks not there yet;
     past ``timeout_s`` it raises :class:`StartupTimeout` naming them and the setting.
-    One store check per ``poll_s`` while waiting (every rank's key at once).
+    Two store checks per ``poll_s`` while waiting (every rank's key at once; a failure).
+
+    ``failed`` (this rank's error, which the caller then raises): posted instead of arriving,
+    so the waiting ranks raise :class:`StartupFailed` with it at once instead of waiting out
+    the timeout.
     """
     if world_size == 1:
         return
     keys = [f"apbv/startup/{name}/{r}" for r in range(world_size)]
+    failure = f"apbv/startup/{name}/failed"
+    if failed is not None:
+        store.set(failure, f"rank {rank}: {failed}"[:1000])
+        return
     store.set(keys[rank], "1")
     start = time.monotonic()
     next_report = start + report_every_s
     while not store.check(keys):
+        if store.check([failure]):
+            raise StartupFailed(f"rank {rank}: stopped waiting at the start-up point {name!r}: "
+                                f"{store.get(failure).decode()}")
         now = time.monotonic()
         if now - start >= timeout_s or now >= next_report:
             late = [r for r in range(world_size) if not store.check([keys[r]])]

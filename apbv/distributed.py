@@ -148,22 +148,25 @@ def _nccl_environment() -> None:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
-def ranks_ready(point: str) -> None:
+def ranks_ready(point: str, failed: BaseException | None = None) -> None:
     """Wait, on every rank of this process's group, until each has reached ``point`` (e.g.
     after loading the model: the first request's collectives then do not absorb the load
     skew), bounded by the start-up timeout; the waiting ranks name the late ones every 30 s.
-    Call it on every rank alike; without a group it returns at once."""
+    Call it on every rank alike; without a group it returns at once. A rank that failed on
+    the way passes its error as ``failed`` (and raises it afterwards): the others then raise
+    :class:`~apbv.comm.StartupFailed` naming it at once."""
     global _points
     if _startup is None:
         return
     store, rank, world_size, timeout_s = _startup
     late = os.environ.get(LATE_RANK_ENV)
-    if late:
+    if late and failed is None:
         late_rank, _, seconds = late.partition(":")
         if int(late_rank) == rank:
             time.sleep(float(seconds))
     _points += 1
-    comm.startup_barrier(store, f"{_points}-{point}", rank, world_size, timeout_s)
+    comm.startup_barrier(store, f"{_points}-{point}", rank, world_size, timeout_s,
+                         failed=None if failed is None else f"{type(failed).__name__}: {failed}")
 
 
 def destroy_distributed() -> None:
@@ -281,6 +284,7 @@ def spawn_local(
                     if now - died_at.setdefault(r, now) > 2.0:
                         errors[r] = ("ProcessDied", f"exit code {p.exitcode}, no report")
                         tracebacks[r] = errors[r][1]
+                        deadline = min(deadline, now + collective_timeout_s + 5.0)
                 continue
             if status == "ok":
                 outputs[rank] = value

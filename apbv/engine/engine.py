@@ -93,9 +93,14 @@ class Engine:
         self.info = info
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
         """Where frames are resized and made into patch rows (None: the CPU)."""
-        self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
-                                             dtype=_dtype(cfg.model.dtype, info.device),
-                                             vision=cfg.vision)
+        try:
+            self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
+                                                 dtype=_dtype(cfg.model.dtype, info.device),
+                                                 vision=cfg.vision)
+        except Exception as exc:  # the other ranks stop waiting for this one (below)
+            if info.world_size > 1:
+                ranks_ready("model loaded", failed=exc)
+            raise
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""

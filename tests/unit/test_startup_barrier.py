@@ -70,6 +70,32 @@ def test_timeout_names_the_missing_ranks_and_the_setting() -> None:
     assert any("rank(s) 1, 3" in line for line in logs[0]), logs[0]
 
 
+def test_a_rank_that_failed_ends_the_others_wait_at_once() -> None:
+    store = dist.HashStore()
+    errors: dict[int, BaseException] = {}
+
+    def waiting(rank: int) -> None:
+        try:
+            comm.startup_barrier(store, "loaded", rank, 3, 30.0, poll_s=0.01, log=print)
+        except BaseException as exc:  # recorded for the test to check
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=waiting, args=(r,)) for r in (0, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    comm.startup_barrier(store, "loaded", 1, 3, 30.0, failed="OSError: a shard is missing")
+    for t in threads:
+        t.join(timeout=10)
+    stopped = time.monotonic() - start
+    assert stopped < 2.0, f"the waiting ranks took {stopped:.2f} s to stop (timeout 30 s)"
+    for rank in (0, 2):
+        assert isinstance(errors[rank], comm.StartupFailed), errors
+        assert str(errors[rank]) == (f"rank {rank}: stopped waiting at the start-up point "
+                                     "'loaded': rank 1: OSError: a shard is missing")
+
+
 def test_one_rank_passes_at_once() -> None:
     start = time.monotonic()
     comm.startup_barrier(dist.HashStore(), "loaded", 0, 1, 0.01)
@@ -90,6 +116,17 @@ def test_ranks_ready_holds_the_named_rank_back_and_uses_fresh_keys(monkeypatch) 
     with pytest.raises(comm.StartupTimeout, match=r"rank\(s\) 1 did not reach the start-up "
                        r"point '2-model loaded'"):
         distributed.ranks_ready("model loaded")  # a second point: rank 1's old key won't do
+
+
+def test_ranks_ready_posts_a_failure_without_waiting(monkeypatch) -> None:
+    store = dist.HashStore()
+    monkeypatch.setattr(distributed, "_startup", (store, 1, 2, 30.0))
+    monkeypatch.setattr(distributed, "_points", 0)
+    monkeypatch.setenv(distributed.LATE_RANK_ENV, "1:30")  # no hold for a rank that failed
+    start = time.monotonic()
+    distributed.ranks_ready("model loaded", failed=MemoryError("out of memory"))
+    assert time.monotonic() - start < 1.0
+    assert store.get("apbv/startup/1-model loaded/failed") == b"rank 1: MemoryError: out of memory"
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "100000"])
