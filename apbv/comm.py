@@ -7,10 +7,17 @@ gloo each wait passes the timeout given at :func:`apbv.distributed.init_distribu
 wait with a timeout would block the CPU thread until the collective completes (the host could
 no longer queue work ahead of the GPU), so NCCL waits take none and only order the current CUDA
 stream after the collective: the process group's timeout and NCCL's watchdog bound them.
+
+:func:`startup_barrier` is the one wait outside the process group: through the rendezvous
+store, bounded by the start-up timeout, so neither a late peer's model load nor NCCL's watchdog
+(which polices only the group's collectives) ends the ranks that were ready first.
 """
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -202,3 +209,67 @@ def first_failure(
     mine = (type(error).__name__, str(error)) if rank == src else None
     kind, message = broadcast_object(mine, src=src, group=group)
     return src, kind, message
+
+
+class StartupTimeout(TimeoutError):
+    """Some ranks did not reach a start-up point within the start-up timeout (``late``: their
+    rank numbers)."""
+
+    def __init__(self, message: str, late: list[int]):
+        super().__init__(message)
+        self.late = late
+
+
+class StartupFailed(RuntimeError):
+    """Another rank failed before a start-up point (its error is in the message)."""
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
+                    timeout_s: float, *, report_every_s: float = 30.0, poll_s: float = 0.1,
+                    log: Callable[[str], None] = _stderr, failed: str | None = None) -> None:
+    """Wait until every rank of ``world_size`` has reached the start-up point ``name`` (a key
+    per rank in ``store``, the job's rendezvous store; ``name`` unique within the job).
+
+    Not a process-group collective: NCCL's watchdog does not see it, and it is bounded by
+    ``timeout_s`` (``parallel.startup_timeout_s``), not ``parallel.timeout_s``. While it
+    waits, every ``report_every_s`` seconds ``log`` gets a line naming the ranks not there yet;
+    past ``timeout_s`` it raises :class:`StartupTimeout` naming them and the setting.
+    Two store checks per ``poll_s`` while waiting (every rank's key at once; a failure).
+
+    ``failed`` (this rank's error, which the caller then raises): posted instead of arriving,
+    so the waiting ranks raise :class:`StartupFailed` with it at once instead of waiting out
+    the timeout.
+    """
+    if world_size == 1:
+        return
+    keys = [f"apbv/startup/{name}/{r}" for r in range(world_size)]
+    failure = f"apbv/startup/{name}/failed"
+    if failed is not None:
+        store.set(failure, f"rank {rank}: {failed}"[:1000])
+        return
+    store.set(keys[rank], "1")
+    start = time.monotonic()
+    next_report = start + report_every_s
+    while not store.check(keys):
+        if store.check([failure]):
+            raise StartupFailed(f"rank {rank}: stopped waiting at the start-up point {name!r}: "
+                                f"{store.get(failure).decode()}")
+        now = time.monotonic()
+        if now - start >= timeout_s or now >= next_report:
+            late = [r for r in range(world_size) if not store.check([keys[r]])]
+            if not late:  # they all arrived since the first check
+                return
+            ranks = ", ".join(map(str, late))
+            if now - start >= timeout_s:
+                raise StartupTimeout(
+                    f"rank {rank}: rank(s) {ranks} did not reach the start-up point {name!r} "
+                    f"within parallel.startup_timeout_s = {timeout_s:g} s (raise it with "
+                    f"--set parallel.startup_timeout_s=SECONDS if loading is that slow)", late)
+            log(f"rank {rank}: waiting for rank(s) {ranks} at the start-up point {name!r} "
+                f"({now - start:.0f} s so far; parallel.startup_timeout_s = {timeout_s:g} s)")
+            next_report = now + report_every_s
+        time.sleep(poll_s)

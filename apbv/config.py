@@ -35,7 +35,7 @@ _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
 """Upper bound of generate.max_new_tokens."""
 MAX_TIMEOUT_S = 86400.0
-"""Upper bound of parallel.timeout_s (one day)."""
+"""Upper bound of parallel.timeout_s and parallel.startup_timeout_s (one day)."""
 
 # The allowed values of the settings that name an implementation; the modules that implement
 # them import these (this module imports no torch, so every layer can).
@@ -171,7 +171,9 @@ class ParallelConfig:
     backend: str = "auto"
     """Process-group backend: auto = nccl with CUDA, gloo otherwise."""
     timeout_s: float = 600.0
-    """Bound on every collective wait; a rank whose peer died fails after this."""
+    """Bound on each collective wait after start-up (so also on a request's skew across ranks)."""
+    startup_timeout_s: float = 1800.0
+    """Bound on start-up: rendezvous, group set-up, the wait until every rank's model loaded."""
     memory_gb: float | None = None
     """Memory budget per rank in GiB, weights included, that a request's estimate must fit
     (checked before the video is decoded). Default: the device's free memory on CUDA; on CPU
@@ -180,6 +182,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         one_of("parallel.backend", self.backend, DIST_BACKENDS)
         number("parallel.timeout_s", self.timeout_s, high=MAX_TIMEOUT_S)
+        number("parallel.startup_timeout_s", self.startup_timeout_s, high=MAX_TIMEOUT_S)
         number("parallel.memory_gb", self.memory_gb, optional=True)
 
 
@@ -259,18 +262,15 @@ class VisionConfig:
     sums; on GPUs the products' rows then align for the fast kernels: 3420 -> 3456 on the
     3B/7B/72B); 0: the checkpoint's width; unset: 64 on CUDA, 0 elsewhere."""
     chunk_rows: int | None = None
-    """Patch rows per vision-tower call, in whole temporal patches (each is independent in
-    every block, so the result is the same up to the fp32 rounding of matrix products over
-    fewer rows); 0: the whole video in one call; unset: 8192 on
-    CPU (activations stay in cache), one call on GPUs."""
+    """Patch rows per vision-tower call, in whole temporal patches (independent in every block:
+    the same result up to the fp32 rounding of smaller products); 0: the whole video in one
+    call; unset: 8192 on CPU (activations stay in cache), one call on GPUs."""
 
     preprocess: str = "levels"
-    """Frames to patch rows: levels (apbv.video.patches: the pixel levels as int8, a quarter of
-    the float rows' bytes, with the normalisation folded into the linear patch embedding: one
-    integer product on CPU in fp32, or the fp32 one where the CPU's integer product is slow;
-    the processor's float rows made on the device elsewhere),
-    fused (the processor's float rows bit for bit, in fewer passes) or processor (the HF video
-    processor itself)."""
+    """Frames to patch rows: levels (apbv.video.patches: int8 pixel levels, the normalisation
+    folded into the linear patch embedding; off the CPU the processor's float rows made on the
+    device), fused (the processor's float rows bit for bit, in fewer passes) or processor (the
+    HF video processor itself)."""
     preprocess_workers: int = 1
     """Threads that turn frames into patch rows (levels and fused), chunk by chunk."""
     pipeline: bool = False

@@ -4,6 +4,10 @@
 WORLD_SIZE and LOCAL_RANK; without them the run is a single rank with no process group and every
 collective in :mod:`apbv.comm` completes at once.
 
+Start-up skew (ranks loading a model from shared storage finish minutes apart) is absorbed by
+:func:`ranks_ready`, a wait through the rendezvous store bounded by the start-up timeout, not
+by the process group's collective timeout (which NCCL's watchdog enforces).
+
 ``spawn_local`` starts W gloo ranks on this machine (torch.multiprocessing-style spawn, a free
 port, bounded waits) and returns each rank's result, or raises :class:`RankFailure` carrying
 every rank's error, so one failing rank never leaves the caller hanging.
@@ -51,9 +55,20 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
+_startup: tuple[dist.Store, int, int, float] | None = None
+"""(rendezvous store, rank, world size, start-up timeout in s) of this process's group."""
+_points = 0
+"""How many :func:`ranks_ready` points this process has passed in its group."""
+
+LATE_RANK_ENV = "APBV_TEST_LATE_RANK"
+"""Test-only: ``R:S`` makes rank R arrive S seconds late at each :func:`ranks_ready` point (a
+slow model load, simulated); read nowhere else."""
+
+
 def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
                      device: torch.device | str | None = None,
-                     store: dist.Store | None = None) -> DistInfo:
+                     store: dist.Store | None = None,
+                     startup_timeout_s: float = 1800.0) -> DistInfo:
     """Join the job's process group (once per process) and pick this rank's device.
 
     Args:
@@ -65,12 +80,16 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
             it; a check putting gloo ranks on one GPU: ``cuda:0``). Default: ``cuda:LOCAL_RANK``
             on NCCL (torchrun's one process per GPU), the CPU on gloo.
         store: the rendezvous store (default: env://, rank 0 hosting a TCPStore at MASTER_ADDR
-            and MASTER_PORT, which listens on every interface).
+            and MASTER_PORT, which listens on every interface, or the one torchrun hosts).
+        startup_timeout_s: bound on the start-up: the rendezvous, every rank's arrival before
+            the group is made, and each :func:`ranks_ready` wait (``parallel.startup_timeout_s``).
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"unknown backend {backend!r}; allowed: nccl, gloo")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if startup_timeout_s <= 0:
+        raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}")
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", rank)
@@ -95,8 +114,15 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
     if world_size == 1:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
+        global _startup, _points
         if backend == "nccl":
             _nccl_environment()
+        if store is None:  # connecting waits for a late peer up to the start-up timeout
+            store, rank, world_size = next(dist.rendezvous(
+                "env://", rank, world_size, timeout=timedelta(seconds=startup_timeout_s)))
+        _startup, _points = (store, rank, world_size, startup_timeout_s), 0
+        # Every rank is here before the group is made (NCCL's set-up is itself a collective).
+        comm.startup_barrier(store, "joined", rank, world_size, startup_timeout_s)
         dist.init_process_group(
             backend,
             rank=rank,
@@ -122,7 +148,30 @@ def _nccl_environment() -> None:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
+def ranks_ready(point: str, failed: BaseException | None = None) -> None:
+    """Wait, on every rank of this process's group, until each has reached ``point`` (e.g.
+    after loading the model: the first request's collectives then do not absorb the load
+    skew), bounded by the start-up timeout; the waiting ranks name the late ones every 30 s.
+    Call it on every rank alike; without a group it returns at once. A rank that failed on
+    the way passes its error as ``failed`` (and raises it afterwards): the others then raise
+    :class:`~apbv.comm.StartupFailed` naming it at once."""
+    global _points
+    if _startup is None:
+        return
+    store, rank, world_size, timeout_s = _startup
+    late = os.environ.get(LATE_RANK_ENV)
+    if late and failed is None:
+        late_rank, _, seconds = late.partition(":")
+        if int(late_rank) == rank:
+            time.sleep(float(seconds))
+    _points += 1
+    comm.startup_barrier(store, f"{_points}-{point}", rank, world_size, timeout_s,
+                         failed=None if failed is None else f"{type(failed).__name__}: {failed}")
+
+
 def destroy_distributed() -> None:
+    global _startup
+    _startup = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -235,6 +284,7 @@ def spawn_local(
                     if now - died_at.setdefault(r, now) > 2.0:
                         errors[r] = ("ProcessDied", f"exit code {p.exitcode}, no report")
                         tracebacks[r] = errors[r][1]
+                        deadline = min(deadline, now + collective_timeout_s + 5.0)
                 continue
             if status == "ok":
                 outputs[rank] = value

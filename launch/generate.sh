@@ -5,7 +5,7 @@
 # Environment (defaults): NPROC (GPUs on this node, else 2), CONFIG (tiny_cpu), LOG_RANK (0: only
 # rank 0's output; "all" for every rank), PYTHON (.venv/bin/python, else python3: the same
 # interpreter counts the GPUs and runs the ranks), APBV_DRY_RUN=1 (or DRY_RUN=1) prints the
-# command instead of running it.
+# command instead of running it. PYTORCH_CUDA_ALLOC_CONF defaults to expandable_segments:True.
 # Everything after the script name goes to `python -m apbv generate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +25,10 @@ cmd=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" "
 if [ "${APBV_DRY_RUN:-${DRY_RUN:-0}}" = "1" ]; then
   printf '%q ' "${cmd[@]}"; echo
   exit 0
+fi
+# The CUDA caching allocator maps memory into growable segments (one KV buffer per layer per
+# request, between transients, fragments less); a user's own setting (either name) is kept.
+if [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}${PYTORCH_ALLOC_CONF:-}" ]; then
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 fi
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "${cmd[@]}"

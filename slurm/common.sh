@@ -6,6 +6,7 @@
 #              share a head node do not collide; APBV_RDZV_PORT overrides)
 #   head_node, head_ip  the first node of the job and its IP address (the rendezvous host:
 #              a hostname may resolve to another interface, or not at all, on other nodes)
+#   PYTORCH_CUDA_ALLOC_CONF  expandable_segments:True unless it or PYTORCH_ALLOC_CONF is set
 #   run CMD... runs CMD, or with APBV_DRY_RUN=1 prints it (shell-quoted) instead; a dry run's
 #              `run sleep N` waits for the commands started in the background to print theirs.
 APBV_ROOT=${APBV_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
@@ -26,6 +27,11 @@ if [ "${APBV_DRY_RUN:-0}" != 1 ] && [ ! -x "$PYTHON" ]; then
   exit 1
 fi
 export PYTHONPATH="$APBV_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# The CUDA caching allocator maps memory into growable segments (one KV buffer per layer per
+# request, between transients, fragments less); a user's own setting (either name) is kept.
+if [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}${PYTORCH_ALLOC_CONF:-}" ]; then
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+fi
 cd "$APBV_ROOT"
 
 run() {

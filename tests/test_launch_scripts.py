@@ -114,3 +114,41 @@ def test_serve_starts_the_venvs_ray_and_server_on_the_head_ip(fake_cluster, tmp_
     assert serve[1:4] == ["-m", "apbv", "serve"]
     assert serve[serve.index("--address") + 1] == "10.8.0.17:6379"
     assert serve[serve.index("--world-size") + 1] == "16"
+
+
+ALLOC_CASES = [({}, "expandable_segments:True|"),
+               ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                "backend:cudaMallocAsync|"),
+               ({"PYTORCH_ALLOC_CONF": "expandable_segments:False"},
+                "|expandable_segments:False")]
+SHOW_ALLOC = 'echo "${PYTORCH_CUDA_ALLOC_CONF:-}|${PYTORCH_ALLOC_CONF:-}"'
+
+
+def _without_alloc_conf(env: dict) -> dict:
+    return {k: v for k, v in env.items()
+            if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "APBV_DRY_RUN",
+                         "DRY_RUN")}
+
+
+@pytest.mark.parametrize("user, seen", ALLOC_CASES)
+def test_generate_ranks_get_expandable_segments_unless_set(tmp_path, user, seen):
+    python = _write(tmp_path / "python", SHOW_ALLOC)  # stands in for torchrun's python
+    env = dict(_without_alloc_conf(os.environ), PYTHON=str(python), NPROC="2", **user)
+    out = subprocess.run(["bash", str(ROOT / "launch/generate.sh")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == seen, out
+
+
+@pytest.mark.parametrize("user, seen", ALLOC_CASES)
+def test_slurm_jobs_get_expandable_segments_unless_set(fake_cluster, tmp_path, user, seen):
+    env, venv = fake_cluster
+    _write(venv / "bin" / "torchrun", SHOW_ALLOC)
+    env = dict(_without_alloc_conf(env), **user)
+    for script in ("generate_1node", "generate_2node", "eval_1node", "batch_1node"):
+        out = subprocess.run(["bash", str(ROOT / f"slurm/{script}.sbatch")], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == seen, (script, out)
+    # serve.sbatch's Ray nodes (and so its rank actors) take the same common.sh first.
+    for sbatch in ROOT.glob("slurm/*.sbatch"):
+        first_run = sbatch.read_text().index("\nrun ")
+        assert "/slurm/common.sh\"" in sbatch.read_text()[:first_run], sbatch.name

@@ -217,7 +217,8 @@ def main(args: Any, cfg: Any) -> int:
     requests = read_requests(args.input)  # checked whole before the model loads
     roots = tuple(args.media_root) or (str(Path(args.input).resolve().parent),)
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
-    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s,
+                            startup_timeout_s=cfg.parallel.startup_timeout_s)
     out, limits = Path(args.output), Limits()
     try:
         if info.rank == 0:  # refused settings: before the model loads

@@ -97,12 +97,13 @@ def require_model(cfg: Any) -> None:
 @contextmanager
 def distributed(cfg: Any) -> Iterator[Any]:
     """This process's rank (:class:`~apbv.distributed.DistInfo`) under torchrun (or alone),
-    with ``parallel.backend`` and ``parallel.timeout_s``; the process group is destroyed on
-    the way out."""
+    with ``parallel.backend``, ``parallel.timeout_s`` and ``parallel.startup_timeout_s``; the
+    process group is destroyed on the way out."""
     from apbv.distributed import destroy_distributed, init_distributed
 
     backend = None if cfg.parallel.backend == "auto" else cfg.parallel.backend
-    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s)
+    info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s,
+                            startup_timeout_s=cfg.parallel.startup_timeout_s)
     try:
         yield info
     finally:

@@ -27,6 +27,7 @@ from apbv.attention.merge import merge_packed, pack_partial
 from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine import readback
+from apbv.engine.agree import raise_if_any_failed
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
 from apbv.engine.sampling import GREEDY, Sampling
@@ -172,6 +173,19 @@ def decode_step(
     return qwen.logits(hidden[0, -1]).float()
 
 
+def check_decode_room(cache: RankKVCache, max_new_tokens: int, info: DistInfo) -> None:
+    """On every rank, before a captured decode's first collective: the query rank's KV
+    reservation holds the ``max_new_tokens - 1`` rows its replayed steps write in place (they
+    cannot grow the buffers). The reservation rule guarantees it; should it ever not hold, the
+    query rank's RuntimeError is raised on every rank at once (one small all-reduce) instead of
+    the others waiting in the first step's all-gather for the collective timeout."""
+    error = None
+    if info.rank == QUERY_RANK and cache.room() < max_new_tokens - 1:
+        error = RuntimeError(f"the query rank reserved {cache.room()} KV rows for the "
+                             f"{max_new_tokens - 1} captured decode steps")
+    raise_if_any_failed(error, info.group)
+
+
 def greedy_continue(
     qwen: VideoModel,
     first_token: torch.Tensor,
@@ -217,8 +231,7 @@ def greedy_continue(
     signal = step_signal(token.device)
     graph = kept = None
     if graphs is not None and sampling.plain and graphs.wanted(max_new_tokens):
-        assert info.rank != QUERY_RANK or cache.room() >= max_new_tokens - 1, (
-            f"{cache.room()} reserved KV rows for {max_new_tokens - 1} decode steps")
+        check_decode_room(cache, max_new_tokens, info)
         graph = kept = graphs.step(qwen, ctx, max_new_tokens)
     first = True
 

@@ -42,7 +42,7 @@ from apbv.cost import (
     read_config,
     request_memory,
 )
-from apbv.distributed import DistInfo
+from apbv.distributed import DistInfo, ranks_ready
 from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import GraphSteps, resolve_graphs
@@ -95,14 +95,21 @@ class Engine:
         self.info = info
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
         """Where frames are resized and made into patch rows (None: the CPU)."""
-        self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
-                                             dtype=_dtype(cfg.model.dtype, info.device),
-                                             vision=cfg.vision)
+        try:
+            self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
+                                                 dtype=_dtype(cfg.model.dtype, info.device),
+                                                 vision=cfg.vision)
+        except Exception as exc:  # the other ranks stop waiting for this one (below)
+            if info.world_size > 1:
+                ranks_ready("model loaded", failed=exc)
+            raise
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
         """This rank's vision embeddings of recent videos (cache.vision_gb; empty when 0)."""
         self.streams: dict[str, Stream] = {}
         """This rank's part of each open live stream, by id."""
+        if info.world_size > 1:  # the first request's collectives then see no load skew
+            ranks_ready("model loaded")
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Use the ``vision`` settings from the next request on (every rank alike): the tower's

@@ -332,13 +332,26 @@ class Stream:
     # -- what an ask reads -------------------------------------------------------------------
 
     def kept_vision(self) -> torch.Tensor:
-        """(video tokens, hidden) the kept vision embeddings of every held chunk, in order, on
-        every rank (a collective: each owner hands its own; ``keep_vision``)."""
-        owned = {i: e.cpu() for i, e in self.vision.items()}
-        gathered: dict[int, torch.Tensor] = {}
-        for part in comm.all_gather_object(owned, self.info.group):
-            gathered.update(part)
-        return torch.cat([gathered[c.index] for c in self.chunks])
+        """(video tokens, hidden * (1 + extra_levels)) the kept vision embeddings of every held
+        chunk, in order, on every rank (a collective: each owner sends its chunks' device rows
+        to every rank through :func:`comm.all_to_all_rows`; ``keep_vision``)."""
+        qwen, rank, world = self.qwen, self.info.rank, self.info.world_size
+        rows = [c.patches * self.tokens_per_patch for c in self.chunks]  # known on every rank
+        width = qwen.text_config.hidden_size * (1 + qwen.extra_levels)
+        owned = [self.vision[c.index] for c in self.chunks if c.owner == rank]
+        mine = torch.cat(owned) if owned else torch.empty(0, width, dtype=qwen.dtype,
+                                                           device=qwen.device)
+        by_owner = [sum(n for n, c in zip(rows, self.chunks) if c.owner == r)
+                    for r in range(world)]
+        assert mine.shape == (by_owner[rank], width), (mine.shape, by_owner, width)
+        received = comm.all_to_all_rows(mine.repeat(world, 1), [len(mine)] * world, by_owner,
+                                        self.info.group)  # source-rank order
+        at = [sum(by_owner[:r]) for r in range(world)]  # the next row of each source
+        parts = []
+        for n, c in zip(rows, self.chunks):
+            parts.append(received[at[c.owner]:at[c.owner] + n])
+            at[c.owner] += n
+        return torch.cat(parts)
 
     def window_ids(self) -> torch.Tensor:
         """(N,) the context ids of the family's one-shot prompt on the held window's frames

@@ -235,7 +235,7 @@ class QwenVL(QwenVideoLM):
         has ``close``); an error on either side stops both and is raised here."""
         if overlap is None:
             overlap = self.device.type != "cpu"
-        rows = (rows_in_worker(self.tower_rows, chunks) if overlap
+        rows = (rows_in_worker(self.tower_rows, chunks, self.device) if overlap
                 else (self.tower_rows(chunk) for chunk in chunks))
         outs = []
         try:

@@ -14,6 +14,7 @@ independent). :func:`set_tower` applies these.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import types
@@ -86,12 +87,19 @@ def tower_chunks(grid: torch.Tensor, chunk_rows: int) -> list[tuple[int, int, to
 
 
 def rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
+                   device: torch.device | None = None,
                    ) -> Generator[tuple[torch.Tensor, tuple[int, int, int]], None, None]:
     """``process(chunk)`` for each chunk, run ahead by one in a worker thread: the next
     chunk's rows are made while the caller uses the current ones (at most one waits). An
-    error in the worker is raised here; closing the generator stops and joins the worker."""
+    error in the worker is raised here; closing the generator stops and joins the worker.
+
+    On a CUDA ``device`` the worker's device work (a chunk's decoding or resizing there, its
+    rows' upload) runs on a stream of its own, so it overlaps the caller's tower kernels: the
+    caller's stream waits for each chunk's event, and its rows are marked as used there (the
+    caching allocator then keeps their memory until the caller's work on them is done)."""
     ready: queue.Queue[Any] = queue.Queue(maxsize=1)
     stop, end = threading.Event(), object()
+    side = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
 
     def hand_over(item: Any) -> bool:
         while not stop.is_set():
@@ -104,9 +112,14 @@ def rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
 
     def produce() -> None:
         try:
-            for chunk in chunks:
-                if not hand_over(process(chunk)):
-                    return
+            if side is not None:
+                torch.cuda.set_device(side.device)  # the current device is per thread
+            with contextlib.nullcontext() if side is None else torch.cuda.stream(side):
+                for chunk in chunks:
+                    rows = process(chunk)
+                    done = None if side is None else side.record_event()
+                    if not hand_over((rows, done)):
+                        return
             hand_over(end)
         except BaseException as exc:  # raised in the caller's thread
             hand_over(exc)
@@ -117,7 +130,13 @@ def rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
         while (item := ready.get()) is not end:
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            rows, done = item
+            if done is not None and side is not None:
+                current = torch.cuda.current_stream(side.device)
+                current.wait_event(done)
+                if rows[0].is_cuda:  # the patch rows (the grid is a tuple of ints)
+                    rows[0].record_stream(current)
+            yield rows
     finally:
         stop.set()
         worker.join()

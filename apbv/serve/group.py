@@ -109,15 +109,15 @@ class RankActor:
         if backend is None:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._use_device()
-        timeout_s = self.cfg.parallel.timeout_s
+        timeout_s, startup_s = self.cfg.parallel.timeout_s, self.cfg.parallel.startup_timeout_s
         store = None
         if self.world_size > 1:  # rank 0's store takes over the socket (detach: not closed here)
             fd = None if self.listener is None else self.listener.detach()
             self.listener = None
             store = dist.TCPStore(master_addr, master_port, self.world_size, self.rank == 0,
-                                  timedelta(seconds=timeout_s), master_listen_fd=fd)
+                                  timedelta(seconds=startup_s), master_listen_fd=fd)
         info = init_distributed(backend=backend, timeout_s=timeout_s, device=self.device,
-                                store=store)
+                                store=store, startup_timeout_s=startup_s)
         self.engine = Engine(self.cfg, info)
         return os.getpid()
 
@@ -206,8 +206,10 @@ class RankGroup:
         for node_ip, _, _ in addresses:  # index on its node: bundles hold ranks in rank order
             local_ranks.append(seen.get(node_ip, 0))
             seen[node_ip] = local_ranks[-1] + 1
+        # Each setup loads the model, then waits up to parallel.startup_timeout_s for the rest.
+        setup_s = max(1800.0, self.cfg.parallel.startup_timeout_s + 600.0)
         self.pids = ray.get([a.setup.remote(master, port, lr, self.backend)
-                             for a, lr in zip(self.actors, local_ranks)], timeout=1800)
+                             for a, lr in zip(self.actors, local_ranks)], timeout=setup_s)
 
     def start_actors(self) -> None:
         """Reserve the placement group and start one actor per rank (nothing loaded yet)."""

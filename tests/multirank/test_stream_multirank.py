@@ -124,6 +124,13 @@ def _window_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     out["rebases"] = engine.describe_stream("rebased").rebases
     out["plain_rebases"] = engine.describe_stream("plain").rebases
     out["frames_held"] = engine.describe_stream("rebased").frames_held
+    stream = engine.streams["rebased"]  # the kept embeddings, as every rank receives them
+    kept = stream.kept_vision().split([c.patches * stream.tokens_per_patch
+                                       for c in stream.chunks])
+    out["kept"] = [float(k.double().sum()) for k in kept]
+    out["owned"] = {c.index: float(stream.vision[c.index].double().sum())
+                    for c in stream.chunks if c.owner == info.rank}
+    out["chunk_order"] = [c.index for c in stream.chunks]
     out["fresh"] = _ask(engine, "rebased", max_new_tokens=NEW_TOKENS, fresh=True).token_ids
     kept = frames[len(frames) - out["frames_held"]:]
     out["one_spava"] = _one_shot(engine, kept, "spava", max_new_tokens=NEW_TOKENS)["tokens"]
@@ -140,6 +147,10 @@ def test_window_evicts_rebases_and_fresh(tiny_config: RuntimeConfig) -> None:
     assert r["rebases"] >= 1 and r["plain_rebases"] == 0, (r["rebases"], r["plain_rebases"])
     assert r["rebased"] == r["plain"], ("re-basing changed the answer", r["rebased"], r["plain"])
     assert r["fresh"] == r["one_spava"], (r["fresh"], r["one_spava"])
+    owned = {i: v for other in per_rank for i, v in other["owned"].items()}
+    assert all(other["owned"] for other in per_rank), "one rank owns every held chunk"
+    for rank, other in enumerate(per_rank):  # each owner's rows, in chunk order, bit for bit
+        assert other["kept"] == [owned[i] for i in r["chunk_order"]], rank
     assert r["frames_held"] <= 26, r["frames_held"]  # 12 s at 2 fps, plus the newest chunk
     chunk = r["chunk_bytes"]  # 4 tokens per chunk
     for rank, other in enumerate(per_rank):
