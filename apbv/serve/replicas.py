@@ -194,7 +194,11 @@ class Replica:
 
     async def _next(self) -> Job | None:
         """The next job, or None after :data:`LIVENESS_POLL_S` with none (the ranks were
-        pinged meanwhile: :meth:`_probe`)."""
+        pinged meanwhile: :meth:`_probe`). A job waiting is taken at once, before any other
+        task runs (one that is about to queue its next job, e.g. a watch's next evaluation of
+        a round, must not go ahead of what waits: :mod:`apbv.serve.fair_order`)."""
+        if len(self.admission):
+            return await self.admission.next()  # returns without suspending
         waiter = asyncio.ensure_future(self.admission.next())
         try:
             await asyncio.wait([waiter], timeout=LIVENESS_POLL_S)

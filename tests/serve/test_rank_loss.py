@@ -192,3 +192,39 @@ def test_an_idle_replica_with_a_dead_rank_is_never_ready_until_rebuilt(monkeypat
     assert "ready" not in statuses and statuses[0] == "degraded", statuses[:3]
     assert group.rebuilds == 1 and took < 5, took
     assert why in lost, sorted(set(map(str, lost)))  # named while it rebuilt
+
+
+def test_the_liveness_loop_takes_a_waiting_job_before_one_queued_meanwhile():
+    """The worker waits for jobs with a timeout now (its idle pings): a job already waiting is
+    still taken before a task woken by the last job's end can queue another, as a watch's
+    round queues its next evaluation (which would go first: evaluations do) and so never let
+    an append in between."""
+    async def scenario() -> list[str]:
+        ran: list[str] = []
+
+        async def submit(op, on_token, cancel):
+            ran.append(op.what)
+            return SimpleNamespace()
+
+        replica = Replica(0, SimpleNamespace(pids=[], world_size=1, submit=submit),
+                          Admission(8), Metrics(), lambda _: None)
+        replica.status = "ready"
+        admission = replica.admission
+
+        def admit(what: str, evaluates: float | None = None):
+            return admission.admit(None, {}, op=SimpleNamespace(what=what), predicted_s=0.0,
+                                   stream_id="s", evaluates=evaluates)
+
+        first = admit("evaluation 1", evaluates=1.0)
+        admit("append")
+        first.future.add_done_callback(lambda _: admit("evaluation 2", evaluates=1.0))
+        worker = asyncio.ensure_future(replica.run())
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(ran) == 3:
+                break
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        return ran
+
+    assert asyncio.run(scenario()) == ["evaluation 1", "append", "evaluation 2"]
