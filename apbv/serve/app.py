@@ -55,6 +55,8 @@ T = TypeVar("T")
 log = logging.getLogger("apbv.serve")
 IGNORED_SHOWN = 32
 """Ignored fields named in the log and the header at most (the response lists them all)."""
+SHUTDOWN_WEBHOOKS_S = 2.0
+"""Seconds the stopping server waits for webhooks to send their streams' last events."""
 
 
 @dataclass
@@ -99,7 +101,7 @@ class Server:
         """Threads for a request's parsing and probing: the file checks of chat requests,
         never a download (those run on the event loop) nor a rank call."""
         self.app = HttpGuard(self._routes(), options.hosts, options.read_timeout_s,
-                             refused=self._count_refused, on_shut=self.stop_downloads)
+                             refused=self._count_refused, on_shut=self.shutting)
 
     @property
     def status(self) -> str:
@@ -114,11 +116,22 @@ class Server:
             yield
         finally:
             self.app.shut()  # whatever is still in flight is answered 503
+            if self.streams is not None:  # their webhooks' last events, briefly
+                await self.streams.watches.finished(SHUTDOWN_WEBHOOKS_S)
             for worker in self.workers:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
             await asyncio.gather(*(asyncio.to_thread(r.group.stop) for r in self.replicas))
             self.checks.shutdown(wait=False, cancel_futures=True)  # their clients are gone
+
+    def shutting(self) -> None:
+        """The server begins to stop: downloads end (:meth:`stop_downloads`), every stream
+        ends (``server shutdown``, told to its event streams and webhooks) and every event
+        stream ends after its last event."""
+        self.stop_downloads()
+        if self.streams is not None:
+            self.streams.registry.shutdown()
+            self.streams.watches.hub.close()
 
     def stop_downloads(self) -> None:
         """Shutting down: every download ends now (its client gets a 503), none begins."""
@@ -278,6 +291,8 @@ class Server:
 
         @app.get("/health")
         async def health() -> JSONResponse:
+            for replica in self.replicas:  # a rank's process gone: degraded at once
+                replica.check_pids()
             replicas = [r.describe() for r in self.replicas]
             return JSONResponse({"status": self.status,
                                  "world_size": self.replicas[0].group.world_size,

@@ -3,9 +3,13 @@
 :class:`EventHub` hands each event (a JSON-able dict with ``stream`` and ``watch`` ids) to
 every subscriber whose filter takes it; a subscriber's queue is bounded (``queue_size``
 events): an event that does not fit is dropped for that subscriber and counted (its
-``dropped``, and the hub's). :class:`Webhook` posts each event of one watch as JSON to its
-URL (checked against the media-domain policy when the watch is made), one at a time, with
-retries; its queue is bounded too, drops counted.
+``dropped``, and the hub's). A stream's end is a ``stream.closed`` event
+(:mod:`apbv.serve.stream_end`, naming the watches that ended with it): the last event of every
+subscriber filtered to that stream or one of its watches, whose event stream then ends (never
+dropped: it waits behind the queued ones); an unfiltered subscriber sees it and goes on.
+:class:`Webhook` posts each event of one watch as JSON to its URL (checked against the
+media-domain policy when the watch is made), one at a time, with retries; its queue is bounded
+too, drops counted.
 """
 
 from __future__ import annotations
@@ -42,10 +46,20 @@ class Subscriber:
     watch: str | None = None
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     dropped: int = 0
+    ending: bool = False
+    """Its event stream ends once its queue is sent (and then :attr:`final`, if any)."""
+    final: dict[str, Any] | None = None
 
     def takes(self, event: dict[str, Any]) -> bool:
         return (self.stream is None or event["stream"] == self.stream) and \
-            (self.watch is None or event["watch"] == self.watch)
+            (self.watch is None or event.get("watch") == self.watch or
+             self.watch in event.get("watches", ()))
+
+    def ends_with(self, event: dict[str, Any]) -> bool:
+        """Whether ``event`` (one it takes) is its last: its stream's (or its watch's
+        stream's) ``stream.closed``."""
+        return event.get("object") == "stream.closed" and \
+            (self.stream is not None or self.watch is not None)
 
 
 class EventHub:
@@ -71,27 +85,57 @@ class EventHub:
         is full)."""
         self.published += 1
         for sub in self.subscribers:
-            if sub.takes(event):
+            if sub.ending or not sub.takes(event):
+                continue
+            if sub.ends_with(event):
+                self.end(sub, event)
+            else:
                 try:
                     sub.queue.put_nowait(event)
                 except asyncio.QueueFull:
                     sub.dropped += 1
                     self.dropped += 1
 
+    def end(self, sub: Subscriber, final: dict[str, Any] | None = None) -> None:
+        """End ``sub``'s event stream once its queued events are sent, ``final`` last."""
+        sub.ending, sub.final = True, final
+        try:
+            sub.queue.put_nowait(None)  # wakes its stream (a full queue wakes it anyway)
+        except asyncio.QueueFull:
+            pass
+
+    def close(self) -> None:
+        """The server stops: every event stream ends once its queued events are sent."""
+        for sub in self.subscribers:
+            if not sub.ending:
+                self.end(sub)
+
     async def stream(self, sub: Subscriber) -> AsyncIterator[bytes]:
-        """``sub``'s events as server-sent events (``event: watch``), a keep-alive comment
-        when none came for :data:`KEEPALIVE_S`; unsubscribed when the client leaves."""
+        """``sub``'s events as server-sent events (``event: watch``, or ``event:
+        stream.closed``), a keep-alive comment when none came for :data:`KEEPALIVE_S`;
+        unsubscribed when the client leaves or the stream ends (:meth:`end`)."""
         try:
             yield b": subscribed\n\n"
             while True:
+                if sub.ending and sub.queue.empty():
+                    if sub.final is not None:
+                        yield _sse(sub.final)
+                    return
                 try:
                     event = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_S)
                 except TimeoutError:
                     yield b": keep-alive\n\n"
                     continue
-                yield f"event: watch\ndata: {json.dumps(event)}\n\n".encode()
+                if event is not None:
+                    yield _sse(event)
         finally:
             self.subscribers.discard(sub)
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    """One server-sent event: ``event: stream.closed`` for a stream's end, else ``watch``."""
+    name = "stream.closed" if event.get("object") == "stream.closed" else "watch"
+    return f"event: {name}\ndata: {json.dumps(event)}\n\n".encode()
 
 
 @dataclass(eq=False)
@@ -105,6 +149,15 @@ class Webhook:
     """Events given up after every retry failed."""
     dropped: int = 0
     """Events that found the queue full."""
+
+    def finish(self) -> bool:
+        """No event follows the queued ones: :meth:`run` returns once they are sent; False
+        when the queue is full (the caller stops it instead)."""
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            return False
+        return True
 
     def put(self, event: dict[str, Any]) -> None:
         try:
@@ -123,6 +176,8 @@ class Webhook:
                                      follow_redirects=False) as client:
             while True:
                 event = await self.queue.get()
+                if event is None:  # finish(): the last event was sent
+                    return
                 for attempt in range(WEBHOOK_RETRIES + 1):
                     try:
                         response = await client.post(self.url, json=event)

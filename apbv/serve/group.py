@@ -29,7 +29,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import (
+    ActorUnavailableError,
+    GetTimeoutError,
+    OutOfMemoryError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+)
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -43,6 +50,10 @@ if TYPE_CHECKING:
 
 PING_TIMEOUT_S = 5.0
 """How long a rank's actor has to answer a ping (:meth:`RankGroup.unanswered`)."""
+NO_ANSWER = "did not answer"
+"""How :meth:`RankGroup.unanswered` begins the why of a rank that is alive but silent."""
+BRIEF_CHARS = 200
+"""The most of an error's text a client body carries (:func:`brief`; Ray's run to KBs)."""
 
 
 class RankLost(RuntimeError):
@@ -50,7 +61,7 @@ class RankLost(RuntimeError):
     rebuilt. ``why``: what happened to them (default: the actor died)."""
 
     def __init__(self, ranks: list[int], detail: str = "", why: str = "actor died"):
-        self.ranks = ranks
+        self.ranks, self.why = ranks, why
         super().__init__(f"rank(s) {', '.join(map(str, ranks))} of the engine group were lost "
                          f"({why}){': ' + detail if detail else ''}; the request failed "
                          "and the group is being rebuilt")
@@ -193,6 +204,8 @@ class RankGroup:
         self.threads, self.env = threads, env or {}
         self.actors: list[Any] = []
         self.pids: list[int] = []
+        self.local_pids: list[int] = []
+        """The pids of the ranks on this process's node (their liveness is a local check)."""
         self.pg: PlacementGroup | None = None
         self.tickets = itertools.count(1)
 
@@ -210,6 +223,8 @@ class RankGroup:
         setup_s = max(1800.0, self.cfg.parallel.startup_timeout_s + 600.0)
         self.pids = ray.get([a.setup.remote(master, port, lr, self.backend)
                              for a, lr in zip(self.actors, local_ranks)], timeout=setup_s)
+        here = ray.util.get_node_ip_address()
+        self.local_pids = [pid for pid, (ip, _, _) in zip(self.pids, addresses) if ip == here]
 
     def start_actors(self) -> None:
         """Reserve the placement group and start one actor per rank (nothing loaded yet)."""
@@ -235,7 +250,7 @@ class RankGroup:
                 ray.kill(actor, no_restart=True)
             except Exception:  # already gone
                 pass
-        self.actors, self.pids = [], []
+        self.actors, self.pids, self.local_pids = [], [], []
         if self.pg is not None:
             try:
                 remove_placement_group(self.pg)
@@ -248,19 +263,20 @@ class RankGroup:
         self.start()
 
     def unanswered(self, timeout_s: float = PING_TIMEOUT_S) -> dict[int, str]:
-        """The ranks whose actor does not answer a ping, each with why: ``died``, or
-        ``did not answer within N s`` (stopped or hung past ``timeout_s``). Blocking: the
-        pings share one deadline, so it returns within about ``timeout_s``."""
+        """The ranks whose actor does not answer a ping, each with why: ``did not answer
+        within N s`` (stopped or hung past ``timeout_s``), or any other Ray error as
+        :func:`lost_cause` names it (``died``, ``killed by Ray's out-of-memory monitor``, ...).
+        Blocking: the pings share one deadline, so it returns within about ``timeout_s``."""
         lost = {}
         refs = [a.ping.remote() for a in self.actors]
         ends = time.monotonic() + timeout_s
         for r, ref in enumerate(refs):
             try:
                 ray.get(ref, timeout=max(0.0, ends - time.monotonic()))
-            except RayActorError:
-                lost[r] = "died"
             except GetTimeoutError:
-                lost[r] = f"did not answer within {timeout_s:g} s"
+                lost[r] = f"{NO_ANSWER} within {timeout_s:g} s"
+            except RayError as exc:
+                lost[r] = lost_cause(exc)
         return lost
 
     async def submit(self, op: Op, on_token: Callable[[int], None] | None = None,
@@ -329,6 +345,7 @@ class RankGroup:
             raise RankLost(sorted(lost), why=describe_lost(lost))
         await asyncio.gather(*pending, return_exceptions=True)  # the ranks agree on failure
         error = failed[0].exception()
+        assert error is not None, "a failed task holds its exception"
         if isinstance(error, RankLost):
             raise error
         cause = error.cause if isinstance(error, RayTaskError) else error
@@ -336,7 +353,7 @@ class RankGroup:
             raise ValueError(str(cause)) from None
         if isinstance(cause, RequestCancelled):
             raise RequestCancelled(str(cause)) from None
-        raise RuntimeError(f"the request failed: {type(cause).__name__}: {cause}")
+        raise RuntimeError(f"the request failed: {brief(cause or error)}")
 
 
 def describe_lost(lost: dict[int, str]) -> str:
@@ -347,8 +364,36 @@ def describe_lost(lost: dict[int, str]) -> str:
     return "; ".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
 
 
+def lost_cause(exc: BaseException) -> str:
+    """What a Ray error from a rank (or its ping) says happened to the rank, briefly (never
+    Ray's own text, KBs long): ``killed by Ray's out-of-memory monitor``, ``unavailable``,
+    ``died``, or ``lost (TypeName)``."""
+    if isinstance(exc, OutOfMemoryError):
+        return "killed by Ray's out-of-memory monitor"
+    if isinstance(exc, ActorUnavailableError):  # a RayActorError too: named apart
+        return "unavailable"
+    if isinstance(exc, RayActorError):
+        return "died"
+    return f"lost ({type(exc).__name__})"
+
+
+def brief(exc: BaseException) -> str:
+    """``TypeName: the first line of its text``, at most :data:`BRIEF_CHARS` characters of
+    it: what a client body may carry of an error."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if len(text) > BRIEF_CHARS:
+        text = text[:BRIEF_CHARS] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 async def _tagged(rank: int, ref: ray.ObjectRef) -> Any:
+    """``ref``'s value; :class:`RankLost` for a Ray error that means the rank is gone (any but
+    the rank's own exception, :class:`RayTaskError`, and a timeout)."""
     try:
         return await ref
-    except RayActorError as exc:
-        raise RankLost([rank], type(exc).__name__) from exc
+    except (RayTaskError, GetTimeoutError):
+        raise
+    except RayError as exc:
+        raise RankLost([rank], type(exc).__name__,
+                       why=describe_lost({rank: lost_cause(exc)})) from exc

@@ -29,6 +29,8 @@ from apbv.serve.policy import ClientError
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
 SHUTDOWN_MESSAGE = "the server is shutting down; retry on its next start"
+EVENTS_END_S = 1.0
+"""At shutdown, seconds an event stream already sending may take to end by itself."""
 log = logging.getLogger("apbv.serve")
 
 
@@ -170,6 +172,8 @@ class HttpGuard:
             raise
         finally:
             self._waiters.discard(closing)
+        if not app.done() and exchange.event_stream:  # it may end itself (its last event)
+            await asyncio.wait([app], timeout=EVENTS_END_S)
         if app.done():
             app.result()  # its exception, if any, as uvicorn would have seen it
             return

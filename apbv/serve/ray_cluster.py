@@ -14,7 +14,11 @@ the cluster's token):
   Ray rewrites a loopback ``_node_ip_address`` to the host's routable address unless its
   single-host mode is on (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when ``ray`` is
   imported), which is what makes its servers listen on 127.0.0.1 only; the start is checked
-  and refused otherwise.
+  and refused otherwise. Ray's own memory monitor is off there
+  (``RAY_memory_monitor_refresh_ms=0`` unless the variable is set): at 95% of the host's memory,
+  whoever uses it, it kills a rank, which only turns memory pressure into a lost replica (every
+  request and stream on it fails and the model reloads); the server refuses work by its own
+  figures instead, and a rank the kernel kills is a lost rank, rebuilt.
 - **``--address`` cluster**: joined in token mode with the operator's token, read by Ray from
   ``RAY_AUTH_TOKEN``, the file named by ``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``
   (in that order); the cluster's nodes must have been started with ``RAY_AUTH_MODE=token``
@@ -33,7 +37,8 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_IFNAME = "lo"
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
 ENVIRONMENT = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME")
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME",
+               "RAY_memory_monitor_refresh_ms")
 """The variables :func:`prepare_ray_env` may set or remove in this process."""
 
 log = logging.getLogger("apbv.serve")
@@ -42,12 +47,14 @@ log = logging.getLogger("apbv.serve")
 def prepare_ray_env(address: str | None) -> None:
     """Set this process's Ray environment before ``ray`` is imported (Ray's processes and the
     rank actors inherit it): token mode always; for a local cluster a new token, Ray's
-    single-host mode and gloo on the loopback interface (unless GLOO_SOCKET_IFNAME is set);
+    single-host mode, its memory monitor off and gloo on the loopback interface (unless
+    RAY_memory_monitor_refresh_ms or GLOO_SOCKET_IFNAME is set);
     for ``address`` check that a token is at hand. Raises ValueError naming the variable at
     fault."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if address is None:
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # see the module docstring
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
                           RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
         if LOOPBACK_IFNAME in (name for _, name in socket.if_nameindex()):

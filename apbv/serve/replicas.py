@@ -17,6 +17,15 @@ replica is ready. The job then fails when the ranks' collective timeout (``paral
 ends it, with the ranks' ping naming who did not answer, and the group is rebuilt; if they
 answer again, the replica is ``ready`` again.
 
+An idle replica (no job running or waiting) pings its ranks every :data:`LIVENESS_POLL_S`, and
+``/health`` checks that the processes of the ranks on this node still exist
+(:meth:`Replica.check_pids`): a rank that is gone (killed by Ray's out-of-memory monitor or the
+kernel's, SIGKILL, crashed: any Ray error of its ping, :func:`apbv.serve.group.lost_cause`)
+makes the replica ``degraded`` at once, naming why (``lost``), and its group is rebuilt without
+waiting for a request; the hooks in :attr:`Replica.on_lost` hear of it first (the streams it
+held end, :mod:`apbv.serve.stream_registry`). A rank that is alive but does not answer the
+idle ping makes it ``stalled`` until it answers again.
+
 :func:`pick` routes a request: to a ready replica that answered the same video recently (its
 ranks' vision caches hold the embeddings; the identity is the resolved path, size, mtime in ns
 and every sampling field, kept in a bounded LRU per replica, only when the vision cache is on),
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -36,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from apbv.engine.request import Request, RequestCancelled, Result
 from apbv.serve.admission import Admission, Job
 from apbv.serve.download import discard
-from apbv.serve.group import RankGroup, RankLost, describe_lost
+from apbv.serve.group import NO_ANSWER, RankGroup, RankLost, brief, describe_lost
 from apbv.serve.policy import ClientError
 from apbv.video import video_identity
 
@@ -50,6 +60,8 @@ STALL_FLOOR_S = 10.0
 """... but not before it ran this long (predictions of short jobs are too rough)."""
 STALL_POLL_S = 2.0
 """Seconds between the pings (each waits up to the group's ping timeout) while it runs on."""
+LIVENESS_POLL_S = 2.0
+"""Seconds between the pings of an idle replica's ranks (a dead rank is found unasked)."""
 
 if TYPE_CHECKING:
     from apbv.serve.api import ChatCall
@@ -70,6 +82,13 @@ class Replica:
         self.generation = 0
         self.stalled: list[int] = []
         """The ranks that did not answer while the job ran long (status ``stalled``)."""
+        self.lost: str | None = None
+        """Why its ranks were lost, while it is ``degraded`` (rebuilding)."""
+        self.last_loss = "a rank died"
+        """Why its ranks were lost the last time (what its lost streams are told)."""
+        self.on_lost: list[Callable[[Replica], None]] = []
+        """Called when its ranks are found lost, before the rebuild (``generation`` is the
+        new group's already)."""
         self.recent: OrderedDict[tuple, None] = OrderedDict()
         label = str(index)
         metrics.queue_depth.labels(label).set_function(lambda: len(self.admission))
@@ -104,7 +123,23 @@ class Replica:
             out["predicted_s"] = round(self.admission.expected_s(job), 3)
         if self.stalled:
             out["stalled_ranks"] = list(self.stalled)
+        if self.lost is not None:
+            out["lost"] = self.lost
         return out
+
+    def check_pids(self) -> None:
+        """``degraded`` at once, naming the rank, when the process of a rank on this node is
+        gone (the next liveness ping rebuilds the group; a stand-in group in tests has no
+        ``local_pids``)."""
+        if self.status not in ("ready", "stalled"):
+            return
+        local = set(getattr(self.group, "local_pids", ()))
+        gone = [(r, pid) for r, pid in enumerate(self.group.pids)
+                if pid in local and not _alive(pid)]
+        if gone:
+            self.status = "degraded"
+            self.lost = "; ".join(f"rank {r}'s process {pid} is gone" for r, pid in gone)
+            log.warning("replica %d: %s", self.index, self.lost)
 
     async def boot(self) -> None:
         """Start the group (actors, process group, model), then serve the queue."""
@@ -122,7 +157,9 @@ class Replica:
 
     async def run(self) -> None:
         while True:
-            job = await self.admission.next()
+            job = await self._next()
+            if job is None:
+                continue
             job.started = time.monotonic()
             wait = job.started - job.enqueued
             error: ClientError | None = self.admission.expired(job, job.started)
@@ -131,6 +168,7 @@ class Replica:
                 continue
             if job.call is not None:
                 self.metrics.queue_wait.observe(wait)
+            lost: RankLost | None = None
             try:
                 if job.stream_id is not None and job.generation != self.generation:
                     raise ClientError(410, f"stream {job.stream_id!r} was lost with replica "
@@ -140,6 +178,7 @@ class Replica:
                 outcome = "stream" if job.call is None else self._answered(job, job.call, result)
             except RankLost as exc:
                 outcome, error = "rank_lost", ClientError(503, f"replica {self.index}: {exc}")
+                lost = exc
             except RequestCancelled as exc:  # the client went away before the first token
                 outcome, error = "cancelled", ClientError(499, f"the client went away: {exc}")
             except ClientError as exc:  # a live stream's operation after its ranks were lost
@@ -148,10 +187,46 @@ class Replica:
                 outcome, error = "rejected", ClientError(400, str(exc))
             except Exception as exc:
                 log.exception("%s on replica %d failed", job.name, self.index)
-                outcome, error = "error", ClientError(500, f"{type(exc).__name__}: {exc}")
+                outcome, error = "error", ClientError(500, brief(exc))
             self._finish(job, outcome, wait, None if error else result, error)
-            if outcome == "rank_lost":
-                await self._rebuild()
+            if lost is not None:
+                await self._rebuild(_loss_words(lost.ranks, lost.why))
+
+    async def _next(self) -> Job | None:
+        """The next job, or None after :data:`LIVENESS_POLL_S` with none (the ranks were
+        pinged meanwhile: :meth:`_probe`). A job waiting is taken at once, before any other
+        task runs (one that is about to queue its next job, e.g. a watch's next evaluation of
+        a round, must not go ahead of what waits: :mod:`apbv.serve.fair_order`)."""
+        if len(self.admission):
+            return await self.admission.next()  # returns without suspending
+        waiter = asyncio.ensure_future(self.admission.next())
+        try:
+            await asyncio.wait([waiter], timeout=LIVENESS_POLL_S)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                await asyncio.gather(waiter, return_exceptions=True)
+        if not waiter.cancelled():  # taken (also when it came as the wait ended)
+            return waiter.result()
+        await self._probe()
+        return None
+
+    async def _probe(self) -> None:
+        """Ping the idle ranks: any gone (a Ray error) rebuilds the group now; one alive but
+        silent makes the replica ``stalled`` until it answers."""
+        try:
+            lost = await asyncio.to_thread(self.group.unanswered)
+        except Exception as exc:  # the ping itself failed: no verdict on the ranks
+            log.warning("replica %d: pinging its ranks failed (%s)", self.index, brief(exc))
+            return
+        dead = {r: why for r, why in lost.items() if not why.startswith(NO_ANSWER)}
+        if dead:
+            await self._rebuild(_loss_words(sorted(dead), describe_lost(dead)))
+            return
+        if lost and not self.stalled:
+            log.warning("replica %d is stalled while idle: %s", self.index, describe_lost(lost))
+        self.stalled, self.lost = sorted(lost), None
+        self.status = "stalled" if lost else "ready"
 
     def _answered(self, job: Job, call: ChatCall, result: Result) -> str:
         """Learn from a chat request's answer (observed, TTFT and decode rates, its video
@@ -220,19 +295,27 @@ class Replica:
                 if self.status == "stalled":
                     self.status = "ready"
 
-    async def _rebuild(self) -> None:
-        self.status = "degraded"
+    async def _rebuild(self, why: str) -> None:
+        """Rebuild the group whose ranks were lost (``why``, in words)."""
+        self.status, self.lost, self.last_loss = "degraded", why, why
+        self.stalled = []
         self.generation += 1
         self.recent.clear()  # the new ranks' vision caches are empty
         self.metrics.rebuilds.inc()
         moved = self.hand_over()
-        log.warning("replica %d lost a rank: rebuilding its group (%d waiting request(s) moved "
-                    "to other replicas, %d wait)", self.index, len(moved), len(self.admission))
+        log.warning("replica %d lost a rank (%s): rebuilding its group (%d waiting request(s) "
+                    "moved to other replicas, %d wait)", self.index, why, len(moved),
+                    len(self.admission))
+        for hook in self.on_lost:
+            try:
+                hook(self)
+            except Exception:  # one hook's failure must not stop the rebuild
+                log.exception("replica %d: a lost-ranks hook failed", self.index)
         started = time.monotonic()
         while True:
             try:
                 await asyncio.to_thread(self.group.rebuild)
-                self.status = "ready"
+                self.status, self.lost = "ready", None
                 log.info("replica %d rebuilt in %.1f s", self.index, time.monotonic() - started)
                 return
             except Exception as exc:  # keep trying: the queue waits for a whole group
@@ -273,6 +356,23 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outc
         log.info("%s, %d frames, %d prompt tokens, %d new, TTFT %.3f s, queued %.3f s%s", head,
                  result.frames, result.context_len + result.query_len, len(result.token_ids),
                  result.ttft_s, wait, ", vision cache hit" if result.vision_cache_hit else "")
+
+
+def _loss_words(ranks: list[int], why: str) -> str:
+    """Lost ``ranks`` and ``why`` (:func:`~apbv.serve.group.describe_lost`) in words that name
+    the ranks: ``rank 1 killed by Ray's out-of-memory monitor``, ``rank(s) 0, 1: actor died``."""
+    return why if why.startswith("rank ") else f"rank(s) {', '.join(map(str, ranks))}: {why}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0: nothing is sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
 
 
 def pick(replicas: list[Replica], request: Request, affinity: bool) -> Replica:

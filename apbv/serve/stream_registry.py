@@ -7,11 +7,11 @@ appends and watches take the least of its time, :func:`apbv.serve.placement.plac
 its ranks' engines hold their part of it under the stream's id.
 Every operation that touches the ranks (:mod:`apbv.serve.ops`) is a job in that replica's
 queue (:meth:`StreamRegistry.admit`), so it runs alone on the group, in turn with chat
-requests. A stream lost with its replica's ranks (a rank died and the group was rebuilt)
-answers 410 and frees its budget; a stream no client touched for ``--stream-idle-s`` is
-closed (:meth:`StreamRegistry.sweep`), its idle clock counting only while none of its
-operations is queued or running. A stream with a ``source`` is fed by a task that takes
-frames from its :class:`apbv.capture.Capture` (:meth:`StreamRegistry.feed`).
+requests. A stream ends when its replica's ranks are found lost (the group is rebuilt), or,
+no client having touched it for ``--stream-idle-s``, is closed (:meth:`StreamRegistry.sweep`;
+its idle clock counts only while none of its operations is queued or running); how it ended is
+told and remembered (:mod:`apbv.serve.stream_end`). A stream with a ``source`` is fed by a
+task that takes frames from its :class:`apbv.capture.Capture` (:meth:`StreamRegistry.feed`).
 """
 
 from __future__ import annotations
@@ -34,33 +34,10 @@ from apbv.serve.ops import Append, CloseStream, Op, OpenStream
 from apbv.serve.placement import ReplicaLoad, place_stream
 from apbv.serve.policy import ClientError, Limits
 from apbv.serve.replicas import Replica
+from apbv.serve.stream_end import EndedStreams, Ending, ending, lost_detail
+from apbv.serve.stream_options import StreamOptions
 
-
-@dataclass
-class StreamOptions:
-    budget_bytes: int
-    """Per-rank KV bytes all streams of one replica may reserve (--stream-memory-gb)."""
-    max_streams: int = 8
-    idle_s: float = 600.0
-    end_after_s: float | None = 10.0
-    """A source ends after this long without news (--stream-end-after-s; None: never)."""
-    sizing: stream_budget.KVSizing | None = None
-    """The served family's frame size rule and reservations (None: the defaults' 14-pixel
-    patches, and no stream may be placed)."""
-    pricing: stream_time.StreamPricing | None = None
-    """The cost model the time budget predicts with (None: only measured figures count, and
-    a new stream is never refused for time)."""
-
-    @property
-    def family(self) -> stream_budget.KVSizing:
-        """:attr:`sizing`, or the defaults' rule where none was given."""
-        return self.sizing or stream_budget.KVSizing(0, 1, 1, 1)
-
-    def frame_size(self, height: int, width: int, min_pixels: int | None,
-                   max_pixels: int | None) -> tuple[int, int]:
-        """:meth:`~apbv.serve.stream_budget.KVSizing.frame_size` of the served family."""
-        return self.family.frame_size(height, width, min_pixels=min_pixels,
-                                      max_pixels=max_pixels)
+__all__ = ["LiveStream", "StreamOptions", "StreamRegistry", "start_capture"]
 
 
 @dataclass(eq=False)
@@ -110,11 +87,15 @@ class StreamRegistry:
     def __init__(self, replicas: list[Replica], limits: Limits, options: StreamOptions):
         self.replicas, self.limits, self.opt = replicas, limits, options
         self.live: dict[str, LiveStream] = {}
+        self.ended = EndedStreams()
+        for replica in replicas:  # its ranks lost: its streams end at once
+            replica.on_lost.append(self.lost)
         self.on_append: Callable[[LiveStream, float, float, float], None] | None = None
         """Called after each append with (the stream, its last frame's timestamp, when the
         frames arrived (monotonic s), their seconds of footage): the standing questions."""
-        self.on_forget: Callable[[LiveStream], None] | None = None
-        """Called when a stream is closed or lost."""
+        self.on_forget: Callable[[LiveStream, Ending | None], None] | None = None
+        """Called when a stream is closed or lost, with how it ended (None: it never was
+        handed to a client)."""
         self.watch_load: Callable[[Replica], float] | None = None
         """A replica's share of time its standing questions take (seconds per second)."""
 
@@ -124,12 +105,11 @@ class StreamRegistry:
     def get(self, stream_id: str) -> LiveStream:
         live = self.live.get(stream_id)
         if live is None or live.closing:
-            raise ClientError(404, f"no open stream {stream_id[:64]!r}")
+            raise self.ended.refusal(stream_id) or \
+                ClientError(404, f"no open stream {stream_id[:64]!r}")
         if live.generation != live.replica.generation:
-            self.forget(live)
-            raise ClientError(410, f"stream {stream_id!r} was lost: a rank of replica "
-                                   f"{live.replica.index} died and its group was rebuilt; open "
-                                   "a new stream")
+            self.forget(live, "lost", lost_detail(live.replica))
+            raise self.ended.refusal(stream_id) or ClientError(410, "lost")
         live.used = time.monotonic()
         return live
 
@@ -144,10 +124,18 @@ class StreamRegistry:
             live.used = time.monotonic()
         return done
 
-    def forget(self, live: LiveStream) -> None:
-        self.live.pop(live.id, None)
+    def forget(self, live: LiveStream, reason: str | None = None, detail: str = "") -> None:
+        """Drop ``live`` (its place, budget, feeder); ``reason`` (:data:`stream_end.REASONS
+        <apbv.serve.stream_end.REASONS>`): how it ended, told and remembered (None: it was
+        never handed to a client)."""
+        known = self.live.get(live.id) is live
+        if known:
+            del self.live[live.id]
+        end = ending(live.id, reason, detail) if known and reason is not None else None
+        if end is not None:
+            self.ended.add(live.id, end)
         if self.on_forget is not None:
-            self.on_forget(live)
+            self.on_forget(live, end)
         if live.feeder is not None:
             live.feeder.cancel()
         if live.capture is not None:
@@ -165,7 +153,7 @@ class StreamRegistry:
         def forget_if_lost(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None \
                     and replica.generation != generation:
-                self.forget(live)
+                self.forget(live, "lost", lost_detail(replica))
 
         job = replica.admission.admit(None, {}, op=op, sse=sse, predicted_s=0.0,
                                       max_tokens=op.max_tokens, stream_id=live.id,
@@ -316,8 +304,20 @@ class StreamRegistry:
         except Exception as exc:  # kept for GET; the stream stays open for asks
             live.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
 
-    async def close(self, live: LiveStream) -> None:
-        """Close on every rank, then free the budget (a full queue leaves it open)."""
+    def lost(self, replica: Replica) -> None:
+        """``replica``'s ranks were lost: its streams end (``lost``)."""
+        for live in [s for s in self.live.values() if s.replica is replica
+                     and s.generation != replica.generation]:
+            self.forget(live, "lost", lost_detail(replica))
+
+    def shutdown(self) -> None:
+        """The server stops: every stream ends (``server shutdown``)."""
+        for live in list(self.live.values()):
+            self.forget(live, "server shutdown")
+
+    async def close(self, live: LiveStream, reason: str = "closed") -> None:
+        """Close on every rank, then free the budget (a full queue leaves it open);
+        ``reason``: ``closed`` (its client) or ``idle``."""
         if live.feeder is not None:
             live.feeder.cancel()
         live.closing = True  # no new operation from here on
@@ -328,7 +328,7 @@ class StreamRegistry:
             if exc.status == 429:
                 live.closing = False
                 raise
-        self.forget(live)
+        self.forget(live, reason, f"{self.opt.idle_s:g} s" if reason == "idle" else "")
 
     def summary(self, live: LiveStream) -> dict[str, Any]:
         now = time.monotonic()
@@ -375,9 +375,10 @@ class StreamRegistry:
                 if not self.idle(live) or self.live.get(live.id) is not live:
                     continue  # used, or closed, while an earlier one was being closed
                 try:
-                    await self.close(live)
+                    await self.close(live, "idle")
                 except ClientError:
                     pass  # lost with its ranks, or the queue is full: forgotten anyway
+
 
 def queued_or_running(job: Job) -> bool:
     """Whether ``job`` waits in its replica's queue or runs there (False once it ended, or

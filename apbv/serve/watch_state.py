@@ -18,6 +18,9 @@ from apbv.serve.watch_rules import Rule, RuleState
 
 MAX_WATCHES = 8
 """Watches one stream may hold."""
+WEBHOOK_FINISH_S = 30.0
+"""Seconds a watch's webhook has to send its last events (its stream's end) once the watch
+ended (:meth:`Watch.finish`); then its sender is stopped."""
 
 
 @dataclass(eq=False)
@@ -67,6 +70,17 @@ class Watch:
     def stop(self) -> None:
         """Its webhook's sender ends (the watch was deleted, or its stream closed)."""
         if self.sender is not None:
+            self.sender.cancel()
+
+    def finish(self, event: dict[str, Any]) -> None:
+        """Its stream ended: its webhook gets ``event`` after the events queued before it,
+        then its sender ends (stopped after :data:`WEBHOOK_FINISH_S` at the latest)."""
+        if self.webhook is None or self.sender is None or self.sender.done():
+            return
+        self.webhook.put(event)
+        if self.webhook.finish():
+            asyncio.get_running_loop().call_later(WEBHOOK_FINISH_S, self.sender.cancel)
+        else:
             self.sender.cancel()
 
 

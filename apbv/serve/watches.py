@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from apbv.serve.events import EventHub
 from apbv.serve.policy import ClientError
+from apbv.serve.stream_end import Ending, closed_event
 from apbv.serve.stream_registry import LiveStream
 from apbv.serve.watch_body import parse_watch
 from apbv.serve.watch_eval import Evaluator
@@ -46,6 +47,8 @@ class Watches:
         self.registry = streams.registry
         self.of: dict[str, StreamWatches] = {}
         self.hub = EventHub()
+        self.finishing: set[asyncio.Task] = set()
+        """The webhook senders of watches whose stream ended (sending its last events)."""
         self.evaluator = Evaluator(self.registry, self.of, self.hub,
                                    self.server.metrics.registry, self.server.opt.model_name)
         self.registry.on_append = self.evaluator.appended
@@ -95,6 +98,9 @@ class Watches:
         """Every stream's events; ``?stream=ID`` and ``?watch=ID`` filter them."""
         self.server.authorize(request)
         stream, watch = request.query_params.get("stream"), request.query_params.get("watch")
+        ended = None if stream is None else self.registry.ended.refusal(stream)
+        if ended is not None:  # it would never send anything
+            raise ended
         return self._subscribe(stream, watch)
 
     async def stream_events(self, stream_id: str, request: Request) -> StreamingResponse:
@@ -180,12 +186,31 @@ class Watches:
                 "load": sum(share(w, sw) for w in sw.watches.values()),
                 "replica_load": self.load(live)}
 
-    def forget(self, live: LiveStream) -> None:
-        """The stream closed or was lost: its watches end with it."""
+    async def finished(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the webhooks still sending (their streams' last
+        events, :meth:`Watch.finish <apbv.serve.watch_state.Watch.finish>`)."""
+        if self.finishing:
+            await asyncio.wait(list(self.finishing), timeout=timeout_s)
+
+    def forget(self, live: LiveStream, end: Ending | None) -> None:
+        """The stream closed or was lost: its watches end with it; ``end`` (how, None if it
+        never was handed to a client) is its ``stream.closed`` event, to every event stream
+        that takes it and to each watch's webhook."""
         sw = self.of.pop(live.id, None)
+        watches = [] if sw is None else list(sw.watches.values())
+        event = None if end is None else closed_event(live.id, end, [w.id for w in watches])
+        if end is not None and event is not None:
+            self.hub.publish(event)
+            log.info("%s ended (%s): %s", live.id, end.reason, end.message)
+        for watch in watches:
+            if event is None:
+                watch.stop()
+            else:
+                watch.finish(event)
+                if watch.sender is not None and not watch.sender.done():
+                    self.finishing.add(watch.sender)
+                    watch.sender.add_done_callback(self.finishing.discard)
         if sw is None:
             return
-        for watch in sw.watches.values():
-            watch.stop()
         sw.watches.clear()  # a running evaluation ends with its job (never cancelled: the
         sw.pending = None   # replica answers its future), and starts no other

@@ -177,8 +177,8 @@ def test_no_port_listens_beyond_loopback(server):
 def ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """A clean Ray environment (no RAY_* variables, HOME without a token file); what
     prepare_ray_env sets is undone afterwards."""
-    touched = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME")
+    from apbv.serve.ray_cluster import ENVIRONMENT as touched
+
     for name in {*touched, *(n for n in os.environ if n.startswith("RAY_"))}:
         monkeypatch.setenv(name, "")  # recorded, so the undo restores (or removes) it
         monkeypatch.delenv(name)
@@ -195,9 +195,12 @@ def test_a_local_cluster_gets_a_new_token_and_loopback_every_start(ray_env):
     first = os.environ["RAY_AUTH_TOKEN"]
     assert os.environ["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN_PATH" not in os.environ
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert os.environ["RAY_memory_monitor_refresh_ms"] == "0"  # Ray's OOM killer off
     assert re.fullmatch("[0-9a-f]{64}", first)
+    ray_env.setenv("RAY_memory_monitor_refresh_ms", "250")  # the operator's choice is kept
     prepare_ray_env(None)
     assert os.environ["RAY_AUTH_TOKEN"] != first
+    assert os.environ["RAY_memory_monitor_refresh_ms"] == "250"
 
 
 def test_joining_a_cluster_needs_token_auth_and_a_token(ray_env, tmp_path: Path):
@@ -211,6 +214,7 @@ def test_joining_a_cluster_needs_token_auth_and_a_token(ray_env, tmp_path: Path)
     prepare_ray_env("10.0.0.1:6379")  # the operator's token; token mode is set for Ray
     assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_AUTH_TOKEN"] == "a" * 64
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+    assert "RAY_memory_monitor_refresh_ms" not in os.environ  # the operator's cluster's own
     ray_env.delenv("RAY_AUTH_TOKEN")
     with pytest.raises(ValueError, match="no Ray authentication token .*RAY_AUTH_TOKEN_PATH"):
         prepare_ray_env("10.0.0.1:6379")

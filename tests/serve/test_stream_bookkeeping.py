@@ -1,10 +1,14 @@
-"""The server's open streams without ranks: the --max-streams limit, the idle sweep, and a
-stream lost with its replica's ranks (410, then forgotten)."""
+"""The server's open streams without ranks: the --max-streams limit, the idle sweep, a stream
+lost with its replica's ranks (410 naming why, remembered for a while), and how each end is
+told to the stream's event streams and webhooks (``stream.closed``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -86,7 +90,8 @@ def test_idle_streams_are_closed_and_their_budget_freed():
     assert set(streams.registry.live) == {"busy"} and streams.registry.held(replica) == 10 * KIB
     with pytest.raises(ClientError) as exc:
         streams.registry.get("idle")
-    _refused(exc, 404, "no open stream 'idle'")
+    _refused(exc, 410, "stream 'idle' was closed after 0.2 s without use (--stream-idle-s); "
+                       "open a new stream")
 
 
 def test_a_job_failed_by_lost_ranks_forgets_the_stream_streamed_or_not():
@@ -120,11 +125,117 @@ def test_a_stream_lost_with_its_ranks_is_410_then_forgotten():
     _add(streams, replica, "s")
     assert streams.registry.get("s").id == "s"
     replica.generation += 1  # a rank died and the group was rebuilt
+    replica.last_loss = "rank(s) 1: killed by Ray's out-of-memory monitor"
+    lost = ("stream 's' was lost: replica 0's ranks were lost (rank(s) 1: killed by Ray's "
+            "out-of-memory monitor) and its group is rebuilt; open a new stream")
     with pytest.raises(ClientError) as exc:
         streams.registry.get("s")
-    _refused(exc, 410, "stream 's' was lost: a rank of replica 0 died and its group was "
-                       "rebuilt; open a new stream")
+    _refused(exc, 410, lost)
     assert streams.registry.held(replica) == 0  # its budget is free again
+    with pytest.raises(ClientError) as exc:  # remembered: the same answer
+        streams.registry.get("s")
+    _refused(exc, 410, lost)
+    streams.registry.ended.keep_s = 0.0  # ... for a while
     with pytest.raises(ClientError) as exc:
         streams.registry.get("s")
     _refused(exc, 404, "no open stream 's'")
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """A webhook receiver: keeps each posted JSON body."""
+
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802  # http.server's name
+        type(self).received.append(json.loads(self.rfile.read(
+            int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+async def _wire(wire) -> list[tuple[str, dict]]:
+    """An event stream's (event name, data) until it ends (each within 5 s)."""
+    out = []
+    while True:
+        try:
+            chunk = await asyncio.wait_for(wire.__anext__(), 5)
+        except StopAsyncIteration:
+            return out
+        if not chunk.startswith(b":"):
+            head, data = chunk.decode().split("\ndata: ", 1)
+            out.append((head.removeprefix("event: "), json.loads(data)))
+
+
+def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered():
+    """closed (DELETE), idle, lost (the replica's ranks) and server shutdown: each stream's
+    event streams (by stream, by watch) end with its ``stream.closed``, an unfiltered one sees
+    every end and goes on until the server stops; the watch's webhook gets the same event and
+    its sender ends; later requests on each stream are answered with why it ended."""
+    from apbv.serve.events import Webhook
+    from apbv.serve.watch_state import StreamWatches, Watch
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    async def scenario() -> dict:
+        streams, replica = _streams(idle_s=30)
+        registry, hub = streams.registry, streams.watches.hub
+        live = {name: _add(streams, replica, name) for name in "abcd"}
+        watch = Watch("w-b", "b", None, None, None,  # its question is never evaluated here
+                      webhook=Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook"))
+        watch.sender = asyncio.ensure_future(watch.webhook.run())
+        streams.watches.of["b"] = StreamWatches(watches={"w-b": watch})
+        wires = {name: hub.stream(hub.subscribe(**filters)) for name, filters in
+                 [("a", {"stream": "a"}), ("w-b", {"watch": "w-b"}), ("every", {})]}
+        for wire in wires.values():
+            assert await wire.__anext__() == b": subscribed\n\n"
+        hub.publish({"object": "watch.event", "stream": "a", "watch": "w-a", "answer": "yes"})
+        await registry.close(live["a"])  # DELETE
+        await registry.close(live["c"], "idle")  # the sweep's close
+        replica.generation += 1  # rank 1 died: the rebuild tells its hooks
+        replica.last_loss = "rank 1 killed by Ray's out-of-memory monitor"
+        for hook in replica.on_lost:
+            hook(replica)
+        _add(streams, replica, "e")  # opened on the new group
+        read = {name: asyncio.ensure_future(_wire(wires[name])) for name in ("a", "w-b")}
+        by_stream, by_watch = await read["a"], await read["w-b"]
+        await asyncio.wait_for(watch.sender, 5)  # the webhook sent its last event and ended
+        registry.shutdown()  # the server stops: every remaining stream, every event stream
+        assert set(registry.live) == set() and registry.held(replica) == 0
+        hub.close()
+        every = await _wire(wires["every"])
+        refused = {}
+        for name in "abcde":
+            with pytest.raises(ClientError) as exc:
+                registry.get(name)
+            refused[name] = (exc.value.status, exc.value.message)
+        return {"a": by_stream, "w-b": by_watch, "every": every, "refused": refused,
+                "subscribers": len(hub.subscribers)}
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        httpd.shutdown()
+    assert [(name, data.get("reason")) for name, data in seen["a"]] == \
+        [("watch", None), ("stream.closed", "closed")], seen["a"]
+    assert [(name, data["stream"], data["reason"], data["watches"])
+            for name, data in seen["w-b"]] == [("stream.closed", "b", "lost", ["w-b"])]
+    lost = seen["w-b"][0][1]["message"]
+    assert lost == ("stream 'b' was lost: replica 0's ranks were lost (rank 1 killed by Ray's "
+                    "out-of-memory monitor) and its group is rebuilt; open a new stream"), lost
+    assert _Receiver.received == [seen["w-b"][0][1]], _Receiver.received
+    ends = [(data["stream"], data["reason"]) for name, data in seen["every"]
+            if name == "stream.closed"]
+    assert sorted(ends) == [("a", "closed"), ("b", "lost"), ("c", "idle"), ("d", "lost"),
+                            ("e", "server shutdown")], seen["every"]
+    assert seen["subscribers"] == 0  # every event stream ended
+    refused = seen["refused"]
+    assert refused["a"] == (404, "no open stream 'a': it was closed by its client"), refused
+    assert refused["b"] == (410, lost) and refused["d"][0] == 410, refused
+    assert refused["c"] == (410, "stream 'c' was closed after 30 s without use "
+                                 "(--stream-idle-s); open a new stream"), refused
+    assert refused["e"] == (410, "stream 'e' was closed: the server is shutting down; open a "
+                                 "new stream"), refused
