@@ -72,6 +72,8 @@ class ServerOptions:
     """Seconds a request body may take to arrive after its head (--read-timeout-s)."""
     protect_metrics: bool = False
     """``/metrics`` asks for the API key too (--protect-metrics); else it is open."""
+    webhook_hosts: tuple[str, ...] = ()
+    """The hosts watches may post events to (--allow-webhook-host; none: webhooks off)."""
 
 
 class Server:
