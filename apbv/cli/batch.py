@@ -18,7 +18,8 @@ def register(sub: Any) -> None:
     p.add_argument("--media-root", action="append", default=[], metavar="DIR",
                    help="directories file:// videos may be under (default: the input file's)")
     p.add_argument("--no-retry-failed", dest="retry_failed", action="store_false",
-                   help="keep failed rows of an earlier run instead of running them again")
+                   help="keep rows of an earlier run that failed with a server error (5xx) "
+                        "instead of running them again (4xx rows are always kept)")
     p.set_defaults(run=run)
 
 

@@ -5,15 +5,18 @@
 
 Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``
 (OpenAI's batch format); the body is read exactly as the server reads it
-(:func:`apbv.serve.api.parse_chat`: the same fields, limits and media policy: local
-``file://`` videos under ``--media-root`` and ``data:`` videos; no downloads). Each output line
-is ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``, the
-body a chat.completion (or the error the server would have answered). The input is checked
-whole before the model loads (a malformed line names its number).
+(:mod:`apbv.cli.batch_lines`: the strict JSON reader, then :func:`apbv.serve.api.parse_chat`:
+the same fields, limits and media policy: local ``file://`` videos under ``--media-root`` and
+``data:`` videos; no downloads). Each output line is ``{"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}``, the body a chat.completion or the error the
+server would have answered: a bad body, or a request that fails, is an error row and the run
+goes on. The input's envelopes are checked whole before the model loads (a line that is no
+request names its number).
 
 Resumable like ``apbv eval`` (:mod:`apbv.eval.store`): rows are appended one fsynced line at a
 time under an exclusive lock on ``OUT.lock``; a run on an existing output skips the
-``custom_id``\\ s it holds, retries those that failed (``--no-retry-failed`` keeps them), and
+``custom_id``\\ s it holds, retries those that failed with a server error (5xx; a 4xx row is
+the request's own answer and stays; ``--no-retry-failed`` keeps every row), and
 refuses when the settings stored beside it (``OUT_settings.json``: the model, the attention and
 video settings, the limits) differ from this run's. A sampled request without a ``seed`` gets
 one from its ``custom_id``, so every rank and every resumed run draws the same answer.
@@ -22,6 +25,7 @@ Progress goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -31,34 +35,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-BATCH_URL = "/v1/chat/completions"
+from apbv.cli.batch_lines import BATCH_URL, read_requests
 
-
-def read_requests(path: str | Path) -> list[dict[str, Any]]:
-    """The input file's request lines (blank lines skipped), or ValueError naming the first
-    line that is no request, or a ``custom_id`` given twice."""
-    out, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path} line {number} is not JSON: {exc}") from None
-            if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str) or \
-                    not item["custom_id"] or not isinstance(item.get("body"), dict):
-                raise ValueError(f"{path} line {number} must be an object with a non-empty "
-                                 f"string custom_id and an object body")
-            if item.get("method", "POST") != "POST" or item.get("url", BATCH_URL) != BATCH_URL:
-                raise ValueError(f"{path} line {number}: only POST {BATCH_URL} is supported, "
-                                 f"got {item.get('method')!r} {str(item.get('url'))[:100]!r}")
-            if item["custom_id"] in seen:
-                raise ValueError(f"{path} line {number}: custom_id {item['custom_id'][:100]!r} "
-                                 f"was given on line {seen[item['custom_id']]} already")
-            seen[item["custom_id"]] = number
-            out.append(item)
-    return out
+__all__ = ["BATCH_URL", "read_requests", "run_batch", "main"]
 
 
 def seeded(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -106,10 +85,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
     """Answer ``requests`` (:func:`read_requests`) into ``out`` with ``engine`` (every rank
     calls it alike; rank 0 writes); returns the number of failed rows in ``out``."""
     from apbv.eval.store import OutputLock, ResultLog
-    from apbv.serve import api, responses
-    from apbv.serve.download import MediaStore, discard
-    from apbv.serve.http_guard import error_body
-    from apbv.serve.policy import ClientError, Limits, MediaPolicy
+    from apbv.serve.download import MediaStore
+    from apbv.serve.policy import Limits, MediaPolicy
 
     limits = limits or Limits()
     writer = info.rank == 0
@@ -123,7 +100,7 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             rows, note = log.read_rows("custom_id", what="custom_ids")
             if note:
                 print(f"batch: {note}", file=progress)
-            kept = [r for r in rows if not retry_failed or _ok(r)]
+            kept = [r for r in rows if not retry_failed or not _retried(r)]
             if len(kept) != len(rows):
                 log.rewrite(kept)
             done = {r["custom_id"]: r for r in kept}
@@ -134,23 +111,10 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
                   f"{len(todo)} to run", file=progress)
         with tempfile.TemporaryDirectory(prefix="apbv-batch-media-") as media:
             policy = MediaPolicy(media_roots, store=MediaStore(media, 0))
-            processor = engine.qwen.processor
             started = time.monotonic()
             for n, item in enumerate(todo, 1):
-                cid, call = item["custom_id"], None
-                try:
-                    call = api.parse_chat(seeded(cid, item["body"]), cfg, limits, policy,
-                                          api_model(item["body"], cfg))
-                    api.check_request(call.request, limits, processor)
-                    result = engine.generate(call.request)
-                    status, body = 200, responses.completion(call, _completion_id(cid), result, 0.0,
-                                                             tokenizer=processor.tokenizer)
-                except ClientError as exc:
-                    status, body = exc.status, error_body(exc.status, exc.message, exc.param)
-                except ValueError as exc:  # the engine's refusal, raised on every rank
-                    status, body = 400, error_body(400, str(exc))
-                finally:
-                    discard(call.downloaded if call is not None else None)
+                cid = item["custom_id"]
+                status, body = _answer(item, cfg, info, engine, limits, policy)
                 if writer:
                     log.append({"id": f"batch_req_{_digest(cid)}", "custom_id": cid,
                                 "response": {"status_code": status,
@@ -170,6 +134,48 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             lock.release()
 
 
+def _answer(item: dict[str, Any], cfg: Any, info: Any, engine: Any, limits: Any,
+            policy: Any) -> tuple[int, dict[str, Any]]:
+    """(status, body) of one request line, as the server would answer its body: a body the
+    strict reader refused, a refused field, a failed request each become an error row (400,
+    or 500 for a failure that is not the request's fault) and the run goes on. Every rank
+    reaches the same outcome: the line's checks end in an agreement (one rank's refusal is
+    every rank's), and the engine agrees on its own failures."""
+    from apbv.serve import api, responses
+    from apbv.serve.download import discard
+    from apbv.serve.http_guard import error_body
+    from apbv.serve.policy import ClientError
+
+    cid, call = item["custom_id"], None
+    try:
+        with _agreement(info):
+            if item["refused"] is not None:
+                raise item["refused"]
+            call = api.parse_chat(seeded(cid, item["body"]), cfg, limits, policy,
+                                  api_model(item["body"], cfg))
+            api.check_request(call.request, limits, engine.qwen.processor)
+        result = engine.generate(call.request)
+        return 200, responses.completion(call, _completion_id(cid), result, 0.0,
+                                         tokenizer=engine.qwen.processor.tokenizer)
+    except ClientError as exc:
+        return exc.status, error_body(exc.status, exc.message, exc.param)
+    except ValueError as exc:  # the engine's refusal, raised on every rank
+        return 400, error_body(400, str(exc))
+    except Exception as exc:  # noqa: BLE001 - a failed row, not a failed run
+        return 500, error_body(500, f"{type(exc).__name__}: {str(exc)[:500]}")
+    finally:
+        discard(call.downloaded if call is not None else None)
+
+
+def _agreement(info: Any) -> Any:
+    """:func:`apbv.engine.agree.agreement` over the ranks (nothing to agree on with one)."""
+    if info.world_size == 1:
+        return contextlib.nullcontext()
+    from apbv.engine.agree import agreement
+
+    return agreement(info.group)
+
+
 def api_model(body: dict[str, Any], cfg: Any) -> str:
     """The model name a body may give: the checkpoint directory's name (as ``serve``'s
     default ``--served-model-name``), or whatever the body says when it names one."""
@@ -180,6 +186,13 @@ def api_model(body: dict[str, Any], cfg: Any) -> str:
 
 def _ok(row: dict[str, Any]) -> bool:
     return (row.get("response") or {}).get("status_code") == 200
+
+
+def _retried(row: dict[str, Any]) -> bool:
+    """Whether a resume runs ``row``'s request again: a server error (5xx) may pass next
+    time; a 4xx is the request's own answer (its line, read the same way, is refused again)."""
+    status = (row.get("response") or {}).get("status_code")
+    return not isinstance(status, int) or status >= 500
 
 
 def _digest(custom_id: str) -> str:

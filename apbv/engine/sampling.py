@@ -21,6 +21,12 @@ import torch
 
 MAX_TEMPERATURE = 2.0
 """The highest temperature accepted (OpenAI's limit)."""
+MIN_TEMPERATURE = 1e-5
+"""The lowest temperature above 0 accepted: below it a sampled draw is greedy in all but
+rounding (vLLM treats it as greedy), and dividing float32 logits by it overflows; send 0."""
+MIN_TOP_P = 1e-8
+"""The lowest ``top_p`` accepted: below it only the likeliest token is ever kept (and a
+float32 comparison rounds it to 0)."""
 MAX_TOP_LOGPROBS = 20
 """The most alternatives per token that ``logprobs`` may ask for (OpenAI's limit)."""
 MAX_SEED = 2**63 - 1
@@ -48,12 +54,12 @@ class Sampling:
     def __post_init__(self) -> None:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or \
-                not 0 <= t <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be a number in 0 .. {MAX_TEMPERATURE:g}, "
-                             f"got {t!r}")
+                not 0 <= t <= MAX_TEMPERATURE or 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in 0 .. {MAX_TEMPERATURE:g} (0: "
+                             f"greedy; else at least {MIN_TEMPERATURE:g}), got {t!r}")
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not MIN_TOP_P <= p <= 1:
+            raise ValueError(f"top_p must be a number in {MIN_TOP_P:g} .. 1, got {p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be an integer >= 1, or 0 or -1 for all tokens, got "
                              f"{self.top_k!r}")
@@ -81,7 +87,7 @@ class Sampling:
         tensor on the logits' device (never read back here)."""
         if self.greedy:
             return torch.argmax(logits).view(1)
-        scaled = logits.float() / self.temperature
+        scaled = logits.float() / self.temperature  # finite: MIN_TEMPERATURE at least
         if self.top_k > 0 and self.top_k < scaled.numel():
             kth = torch.topk(scaled, self.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -89,7 +95,9 @@ class Sampling:
             ordered, order = torch.sort(scaled, descending=True)
             probs = torch.softmax(ordered, dim=-1)
             before = torch.cumsum(probs, dim=-1) - probs  # mass of the likelier tokens
-            ordered = ordered.masked_fill(before >= self.top_p, -math.inf)
+            cut = before >= self.top_p
+            cut[0] = False  # the likeliest token is always kept
+            ordered = ordered.masked_fill(cut, -math.inf)
             scaled = torch.full_like(scaled, -math.inf).scatter_(0, order, ordered)
         generator = torch.Generator(device=logits.device)
         generator.manual_seed((self.seed + step * _STEP_MIX) % 2**64)

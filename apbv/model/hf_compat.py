@@ -30,7 +30,11 @@ where it is handled:
   (a version without it keeps its own rotary: :func:`module_function`);
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions
-  (see :mod:`apbv.positions`).
+  (see :mod:`apbv.positions`);
+- Qwen3-VL's video prompt: from 5.10.1 the stock processor expands a video inside the chat
+  template's own ``<|vision_start|>`` ... ``<|vision_end|>``, which apbv's prompt follows token
+  for token; 4.57.x to 5.9.0 replaced those three tokens whole, so Qwen3-VL is refused there
+  (:func:`check_qwen3_vl_version`; the other families run on the whole range).
 """
 
 from __future__ import annotations
@@ -56,6 +60,22 @@ def check_version() -> None:
     if TRANSFORMERS_VERSION < Version("4.57"):
         raise ValueError(f"transformers {transformers.__version__} is too old: apbv needs "
                          f"transformers{SUPPORTED_TRANSFORMERS}")
+
+
+QWEN3_VL_TRANSFORMERS = "5.10.1"
+"""The lowest transformers whose Qwen3-VL processor lays a video out as apbv's prompt does
+(checked in each release's ``processing_qwen3_vl.py``: 5.9.0 and earlier replace the
+template's ``<|vision_start|><|video_pad|><|vision_end|>`` whole)."""
+
+
+def check_qwen3_vl_version() -> None:
+    """ValueError naming the installed and the needed transformers when Qwen3-VL's prompts
+    would differ from this transformers' stock processor's."""
+    if TRANSFORMERS_VERSION < Version(QWEN3_VL_TRANSFORMERS):
+        raise ValueError(f"Qwen3-VL needs transformers>={QWEN3_VL_TRANSFORMERS} (this is "
+                         f"{TRANSFORMERS_VERSION}, whose processor lays a video's timestamps "
+                         "out differently from the prompts apbv builds); the other families "
+                         f"run on transformers{SUPPORTED_TRANSFORMERS}")
 
 
 def rope_config(mrope_section: list[int], rope_theta: float) -> dict[str, Any]:

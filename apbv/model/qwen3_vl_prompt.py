@@ -138,6 +138,11 @@ class Qwen3VLRules:
 
     processor: Any
 
+    def __post_init__(self) -> None:
+        from apbv.model.hf_compat import check_qwen3_vl_version
+
+        check_qwen3_vl_version()
+
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
         return qwen3_vl_sampling(spec, meta, self.processor.video_processor)
 
@@ -174,6 +179,9 @@ class Qwen3VLStreamPrompt:
     merged_hw: tuple[int, int]
 
     def __post_init__(self) -> None:
+        from apbv.model.hf_compat import check_qwen3_vl_version
+
+        check_qwen3_vl_version()
         self.header, self.after = split_at_video(self.processor)
 
     def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:

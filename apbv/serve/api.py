@@ -128,9 +128,8 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     if system is not None:
         limits.check("system", len(system), limits.max_question_chars, "max-question-chars",
                      "the system message's length in characters")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_completion_tokens")
+    max_tokens = chat_body.one_of({"max_tokens": body.get("max_tokens"), "max_completion_tokens":
+                                   body.get("max_completion_tokens")})
     if max_tokens is not None:
         limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens",
                      "max_tokens")

@@ -74,6 +74,8 @@ class ServerOptions:
     """Seconds a request body may take to arrive after its head (--read-timeout-s)."""
     protect_metrics: bool = False
     """``/metrics`` asks for the API key too (--protect-metrics); else it is open."""
+    webhook_hosts: tuple[str, ...] = ()
+    """The hosts watches may post events to (--allow-webhook-host; none: webhooks off)."""
 
 
 class Server:
@@ -244,14 +246,18 @@ class Server:
     async def outcome(self, job: Job, request: Request) -> tuple[Result, float]:
         """The job's outcome; a client gone while its job is still queued drops the job, and
         one gone while it runs cancels its decode (the ranks stop at the next token)."""
-        while True:
-            done, _ = await asyncio.wait([job.future], timeout=0.25)
-            if done:
-                return job.future.result()
-            if not job.cancel.is_set() and await request.is_disconnected():
-                if job.started is None and self.drop(job):
-                    raise ClientError(499, "the client disconnected while queued")
-                job.cancel.set()
+        try:
+            while True:
+                done, _ = await asyncio.wait([job.future], timeout=0.25)
+                if done:
+                    return job.future.result()
+                if not job.cancel.is_set() and await request.is_disconnected():
+                    if job.started is None and self.drop(job):
+                        raise ClientError(499, "the client disconnected while queued")
+                    job.cancel.set()
+        except asyncio.CancelledError:  # the handler itself was cancelled: nobody awaits it
+            sse.retrieve_later(job.future)
+            raise
 
     def sse(self, job: Job, cid: str, request: Request, model: str,
             stop_texts: tuple[str, ...] = (), include_usage: bool = False,

@@ -18,8 +18,9 @@ from apbv.serve.policy import ClientError
 JSON_TYPE = "application/json"
 MAX_DEPTH = 64
 """Nesting levels of arrays and objects in a body (the top-level value is level 1)."""
-MAX_INT_DIGITS = 18
-"""Digits of an integer at most (every integer field is far below 10**18)."""
+MAX_INT_DIGITS = 19
+"""Digits of an integer at most: a seed reaches 2**63 - 1 (19 digits); every field checks
+its own range after this."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")

@@ -7,9 +7,10 @@ events): an event that does not fit is dropped for that subscriber and counted (
 (:mod:`apbv.serve.stream_end`, naming the watches that ended with it): the last event of every
 subscriber filtered to that stream or one of its watches, whose event stream then ends (never
 dropped: it waits behind the queued ones); an unfiltered subscriber sees it and goes on.
-:class:`Webhook` posts each event of one watch as JSON to its URL (checked against the
-media-domain policy when the watch is made), one at a time, with retries; its queue is bounded
-too, drops counted.
+:class:`Webhook` posts each event of one watch as JSON to its URL (a host of
+``--allow-webhook-host``, :mod:`apbv.serve.webhook`), one at a time, each POST bounded in time
+and in what it reads, with retries; its queue is bounded too, drops counted. One client
+(address) holds at most :data:`MAX_SUBSCRIBERS_PER_CLIENT` event streams.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apbv.serve.policy import ClientError
+from apbv.serve.webhook import post_event
 
 log = logging.getLogger("apbv.serve")
 
@@ -31,8 +33,10 @@ MAX_SUBSCRIBERS = 64
 """Event streams open at once; one more is a 429."""
 KEEPALIVE_S = 15.0
 """An idle event stream sends a comment line this often (proxies keep it open)."""
+MAX_SUBSCRIBERS_PER_CLIENT = 8
+"""Event streams one client (address) holds open at once; one more is a 429."""
 WEBHOOK_TIMEOUT_S = 5.0
-"""Wall-clock seconds of one webhook POST."""
+"""Wall-clock seconds of one webhook POST (:func:`apbv.serve.webhook.post_event`)."""
 WEBHOOK_RETRIES = 3
 """Tries of one webhook POST after the first failed (1 s, 2 s, 4 s apart)."""
 
@@ -44,6 +48,8 @@ class Subscriber:
 
     stream: str | None = None
     watch: str | None = None
+    client: str | None = None
+    """The client's address (:data:`MAX_SUBSCRIBERS_PER_CLIENT` each)."""
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     dropped: int = 0
     ending: bool = False
@@ -70,13 +76,19 @@ class EventHub:
         self.published = 0
         self.dropped = 0
 
-    def subscribe(self, stream: str | None = None, watch: str | None = None) -> Subscriber:
+    def subscribe(self, stream: str | None = None, watch: str | None = None,
+                  client: str | None = None) -> Subscriber:
         """A new subscriber taking the events of ``stream`` and ``watch`` (None: any), or
-        ClientError(429) when :data:`MAX_SUBSCRIBERS` are subscribed."""
+        ClientError(429) when :data:`MAX_SUBSCRIBERS` are subscribed, or
+        :data:`MAX_SUBSCRIBERS_PER_CLIENT` by ``client`` (its address; None: not counted)."""
         if len(self.subscribers) >= MAX_SUBSCRIBERS:
             raise ClientError(429, f"{len(self.subscribers)} event streams are open, the limit "
                                    f"is {MAX_SUBSCRIBERS}: close one first")
-        sub = Subscriber(stream, watch)
+        held = sum(s.client == client for s in self.subscribers) if client is not None else 0
+        if held >= MAX_SUBSCRIBERS_PER_CLIENT:
+            raise ClientError(429, f"this client holds {held} event streams, the limit per "
+                                   f"client is {MAX_SUBSCRIBERS_PER_CLIENT}: close one first")
+        sub = Subscriber(stream, watch, client)
         self.subscribers.add(sub)
         return sub
 
@@ -140,9 +152,13 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 @dataclass(eq=False)
 class Webhook:
-    """Posts one watch's events to ``url`` in order (:meth:`run`, a task per watch)."""
+    """Posts one watch's events to ``url`` in order (:meth:`run`, a task per watch), each POST
+    bounded (:func:`apbv.serve.webhook.post_event`: ``hosts`` the --allow-webhook-host list
+    its addresses are checked against, ``timeout_s`` its wall-clock deadline)."""
 
     url: str
+    hosts: tuple[str, ...] = ()
+    timeout_s: float = WEBHOOK_TIMEOUT_S
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     sent: int = 0
     failed: int = 0
@@ -172,21 +188,17 @@ class Webhook:
         an answer other than 2xx counts as a failure; redirects are not followed)."""
         import httpx
 
-        async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S,
+        async with httpx.AsyncClient(timeout=self.timeout_s,
                                      follow_redirects=False) as client:
             while True:
                 event = await self.queue.get()
                 if event is None:  # finish(): the last event was sent
                     return
                 for attempt in range(WEBHOOK_RETRIES + 1):
-                    try:
-                        response = await client.post(self.url, json=event)
-                        if response.is_success:
-                            self.sent += 1
-                            break
-                        why = f"HTTP {response.status_code}"
-                    except httpx.HTTPError as exc:
-                        why = f"{type(exc).__name__}: {exc}"
+                    why = await post_event(client, self.url, event, self.hosts, self.timeout_s)
+                    if why is None:
+                        self.sent += 1
+                        break
                     if attempt == WEBHOOK_RETRIES:
                         self.failed += 1
                         log.warning("webhook %s: gave up on an event after %d tries (%s)",

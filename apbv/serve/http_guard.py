@@ -7,7 +7,8 @@ the head (408, connection closed), and at shutdown answers every request still i
 503 JSON error (a stream of server-sent events gets that error as its last event). The head of
 each request has the same deadline, counted from the connection's start or its previous
 response, in :class:`TimedH11Protocol` (uvicorn has no such timeout of its own): a slowloris
-connection is closed. :func:`serve` runs the guarded app with uvicorn.
+connection is closed. Every request gets one access log line (:mod:`apbv.serve.access_log`).
+:func:`serve` runs the guarded app with uvicorn.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from apbv.serve.access_log import AccessEntry
 from apbv.serve.policy import ClientError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -151,6 +153,14 @@ class HttpGuard:
         if scope["type"] != "http":  # lifespan (and websockets, which no route serves)
             await self.app(scope, receive, send)
             return
+        entry = AccessEntry(scope, send)  # one access log line, whatever the answer
+        try:
+            await self._guarded(scope, receive, entry.send)
+        finally:
+            entry.done()
+
+    async def _guarded(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
         if self.hosts is not None:
             host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
             if not self.hosts.allows(host):

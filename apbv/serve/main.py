@@ -60,6 +60,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-media-domain", action="append", default=[], metavar="HOST",
                    help="host whose http(s) video URLs the server downloads (repeatable; none: "
                         "remote media is off)")
+    p.add_argument("--allow-webhook-host", action="append", default=[], metavar="HOST",
+                   help="host watches may post events to (repeatable; none: webhooks off); a "
+                        "private or loopback address only when given by IP")
     p.add_argument("--max-download-mb", type=float, default=512,
                    help="largest remote video in MiB (default: %(default)s)")
     p.add_argument("--download-timeout-s", type=float, default=120,
@@ -293,7 +296,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                                int(args.max_download_mb * 2**20), args.download_timeout_s,
                                args.max_downloads),
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
-            read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics)
+            read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics,
+            webhook_hosts=tuple(h.lower() for h in args.allow_webhook_host))
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor, decode_s) for _ in groups])
         logging.getLogger("apbv.serve").info(

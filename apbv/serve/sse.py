@@ -85,10 +85,18 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
             server.drop(job)
         if not job.future.done():
             job.cancel.set()
+            retrieve_later(job.future)  # its 499 (or error) comes after the waiter is gone
         if not waiter.done():
             waiter.cancel()
         elif not waiter.cancelled():
             waiter.exception()  # retrieved: asyncio logs no "never retrieved" error
+
+
+def retrieve_later(future: asyncio.Future) -> None:
+    """Retrieve ``future``'s exception once it is set, for a future nobody awaits any more
+    (its client left; the replica logged the outcome): asyncio then logs no "Future exception
+    was never retrieved" error."""
+    future.add_done_callback(lambda done: None if done.cancelled() else done.exception())
 
 
 async def deltas(job: Job, waiter: asyncio.Future, tokenizer: Tokenizer,

@@ -11,9 +11,10 @@ from apbv.engine.request import StreamRef
 from apbv.serve import chat_body
 from apbv.serve.bodies import check_url
 from apbv.serve.events import Webhook
-from apbv.serve.policy import ClientError, remote_url
+from apbv.serve.policy import ClientError
 from apbv.serve.watch_rules import Rule
 from apbv.serve.watch_state import Watch
+from apbv.serve.webhook import webhook_url
 
 WATCH_FIELDS = {"question", "choices", "every_s", "rule", "choice", "threshold", "hysteresis",
                 "hold", "webhook"}
@@ -55,11 +56,8 @@ def parse_watch(server: Any, stream_id: str, body: object) -> Watch:
         raise ClientError(400, str(exc)) from None
     webhook = None
     if body.get("webhook") is not None:
-        url = remote_url(check_url(body["webhook"], "webhook"), server.opt.policy)
-        if url is None:
-            raise ClientError(400, "webhook must be an http(s) URL of a host in "
-                                   "--allow-media-domain")
-        webhook = Webhook(url)
+        hosts = server.opt.webhook_hosts
+        webhook = Webhook(webhook_url(check_url(body["webhook"], "webhook"), hosts), hosts)
     return Watch("watch-" + uuid.uuid4().hex[:16], stream_id, ask, rule, every_s, webhook)
 
 

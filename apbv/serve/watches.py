@@ -101,15 +101,17 @@ class Watches:
         ended = None if stream is None else self.registry.ended.refusal(stream)
         if ended is not None:  # it would never send anything
             raise ended
-        return self._subscribe(stream, watch)
+        return self._subscribe(stream, watch, request)
 
     async def stream_events(self, stream_id: str, request: Request) -> StreamingResponse:
         self.server.authorize(request)
         live = self.registry.get(stream_id)
-        return self._subscribe(live.id, request.query_params.get("watch"))
+        return self._subscribe(live.id, request.query_params.get("watch"), request)
 
-    def _subscribe(self, stream: str | None, watch: str | None) -> StreamingResponse:
-        sub = self.hub.subscribe(stream, watch)
+    def _subscribe(self, stream: str | None, watch: str | None,
+                   request: Request) -> StreamingResponse:
+        sub = self.hub.subscribe(stream, watch,
+                                 request.client.host if request.client is not None else None)
         return StreamingResponse(self.hub.stream(sub), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 

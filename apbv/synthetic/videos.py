@@ -135,9 +135,14 @@ def write_test_video(
         raise ValueError(f"cannot create the directory of {str(path)!r}: a file is in the "
                          "way") from exc
     with av.open(str(path), mode="w", options=options) as container:
-        stream = container.add_stream(codec, rate=rate)
+        # x264's macroblock tree (mbtree, on by default) is off: with it, identical frames
+        # came out as different bytes in a process that had decoded video before (found by
+        # benchmarks/stress_decoders.py; frame QPs differ, a decoded pixel by up to 6).
+        stream = container.add_stream(codec, rate=rate, options={"x264-params": "mbtree=0"}
+                                      if codec == "libx264" else {})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        # One encoder thread: the same bytes on every run, however busy the machine is.
+        # One encoder thread and no mbtree: the same bytes on every run, however busy the
+        # machine is and whatever the process did before.
         stream.codec_context.thread_count = 1
         if gop is not None:
             stream.codec_context.gop_size = gop

@@ -64,7 +64,7 @@ def test_a_surrogate_pair_is_one_character():
     (b'{"fps": -1e999}', "overflows a double"),
     (b'{"fps": NaN}', "NaN is not a JSON number"),
     (b'{"fps": Infinity}', "Infinity is not a JSON number"),
-    (b'{"max_tokens": 1' + b"0" * 400 + b"}", "has 401 digits, more than 18"),
+    (b'{"max_tokens": 1' + b"0" * 400 + b"}", "has 401 digits, more than 19"),
     (b'{"max_tokens": 1' + b"0" * 5000 + b"}", "has 5001 digits"),
     (b'\xff\xfe{"a": 1}', "not JSON"),
     (b'{"a": 1', "not JSON"),

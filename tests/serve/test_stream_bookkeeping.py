@@ -185,7 +185,8 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
         registry, hub = streams.registry, streams.watches.hub
         live = {name: _add(streams, replica, name) for name in "abcd"}
         watch = Watch("w-b", "b", None, None, None,  # its question is never evaluated here
-                      webhook=Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook"))
+                      webhook=Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook",
+                                      hosts=("127.0.0.1",)))
         watch.sender = asyncio.ensure_future(watch.webhook.run())
         streams.watches.of["b"] = StreamWatches(watches={"w-b": watch})
         wires = {name: hub.stream(hub.subscribe(**filters)) for name, filters in

@@ -56,7 +56,8 @@ def hook_url():
 @pytest.fixture(scope="module")
 def base(tiny_model_dir: Path):
     with serving(tiny_model_dir, "--world-size", "1", "--api-key", KEY,
-                 "--allow-media-domain", "127.0.0.1", "--set", "parallel.timeout_s=20") as srv:
+                 "--allow-media-domain", "127.0.0.1", "--allow-webhook-host", "127.0.0.1",
+                 "--set", "parallel.timeout_s=20") as srv:
         srv.wait_ready()
         yield srv.base
 

@@ -52,7 +52,7 @@ class _Hooks(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def hook_url():
-    """A webhook receiver on 127.0.0.1 (the server allows that host)."""
+    """A webhook receiver on 127.0.0.1 (the server allows that host, by IP)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/hook"
@@ -61,7 +61,7 @@ def hook_url():
 
 @pytest.fixture(scope="module")
 def base():
-    with serving(NEEDLE_TINY, "--world-size", "2", "--api-key", KEY, "--allow-media-domain",
+    with serving(NEEDLE_TINY, "--world-size", "2", "--api-key", KEY, "--allow-webhook-host",
                  "127.0.0.1", "--set", "parallel.timeout_s=60") as srv:
         srv.wait_ready()
         yield srv.base
@@ -234,7 +234,7 @@ def test_a_watch_on_a_closed_stream_and_bad_watches_are_refused(base):
              "choices is required")
     _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "webhook": "http://alerts.example.com/x"}),
-             400, "host 'alerts.example.com' is not in --allow-media-domain (127.0.0.1)")
+             400, "host 'alerts.example.com' is not in --allow-webhook-host (127.0.0.1)")
     _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "webhook": "file:///tmp/x"}),
              400, "webhook must be an http(s) URL")

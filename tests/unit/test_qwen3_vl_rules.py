@@ -8,6 +8,8 @@ the refusal of its MoE variant from config.json alone.
   size equals the stock ``smart_resize`` with the clip's pixel budget, an odd count is padded
   with the last frame; a count below a temporal patch is refused naming the setting.
 - ``qwen3_vl_moe`` is refused in well under a second, naming the dense family.
+- On a transformers whose processor lays a video out otherwise (before 5.10.1), the rules and
+  the stream prompt refuse, naming the needed version; the stock comparisons are skipped there.
 - The cost model's prompt geometry (video_start, text between patches) is the engine's.
 """
 
@@ -20,12 +22,19 @@ from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 
 from apbv import cost
 from apbv.cost.qwen3_vl import QWEN3_VL_VIDEO_START, qwen3_vl_video_start
+from apbv.model import hf_compat
 from apbv.model.families import family_of, load_adapter
 from apbv.model.qwen3_vl_prompt import Qwen3VLRules, qwen3_vl_sampling
 from apbv.video import Sampling, VideoMeta, VideoSpec
+
+STOCK_LAYOUT = pytest.mark.skipif(
+    hf_compat.TRANSFORMERS_VERSION < Version(hf_compat.QWEN3_VL_TRANSFORMERS),
+    reason=f"transformers {hf_compat.TRANSFORMERS_VERSION} lays Qwen3-VL's video out "
+           f"otherwise; Qwen3-VL needs >= {hf_compat.QWEN3_VL_TRANSFORMERS}")
 
 QUESTION = "What happens at the end?"
 
@@ -50,6 +59,7 @@ def _stock_ids(processor: Any, frames: torch.Tensor, indices: list[int], fps: fl
     return out["input_ids"][0]
 
 
+@STOCK_LAYOUT
 def test_timestamps_follow_the_files_fps(processor: Any) -> None:
     """Frames 0, 1, 2996, 2998 (two temporal patches) of a 29.97 fps and a 30 fps file: the
     second patch is at 100.0 s and at 99.9 s; apbv's ids equal the stock processor's."""
@@ -144,6 +154,7 @@ def test_moe_variant_is_refused_from_config_alone(tmp_path: Path) -> None:
     assert time.monotonic() - start < 1.0
 
 
+@STOCK_LAYOUT
 def test_prompt_geometry_is_the_engines(processor: Any) -> None:
     """video_start and the context length of a prompt with timestamps 0.0, 10.0 and 20.0 s
     (the 2-digit ones of a typical clip between patches), as the engine builds the prompt."""
@@ -156,3 +167,19 @@ def test_prompt_geometry_is_the_engines(processor: Any) -> None:
     assert cost.video_context_len(dims, 3, (4, 5)) == len(context)
     video = context.tolist().index(processor.video_token_id)
     assert video == dims.video_start
+
+
+@pytest.mark.parametrize("version", ["4.57.6", "5.0.0", "5.9.0"])
+def test_qwen3_vl_is_refused_where_the_stock_layout_differs(processor: Any, monkeypatch,
+                                                            version: str) -> None:
+    """4.57.6 (inside the package's range) expanded the template's video markers whole: the
+    timestamps test above failed there; Qwen3-VL now says so instead of differing."""
+    from apbv.model.qwen3_vl_prompt import Qwen3VLStreamPrompt
+
+    monkeypatch.setattr(hf_compat, "TRANSFORMERS_VERSION", Version(version))
+    for make in (lambda: Qwen3VLRules(processor), lambda: Qwen3VLStreamPrompt(processor, (2, 3))):
+        with pytest.raises(ValueError, match=f"Qwen3-VL needs transformers>=5.10.1 \\(this is "
+                                             f"{version}"):
+            make()
+    monkeypatch.setattr(hf_compat, "TRANSFORMERS_VERSION", Version("5.10.1"))
+    Qwen3VLRules(processor)

@@ -391,6 +391,24 @@ def test_synthetic_video_is_deterministic(videos, tmp_path: Path) -> None:
     assert not np.array_equal(first[-1, -1], other[-1, -1])
 
 
+def test_the_writer_gives_the_same_bytes_after_decoding(tmp_path: Path) -> None:
+    """What made the test above flaky (benchmarks/stress_decoders.py): with x264's mbtree on,
+    a process that had decoded video wrote identical frames as other bytes in about 1 round
+    of 3 (a pytest worker decodes before its second write); the decoders themselves returned
+    the same frames every time."""
+    from apbv.video.decoders import _PyAVReader
+
+    kw = {"num_frames": 60, "fps": 10, "width": 84, "height": 56, "gop": 6}
+    first = write_test_video(tmp_path / "first.mp4", **kw)
+    want = first.read_bytes()
+    for r in range(20):
+        reader = _PyAVReader(str(first), str(first), needed=False, threads=4)
+        assert reader.read(list(range(60))).shape == (60, 56, 84, 3)
+        reader.close()
+        got = write_test_video(tmp_path / f"again{r}.mp4", **kw).read_bytes()
+        assert got == want, f"write {r + 1} after a decode: {len(got)} bytes, not {len(want)}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: the same ValueError on every rank, naming the file.
 

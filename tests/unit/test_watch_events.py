@@ -81,7 +81,7 @@ def test_a_webhook_retries_and_counts_what_its_queue_drops():
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
 
     async def main():
-        hook = Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook")
+        hook = Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook", ("127.0.0.1",))
         for i in range(events.QUEUE_SIZE + 2):
             hook.put(_event(i))
         assert hook.dropped == 2 and hook.queue.qsize() == events.QUEUE_SIZE

@@ -1,0 +1,84 @@
+"""One access log line per HTTP request, refusals included.
+
+:class:`AccessLog` gives each request an id (``req-`` and 12 hex digits), sent back in the
+``X-Request-Id`` header, and logs one line when the request ends, at INFO below 400 and WARNING
+from 400 on (logger ``apbv.access``)::
+
+    req-3f9a0c1d2e4b POST /v1/chat/completions 400 0.004 s: max_completion_tokens and ...
+
+the reason being the JSON error's message of a refusal (:func:`apbv.serve.http_guard.error_body`),
+cut at :data:`REASON_CHARS`. What the client wrote (the path, a message quoting it) is logged
+escaped (no control character reaches the log), and an answer that never started (the client
+left, the handler failed) is logged with status ``-``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger("apbv.access")
+
+REASON_CHARS = 200
+"""Characters of a refusal's message in its line at most."""
+PATH_CHARS = 200
+"""Characters of the request's path in its line at most."""
+_BODY_READ = 16384
+"""Bytes of an error body looked at for its message at most."""
+
+Send = Callable[[dict], Awaitable[None]]
+
+
+def escaped(text: str, limit: int) -> str:
+    """``text`` cut at ``limit`` characters, control and non-ASCII characters escaped as in
+    JSON (one log line, whatever the client sent)."""
+    return json.dumps(text[:limit] + ("..." if len(text) > limit else ""))[1:-1]
+
+
+class AccessEntry:
+    """One request's line: :meth:`send` wraps the ASGI send (the id header, the status, a
+    refusal's reason), :meth:`done` logs it."""
+
+    def __init__(self, scope: dict, send: Send) -> None:
+        self.id = "req-" + secrets.token_hex(6)
+        self.method = str(scope.get("method", "?"))[:16]
+        self.path = str(scope.get("path", ""))
+        self.started = time.monotonic()
+        self.status: int | None = None
+        self.reason: str | None = None
+        self._send = send
+        self._error = b""
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            message = {**message, "headers": [*message.get("headers", []),
+                                              (b"x-request-id", self.id.encode())]}
+        elif message["type"] == "http.response.body" and self.status is not None and \
+                self.status >= 400 and self.reason is None and len(self._error) < _BODY_READ:
+            self._error += message.get("body", b"")[:_BODY_READ]
+            if not message.get("more_body", False) or len(self._error) >= _BODY_READ:
+                self.reason = _message_of(self._error)
+        await self._send(message)
+
+    def done(self) -> None:
+        status = "-" if self.status is None else str(self.status)
+        reason = f": {escaped(self.reason, REASON_CHARS)}" if self.reason else ""
+        level = logging.INFO if self.status is not None and self.status < 400 else \
+            logging.WARNING
+        log.log(level, "%s %s %s %s %.3f s%s", self.id, escaped(self.method, 16),
+                escaped(self.path, PATH_CHARS), status, time.monotonic() - self.started, reason)
+
+
+def _message_of(body: bytes) -> str:
+    """The ``error.message`` of a JSON error body, or '' when it is none."""
+    try:
+        value: Any = json.loads(body)
+        message = value["error"]["message"]
+    except (ValueError, TypeError, KeyError):
+        return ""
+    return message if isinstance(message, str) else ""
