@@ -1,0 +1,168 @@
+"""The server's host memory budget without a server: the default budget from the machine's
+figures, what a request needs by its native frame size, admission refusing 503 (never fits)
+and 429 (not now) with the figures, each replica's largest job counted once; and the native
+frame size read from the container's header without decoding a frame."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from apbv import cost
+from apbv.cost.memory import DECODE_CHUNK_ELEMENTS, NATIVE_DECODE_BYTES
+from apbv.serve import memory_budget as mb
+from apbv.serve.admission import Admission
+from apbv.serve.policy import ClientError
+from apbv.video import VideoSpec
+from apbv.video.header import check_native_size, header_size
+from tests.native_video import write_large_frame_video
+
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_default_budget_stays_below_rays_line() -> None:
+    budget, why = mb.default_budget_bytes(total=32 * GIB, available=28 * GIB, to_load=2 * GIB,
+                                          kill_fraction=0.95)
+    # 85% of 32 GiB = 27.2 GiB, less 4 GiB used and 2 GiB to load
+    assert budget == int(32 * GIB * 0.85) - 6 * GIB, budget / GIB
+    assert "21.20 GiB" in why and "Ray kills a rank at 95%" in why, why
+    with pytest.raises(ValueError, match="no host memory is left.*--host-memory-budget-gb"):
+        mb.default_budget_bytes(total=32 * GIB, available=4 * GIB, to_load=0)
+    assert mb.ray_kill_fraction({"RAY_memory_usage_threshold": "0.8"}) == 0.8
+    for bad in ("x", "0", "1.5"):
+        assert mb.ray_kill_fraction({"RAY_memory_usage_threshold": bad}) == 0.95, bad
+    assert mb.ray_kill_fraction({}) == 0.95
+
+
+def test_downloads_count_only_on_a_memory_filesystem(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+                      "tmpfs /run/my\\040dir tmpfs rw 0 0\n")
+    assert mb.on_tmpfs("/dev/shm/apbv-media-x", str(mounts))
+    assert mb.on_tmpfs("/run/my dir/x", str(mounts))
+    assert not mb.on_tmpfs("/var/tmp/apbv-media-x", str(mounts))
+    assert not mb.on_tmpfs("/dev/shmx/y", str(mounts))  # a prefix, not a parent
+    assert not mb.on_tmpfs("/x", str(tmp_path / "missing"))
+
+
+def _measured(native: tuple[int, int], frames: int = 16) -> dict[str, int]:
+    return {"frames": frames, "height": 448, "width": 448, "context_len": 2000,
+            "query_len": 20, "source_pixels": native[0] * native[1]}
+
+
+def test_a_requests_need_follows_its_native_frames() -> None:
+    dims = cost.preset_dims("qwen2.5-vl-7b")
+
+    def need(native: tuple[int, int], on_gpu: bool = False, frames: int = 16) -> int:
+        return mb.request_host_bytes(dims, _measured(native, frames), mode="spava",
+                                     world_size=2, dtype_bytes=2, max_tokens=16,
+                                     on_gpu=on_gpu)
+
+    small, k8 = need((448, 448)), need((8192, 8192))
+    # An 8192x8192 frame is decoded alone (201M values > one chunk), on each of the 2 ranks.
+    assert 3 * 8192**2 > DECODE_CHUNK_ELEMENTS
+    assert k8 >= 2 * NATIVE_DECODE_BYTES * 8192**2 and k8 > 6 * small, \
+        (small / GIB, k8 / GIB)
+    assert need((2160, 3840)) < need((4320, 7680)) < k8
+    # No weights, no engine memory: a request of 16 small frames stays far below the 15 GiB
+    # of the 7B model's bf16 weights; on GPU ranks only the host parts count.
+    assert small < GIB and need((448, 448), on_gpu=True) < small
+    assert need((8192, 8192), on_gpu=True) >= 2 * NATIVE_DECODE_BYTES * 8192**2
+
+
+def _call(need: int) -> SimpleNamespace:
+    return SimpleNamespace(deadline_ms=None, request=None, need=need)
+
+
+def _budget(budget_gb: float) -> mb.MemoryBudget:
+    return mb.MemoryBudget(int(budget_gb * GIB), sizer=lambda call, measured: call.need)
+
+
+def test_admission_refuses_what_the_budget_cannot_hold_with_the_figures() -> None:
+    async def scenario() -> None:
+        memory = _budget(4.0)
+        first, second = Admission(8, memory=memory), Admission(8, memory=memory)
+        with pytest.raises(ClientError) as err:
+            first.admit(_call(5 * GIB), {"frames": 1})
+        assert err.value.status == 503, err.value.message
+        for text in ("needs 5.000 GiB", "0.000 GiB are in flight (nothing)",
+                     "budget is 4.000 GiB (--host-memory-budget-gb)"):
+            assert text in err.value.message, err.value.message
+        big = first.admit(_call(3 * GIB), {})
+        assert big.host_bytes == 3 * GIB
+        # The same replica runs one job at a time: a smaller one waits within its largest.
+        assert first.admit(_call(2 * GIB), {}).host_bytes == 2 * GIB
+        assert memory.held() == {"requests": 3 * GIB}
+        # Another replica's job would hold memory at the same time: 3 + 2 > 4 GiB, not now.
+        with pytest.raises(ClientError) as err:
+            second.admit(_call(2 * GIB), {})
+        assert err.value.status == 429, err.value.message
+        assert "needs 2.000 GiB" in err.value.message
+        assert "3.000 GiB are in flight (requests 3.000)" in err.value.message
+        second.admit(_call(GIB), {})  # 3 + 1 fits
+        # Once the big job is done (and the other dropped), the room is back.
+        assert await first.next() is big
+        first.done(big)
+        assert first.drop(first.waiting()[0])
+        assert memory.held() == {"requests": GIB}
+        second.admit(_call(3 * GIB), {})
+        # A kept part (the vision cache) that leaves too little is a 503, a passing one a 429.
+        memory.parts["vision cache"] = lambda: GIB
+        memory.parts["streams"] = lambda: GIB // 2
+        with pytest.raises(ClientError) as err:
+            first.admit(_call(int(3.5 * GIB)), {})
+        assert err.value.status == 503 and "vision cache 1.000" in err.value.message
+        with pytest.raises(ClientError) as err:
+            first.admit(_call(2 * GIB), {})
+        assert err.value.status == 429 and "streams 0.500" in err.value.message
+        # A live stream's operation is its stream's, never sized here.
+        op = first.admit(None, {}, op=SimpleNamespace(), predicted_s=0.0, stream_id="s")
+        assert op.host_bytes == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def video_8k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_large_frame_video(tmp_path_factory.mktemp("big") / "8k.mp4", 8192, 8192)
+
+
+def test_the_native_size_comes_from_the_header_without_decoding(video_8k: Path) -> None:
+    assert header_size(VideoSpec(str(video_8k))) == (8192, 8192)
+    with pytest.raises(ValueError) as err:
+        check_native_size(VideoSpec(str(video_8k)), 4096 * 2160, "--max-native-pixels")
+    assert ("native frame size is 8192x8192 (67108864 pixels), over the limit of 8847360 "
+            "pixels (--max-native-pixels)") in str(err.value)
+    assert check_native_size(VideoSpec(str(video_8k)), 8192**2, "x") == (8192, 8192)
+    # A fresh process, its peak memory reset before each (clear_refs): reading the header
+    # raises it by a few MB, where opening the file with a decoder decodes a frame (100 MB of
+    # yuv420p at this size, and more).
+    code = ("import sys\nfrom apbv.video.header import header_size\n"
+            "from apbv.video import VideoSpec\nimport av, decord\n"
+            "def peak():\n    with open('/proc/self/status') as f:\n"
+            "        return [int(l.split()[1]) // 1024 for l in f if l.startswith('VmHWM')][0]\n"
+            "def grows(fn):\n    with open('/proc/self/clear_refs', 'w') as f:\n"
+            "        f.write('5')\n    before = peak()\n    fn()\n    return peak() - before\n"
+            "print(grows(lambda: header_size(VideoSpec(sys.argv[1]))),\n"
+            "      grows(lambda: decord.VideoReader(sys.argv[1], num_threads=1)))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(video_8k)], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, check=True).stdout
+    header_mb, decoder_mb = map(int, out.split())
+    assert header_mb < 20 and decoder_mb > 80, (header_mb, decoder_mb)
+
+
+def test_a_file_without_a_readable_header_is_left_to_the_decoders_checks(
+        tmp_path: Path) -> None:
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"not a video" * 100)
+    assert header_size(VideoSpec(str(junk))) is None
+    assert header_size(VideoSpec(str(tmp_path / "missing.mp4"))) is None
+    link = tmp_path / "link.mp4"
+    link.symlink_to(junk)
+    assert header_size(VideoSpec(str(link), follow_symlinks=False)) is None
