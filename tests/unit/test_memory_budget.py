@@ -6,8 +6,7 @@ frame size read from the container's header without decoding a frame."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +22,6 @@ from apbv.video.header import check_native_size, header_size
 from tests.native_video import write_large_frame_video
 
 GIB = 1 << 30
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_default_budget_stays_below_rays_line() -> None:
@@ -133,6 +131,19 @@ def video_8k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_large_frame_video(tmp_path_factory.mktemp("big") / "8k.mp4", 8192, 8192)
 
 
+def _growth_mb(fn: Callable[[], object]) -> int:
+    """MB by which ``fn()`` raises this process's peak resident memory (VmHWM, reset first)."""
+    def peak() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) // 1024
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = peak()
+    fn()
+    return peak() - before
+
+
 def test_the_native_size_comes_from_the_header_without_decoding(video_8k: Path) -> None:
     assert header_size(VideoSpec(str(video_8k))) == (8192, 8192)
     with pytest.raises(ValueError) as err:
@@ -140,20 +151,12 @@ def test_the_native_size_comes_from_the_header_without_decoding(video_8k: Path) 
     assert ("native frame size is 8192x8192 (67108864 pixels), over the limit of 8847360 "
             "pixels (--max-native-pixels)") in str(err.value)
     assert check_native_size(VideoSpec(str(video_8k)), 8192**2, "x") == (8192, 8192)
-    # A fresh process, its peak memory reset before each (clear_refs): reading the header
-    # raises it by a few MB, where opening the file with a decoder decodes a frame (100 MB of
-    # yuv420p at this size, and more).
-    code = ("import sys\nfrom apbv.video.header import header_size\n"
-            "from apbv.video import VideoSpec\nimport av, decord\n"
-            "def peak():\n    with open('/proc/self/status') as f:\n"
-            "        return [int(l.split()[1]) // 1024 for l in f if l.startswith('VmHWM')][0]\n"
-            "def grows(fn):\n    with open('/proc/self/clear_refs', 'w') as f:\n"
-            "        f.write('5')\n    before = peak()\n    fn()\n    return peak() - before\n"
-            "print(grows(lambda: header_size(VideoSpec(sys.argv[1]))),\n"
-            "      grows(lambda: decord.VideoReader(sys.argv[1], num_threads=1)))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(video_8k)], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT, check=True).stdout
-    header_mb, decoder_mb = map(int, out.split())
+    # The process's peak memory reset before each (clear_refs): reading the header raises it
+    # by a few MB, where opening the file with a decoder decodes a frame (100 MB of yuv420p at
+    # this size, and more).
+    decord = pytest.importorskip("decord")
+    header_mb = _growth_mb(lambda: header_size(VideoSpec(str(video_8k))))
+    decoder_mb = _growth_mb(lambda: decord.VideoReader(str(video_8k), num_threads=1))
     assert header_mb < 20 and decoder_mb > 80, (header_mb, decoder_mb)
 
 
@@ -166,3 +169,44 @@ def test_a_file_without_a_readable_header_is_left_to_the_decoders_checks(
     link = tmp_path / "link.mp4"
     link.symlink_to(junk)
     assert header_size(VideoSpec(str(link), follow_symlinks=False)) is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_serve_refuses_a_budget_that_is_not_positive_before_ray_starts(monkeypatch, value):
+    import argparse
+
+    ray = pytest.importorskip("ray")
+    from apbv.config import load_config
+    from apbv.serve import main
+
+    p = argparse.ArgumentParser()
+    main.add_serve_args(p)
+    args = p.parse_args(["--host-memory-budget-gb", value])
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(ValueError, match=f"--host-memory-budget-gb must be > 0, got {value}"):
+        main.run_server(load_config("tiny_cpu"), args)
+
+
+def test_check_request_refuses_large_native_frames_for_the_server_and_batch(
+        tiny_model_dir: Path, video_8k: Path, short_video: Path) -> None:
+    """:func:`apbv.serve.api.check_request`, which the server and ``apbv batch`` run on every
+    request before the ranks: a 400 naming the size and the limit, the default limit or one
+    set lower; a video within it is measured as before."""
+    from transformers import AutoProcessor
+
+    from apbv.config import load_config
+    from apbv.engine.request import Request
+    from apbv.serve.api import check_request
+    from apbv.serve.policy import Limits
+
+    cfg = load_config("tiny_cpu", [f"model.path={str(tiny_model_dir)!r}"])
+    processor = AutoProcessor.from_pretrained(tiny_model_dir, local_files_only=True)
+    with pytest.raises(ClientError) as err:
+        check_request(Request.from_config(cfg, str(video_8k), "Which colour?"), Limits(),
+                      processor)
+    assert err.value.status == 400 and "8192x8192" in err.value.message
+    assert "over the limit of 8847360 pixels (--max-native-pixels)" in err.value.message
+    small = Request.from_config(cfg, str(short_video), "Which colour?")
+    assert check_request(small, Limits(), processor)["source_pixels"] == 112 * 112
+    with pytest.raises(ClientError, match="112x112 .12544 pixels., over the limit of 12543"):
+        check_request(small, Limits(max_native_pixels=112 * 112 - 1), processor)
