@@ -120,16 +120,22 @@ def request_host_bytes(dims: ModelDims, measured: dict[str, int], *, mode: str,
     :func:`apbv.serve.api.check_request` ``measured`` (frames, resized height and width, the
     prompt's context and query lengths, the native frame's ``source_pixels``): each rank's
     peak phase by :func:`apbv.cost.request_memory`, every rank at the largest share of the
-    temporal patches, without the weights and the engine's own memory (loaded already); on
-    GPU ranks only the parts held in host memory (:data:`apbv.cost.memory.HOST_PARTS`)."""
+    temporal patches (all of them where the mode does not split the vision work; one rank
+    for a single-process mode), without the weights and the engine's own memory (loaded
+    already); on GPU ranks only the parts held in host memory
+    (:data:`apbv.cost.memory.HOST_PARTS`)."""
     from apbv.cost.memory import HOST_PARTS, request_memory
     from apbv.modes import get_mode
 
-    plan = get_mode(mode).plan(measured["context_len"], measured["query_len"], world_size,
-                               anchor_len=anchor_len, passing_len=passing_len)
+    spec = get_mode(mode)
+    world_size = 1 if spec.single_process else world_size  # one process does all the work
+    plan = spec.plan(measured["context_len"], measured["query_len"], world_size,
+                     anchor_len=anchor_len, passing_len=passing_len)
     side = dims.patch_size
     grid = (measured["height"] // side, measured["width"] // side)
-    patches = -(-(measured["frames"] // dims.temporal_patch_size) // world_size)
+    patches = measured["frames"] // dims.temporal_patch_size
+    if spec.vit_split:  # else every rank encodes the whole video
+        patches = -(-patches // world_size)
     total = 0
     for rank in range(world_size):
         est = request_memory(dims, plan, patches=patches, grid_hw=grid,

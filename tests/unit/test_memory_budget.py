@@ -14,6 +14,7 @@ import pytest
 
 from apbv import cost
 from apbv.cost.memory import DECODE_CHUNK_ELEMENTS, NATIVE_DECODE_BYTES
+from apbv.plan import make_plan
 from apbv.serve import memory_budget as mb
 from apbv.serve.admission import Admission
 from apbv.serve.policy import ClientError
@@ -57,8 +58,9 @@ def _measured(native: tuple[int, int], frames: int = 16) -> dict[str, int]:
 def test_a_requests_need_follows_its_native_frames() -> None:
     dims = cost.preset_dims("qwen2.5-vl-7b")
 
-    def need(native: tuple[int, int], on_gpu: bool = False, frames: int = 16) -> int:
-        return mb.request_host_bytes(dims, _measured(native, frames), mode="spava",
+    def need(native: tuple[int, int], on_gpu: bool = False, frames: int = 16,
+             mode: str = "spava") -> int:
+        return mb.request_host_bytes(dims, _measured(native, frames), mode=mode,
                                      world_size=2, dtype_bytes=2, max_tokens=16,
                                      on_gpu=on_gpu)
 
@@ -72,6 +74,25 @@ def test_a_requests_need_follows_its_native_frames() -> None:
     # of the 7B model's bf16 weights; on GPU ranks only the host parts count.
     assert small < GIB and need((448, 448), on_gpu=True) < small
     assert need((8192, 8192), on_gpu=True) >= 2 * NATIVE_DECODE_BYTES * 8192**2
+    # Every rank encodes the whole video without the vision split; one process for "full".
+    assert need((1080, 1920), mode="no_vit_split") > need((1080, 1920))
+    assert 0 < need((1080, 1920), mode="full") < need((1080, 1920))
+
+
+def test_the_decoding_chunk_is_counted_at_the_native_size() -> None:
+    dims = cost.preset_dims("qwen2.5-vl-7b")
+    plan = make_plan(2000, 20, 1)
+
+    def decode(native: int, patches: int = 8) -> int:
+        return cost.request_memory(dims, plan, patches=patches, grid_hw=(16, 16), dtype_bytes=2,
+                                   reserve_tokens=0, rank=0, native_pixels=native).parts["decode"]
+
+    resized = decode(0)  # 16 frames of 224x224: 6 copies of the 2.4M values
+    assert resized == 6 * 16 * 224 * 224 * 3
+    assert decode(8192**2) == int(NATIVE_DECODE_BYTES * 8192**2)  # one frame a chunk
+    assert decode(1920 * 1080) == int(NATIVE_DECODE_BYTES * 1920 * 1080 * 5)  # 5 a chunk
+    assert decode(1920 * 1080, patches=1) == int(NATIVE_DECODE_BYTES * 1920 * 1080 * 2)
+    assert decode(112 * 112) == resized  # smaller than the resized frames' copies
 
 
 def _call(need: int) -> SimpleNamespace:
