@@ -52,13 +52,16 @@ DECODE_COPIES = 6.0
 """Copies of one decoding chunk (:data:`apbv.video.load.DECODE_CHUNK_ELEMENTS` uint8 values,
 or the rank's frames if fewer) alive while it is decoded and resized: the decoder's buffers,
 its array, the resize's output and the allocator's slack."""
-NATIVE_DECODE_BYTES = 26.0
-"""Bytes per native pixel of each frame in a decoding chunk (:data:`DECODE_CHUNK_ELEMENTS`
-values of native frames, or at least one frame): the decoder's reference and output frames, its
-RGB array, the tensor and the resize's float32 copies (12 bytes a pixel). Fitted on the upper
-side of the peak resident memory of :func:`apbv.video.load_rank_frames` with decord (the
-default decoder) on 2048x2048, 4096x4096 and 8192x8192 frames: 469, 845 and 1981 MB above the
-process's start, the model's 218, 436 and 1745 MB; PyAV needs about 15 bytes a pixel)."""
+NATIVE_FRAME_BYTES = 34.0
+"""Bytes per native pixel of the one frame being decoded and resized: the decoder's reference
+and output frames and the resize's float32 copies (12 bytes a pixel)."""
+NATIVE_CHUNK_BYTES = 8.0
+"""Bytes per native pixel of each frame of a decoding chunk (:data:`DECODE_CHUNK_ELEMENTS`
+values of native frames, at least one frame): the decoded RGB array, its tensor and slack.
+With :data:`NATIVE_FRAME_BYTES`, the upper side of the peak resident memory of
+:func:`apbv.video.load_rank_frames` with decord (the default decoder; PyAV needs about half):
+measured / modelled 0.80-0.95 for 1920x1080 to 8192x8192 frames
+(``benchmarks/bench_native_decode.py``, ``benchmarks/results/native_decode_cpu.md``)."""
 PROCESSOR_FLOAT_COPIES = 2.5
 """float32 copies of the decoded frames the video processor holds at once besides its output
 (the rescaled-and-normalised frames, then the patchified copy)."""
@@ -157,8 +160,9 @@ def request_memory(
             this size too, the safe side); None: the patch grid's size (frames arrive resized,
             as for Qwen2.5-VL).
         native_pixels: pixels of one frame as the file stores it (its native size, from the
-            container's header); the decoding chunk is then counted at that size
-            (:data:`NATIVE_DECODE_BYTES`), where it is larger than the resized frames' copies;
+            container's header); the decoding is then counted at that size
+            (:data:`NATIVE_FRAME_BYTES`, :data:`NATIVE_CHUNK_BYTES`), where it is larger than
+            the resized frames' copies;
             0: unknown (the resized frames' copies only).
     """
     integer("patches", patches, 0)
@@ -223,7 +227,8 @@ def request_memory(
     if native_pixels and patches:
         decoded = patches * dims.temporal_patch_size
         chunk = min(decoded, max(1, DECODE_CHUNK_ELEMENTS // (3 * native_pixels)))
-        decode = max(decode, int(NATIVE_DECODE_BYTES * native_pixels * chunk))
+        decode = max(decode, int(native_pixels * (NATIVE_FRAME_BYTES
+                                                  + NATIVE_CHUNK_BYTES * chunk)))
     parts = {
         "runtime": RUNTIME_BYTES,
         "weights": dims.parameters() * e,

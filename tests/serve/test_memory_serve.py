@@ -20,7 +20,8 @@ from tests.serve.server import serving  # noqa: E402
 
 BUDGET_GB = 0.1
 """Room for the 112x112 clip (about 31 MiB on its rank) and not for 2048x2048 frames (about
-210 MiB: two native frames decoded at once, 26 bytes a pixel)."""
+210 MiB: 34 bytes a native pixel for the frame being decoded, 8 for each of the two frames
+of a decoding chunk)."""
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from apbv import cost
-from apbv.cost.memory import DECODE_CHUNK_ELEMENTS, NATIVE_DECODE_BYTES
+from apbv.cost.memory import DECODE_CHUNK_ELEMENTS, NATIVE_CHUNK_BYTES, NATIVE_FRAME_BYTES
 from apbv.plan import make_plan
 from apbv.serve import memory_budget as mb
 from apbv.serve.admission import Admission
@@ -67,13 +67,14 @@ def test_a_requests_need_follows_its_native_frames() -> None:
     small, k8 = need((448, 448)), need((8192, 8192))
     # An 8192x8192 frame is decoded alone (201M values > one chunk), on each of the 2 ranks.
     assert 3 * 8192**2 > DECODE_CHUNK_ELEMENTS
-    assert k8 >= 2 * NATIVE_DECODE_BYTES * 8192**2 and k8 > 6 * small, \
+    per_frame = NATIVE_FRAME_BYTES + NATIVE_CHUNK_BYTES
+    assert k8 >= 2 * per_frame * 8192**2 and k8 > 6 * small, \
         (small / GIB, k8 / GIB)
     assert need((2160, 3840)) < need((4320, 7680)) < k8
     # No weights, no engine memory: a request of 16 small frames stays far below the 15 GiB
     # of the 7B model's bf16 weights; on GPU ranks only the host parts count.
     assert small < GIB and need((448, 448), on_gpu=True) < small
-    assert need((8192, 8192), on_gpu=True) >= 2 * NATIVE_DECODE_BYTES * 8192**2
+    assert need((8192, 8192), on_gpu=True) >= 2 * per_frame * 8192**2
     # Every rank encodes the whole video without the vision split; one process for "full".
     assert need((1080, 1920), mode="no_vit_split") > need((1080, 1920))
     assert 0 < need((1080, 1920), mode="full") < need((1080, 1920))
@@ -89,9 +90,12 @@ def test_the_decoding_chunk_is_counted_at_the_native_size() -> None:
 
     resized = decode(0)  # 16 frames of 224x224: 6 copies of the 2.4M values
     assert resized == 6 * 16 * 224 * 224 * 3
-    assert decode(8192**2) == int(NATIVE_DECODE_BYTES * 8192**2)  # one frame a chunk
-    assert decode(1920 * 1080) == int(NATIVE_DECODE_BYTES * 1920 * 1080 * 5)  # 5 a chunk
-    assert decode(1920 * 1080, patches=1) == int(NATIVE_DECODE_BYTES * 1920 * 1080 * 2)
+    def native(pixels: int, chunk: int) -> int:
+        return int(pixels * (NATIVE_FRAME_BYTES + NATIVE_CHUNK_BYTES * chunk))
+
+    assert decode(8192**2) == native(8192**2, 1)  # one frame a chunk
+    assert decode(1920 * 1080) == native(1920 * 1080, 5)  # 5 a chunk of 32 Mi values
+    assert decode(1920 * 1080, patches=1) == native(1920 * 1080, 2)  # all it decodes
     assert decode(112 * 112) == resized  # smaller than the resized frames' copies
 
 
