@@ -52,6 +52,16 @@ DECODE_COPIES = 6.0
 """Copies of one decoding chunk (:data:`apbv.video.load.DECODE_CHUNK_ELEMENTS` uint8 values,
 or the rank's frames if fewer) alive while it is decoded and resized: the decoder's buffers,
 its array, the resize's output and the allocator's slack."""
+NATIVE_FRAME_BYTES = 34.0
+"""Bytes per native pixel of the one frame being decoded and resized: the decoder's reference
+and output frames and the resize's float32 copies (12 bytes a pixel)."""
+NATIVE_CHUNK_BYTES = 8.0
+"""Bytes per native pixel of each frame of a decoding chunk (:data:`DECODE_CHUNK_ELEMENTS`
+values of native frames, at least one frame): the decoded RGB array, its tensor and slack.
+With :data:`NATIVE_FRAME_BYTES`, the upper side of the peak resident memory of
+:func:`apbv.video.load_rank_frames` with decord (the default decoder; PyAV needs about half):
+measured / modelled 0.80-0.95 for 1920x1080 to 8192x8192 frames
+(``benchmarks/bench_native_decode.py``, ``benchmarks/results/native_decode_cpu.md``)."""
 PROCESSOR_FLOAT_COPIES = 2.5
 """float32 copies of the decoded frames the video processor holds at once besides its output
 (the rescaled-and-normalised frames, then the patchified copy)."""
@@ -123,6 +133,7 @@ def request_memory(
     processor_copies: float = 0.0,
     call_rows: int = 0,
     frame_hw: tuple[int, int] | None = None,
+    native_pixels: int = 0,
 ) -> MemoryEstimate:
     """Bytes rank ``rank`` needs for one request under ``plan``.
 
@@ -148,10 +159,16 @@ def request_memory(
             checkpoint's tile by its processor; the processor's float copies are counted at
             this size too, the safe side); None: the patch grid's size (frames arrive resized,
             as for Qwen2.5-VL).
+        native_pixels: pixels of one frame as the file stores it (its native size, from the
+            container's header); the decoding is then counted at that size
+            (:data:`NATIVE_FRAME_BYTES`, :data:`NATIVE_CHUNK_BYTES`), where it is larger than
+            the resized frames' copies;
+            0: unknown (the resized frames' copies only).
     """
     integer("patches", patches, 0)
     integer("reserve_tokens", reserve_tokens, 0)
     integer("call_rows", call_rows, 0)
+    integer("native_pixels", native_pixels, 0)
     for name, value in (("dtype_bytes", dtype_bytes), ("row_bytes", row_bytes)):
         if value not in (1, 2, 4, 8):
             raise ValueError(f"{name} must be one of 1, 2, 4, 8, got {value!r}")
@@ -206,11 +223,17 @@ def request_memory(
     passing = plan.passing_capacity * kv * d * 2 * plan.blocks_per_rank * plan.world_size * e
     query = plan.world_size * plan.query_len * hq * (d + 1) * f32
     logits = dims.vocab * (e + f32)
+    decode = int(DECODE_COPIES * min(frames, DECODE_CHUNK_ELEMENTS))
+    if native_pixels and patches:
+        decoded = patches * dims.temporal_patch_size
+        chunk = min(decoded, max(1, DECODE_CHUNK_ELEMENTS // (3 * native_pixels)))
+        decode = max(decode, int(native_pixels * (NATIVE_FRAME_BYTES
+                                                  + NATIVE_CHUNK_BYTES * chunk)))
     parts = {
         "runtime": RUNTIME_BYTES,
         "weights": dims.parameters() * e,
         "frames": frames,
-        "decode": int(DECODE_COPIES * min(frames, DECODE_CHUNK_ELEMENTS)),
+        "decode": decode,
         "processor": processor,
         "pixel_values": pixel_values,
         "vision_activations": int(vision),

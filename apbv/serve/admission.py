@@ -18,6 +18,10 @@ scale, so deadline admission follows the machine after a few requests. The secon
 generated token are learned the same way, from each answer's (total time - TTFT) / (tokens -
 1), starting from a prior (:func:`apbv.cost.decode_token_s` on the hardware preset, or
 :data:`DECODE_PRIOR_S`).
+
+With a :class:`apbv.serve.memory_budget.MemoryBudget`, a chat request is also sized in host
+memory before it is queued, and refused (503 or 429, with the figures) when it would take the
+server's work past the budget.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from apbv.serve.policy import ClientError
 if TYPE_CHECKING:
     from apbv.serve.api import ChatCall
     from apbv.serve.download import Held
+    from apbv.serve.memory_budget import MemoryBudget
     from apbv.serve.replicas import Replica
 
 Predictor = Callable[["ChatCall", dict[str, int]], float]
@@ -96,6 +101,9 @@ class Job:
     evaluates: float | None = None
     """An evaluation of a standing question: the arrival (monotonic s) of the oldest chunk
     it is the first to see (:mod:`apbv.serve.fair_order` runs it before other work)."""
+    host_bytes: int = 0
+    """Host memory its ranks hold for it (:class:`apbv.serve.memory_budget.MemoryBudget`; 0:
+    not sized, as a live stream's operation, whose memory is its stream's reservation)."""
     replica: Replica = field(init=False)
     """The replica whose queue holds it (set by the server once admitted)."""
 
@@ -110,8 +118,12 @@ class Admission:
     runs at a time."""
 
     def __init__(self, max_queue: int, predictor: Predictor | None = None,
-                 decode_s: float = DECODE_PRIOR_S):
+                 decode_s: float = DECODE_PRIOR_S, memory: MemoryBudget | None = None):
         self.max_queue = max_queue
+        self.memory = memory
+        """The host memory budget shared by every replica's admission (None: not counted)."""
+        if memory is not None:
+            memory.register(self)
         self.predictor = predictor
         self.heap: list[tuple[tuple[float, int], Job]] = []
         self.running: Job | None = None
@@ -150,7 +162,8 @@ class Admission:
         and names its ``stream_id`` and the replica ``generation`` holding it; ``evaluates``:
         a standing question's evaluation, see :attr:`Job.evaluates`), or
         ClientError (429: full; 503: its deadline cannot be met; 400: a deadline that is not a
-        finite number >= 0)."""
+        finite number >= 0; with a memory budget, 503 or 429: its host memory does not fit,
+        see :meth:`apbv.serve.memory_budget.MemoryBudget.admit`)."""
         if op is None:
             assert call is not None, "a job runs a chat call's request or an op"
             op = Generate(call.request)
@@ -187,9 +200,13 @@ class Admission:
                                        f"predicted TTFT is {predicted * 1000:.0f} ms{learned} "
                                        f"plus {ahead * 1000:.0f} ms of work queued ahead"
                                        f"{decode}")
+        host_bytes = 0
+        if self.memory is not None and call is not None and stream_id is None:
+            host_bytes = self.memory.admit(call, measured, self)
         job = Job(op, call, predicted, key, modelled,
                   tokens=asyncio.Queue() if sse else None, max_tokens=max_tokens,
-                  stream_id=stream_id, generation=generation, evaluates=evaluates)
+                  stream_id=stream_id, generation=generation, evaluates=evaluates,
+                  host_bytes=host_bytes)
         heapq.heappush(self.heap, (key, job))
         self.ready.set()
         return job

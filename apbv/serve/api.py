@@ -194,19 +194,23 @@ def _check_messages(messages: object) -> None:
 
 def check_request(request: Request, limits: Limits, processor: Any,
                   world_size: int = 1) -> dict[str, int]:
-    """Duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
+    """The native frame size (from the container's header, before the decoder opens the file),
+    duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
     ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured,
     with the decode work of the file's keyframe layout on ``world_size`` ranks
     (:func:`apbv.video.gop.decode_work`, which deadline admission prices)."""
     from apbv.model.front import prompt_rules
     from apbv.video import probe
     from apbv.video.gop import decode_work
+    from apbv.video.header import check_native_size, check_pixels
 
     video = request.video
     assert isinstance(video, VideoSpec), video  # a chat request names a file
     rules = prompt_rules(processor)  # the model family's frames and prompt
     try:
-        meta = probe(video)
+        check_native_size(video, limits.max_native_pixels, "--max-native-pixels")
+        meta = probe(video)  # a header without the size: the decoder's (one frame decoded)
+        check_pixels((meta.height, meta.width), limits.max_native_pixels, "--max-native-pixels")
         sampling = rules.plan_sampling(video, meta)
     except ValueError as exc:
         raise ClientError(400, str(exc)) from None

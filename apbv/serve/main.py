@@ -101,6 +101,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="per-rank KV budget in GiB shared by the live streams of one replica "
                         "(default: half of parallel.memory_gb when set, else a quarter of the "
                         "host's memory divided by --world-size)")
+    p.add_argument("--host-memory-budget-gb", type=float,
+                   help="host memory in GiB the requests, live streams, vision cache and "
+                        "downloads may hold together; a request past it is refused with 503 "
+                        "or 429 naming the figures (default: below Ray's out-of-memory line "
+                        "less what the host uses at start and the ranks load, printed at "
+                        "start-up; none with --address)")
     p.add_argument("--max-streams", type=int, default=8,
                    help="live streams open at once (default: %(default)s)")
     p.add_argument("--stream-idle-s", type=float, default=600,
@@ -137,6 +143,52 @@ def _stream_options(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use
         idle_s=args.stream_idle_s, end_after_s=args.stream_end_after_s or None,
         sizing=KVSizing.of_checkpoint(path, dtype_bytes, args.world_size,
                                       limits.max_frames_per_push))
+
+
+def _memory_budget(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use_gpu: bool,
+                   policy: MediaPolicy) -> Any:
+    """The server's :class:`apbv.serve.memory_budget.MemoryBudget` (None with ``--address``
+    and no ``--host-memory-budget-gb``), with the vision cache (CPU ranks) and the downloads
+    (a download directory on a tmpfs) among its parts; its size is logged."""
+    from apbv import cost
+    from apbv.cost.memory import RUNTIME_BYTES
+    from apbv.serve import memory_budget as mb
+
+    log = logging.getLogger("apbv.serve")
+    ranks = args.world_size * args.replicas
+    if args.host_memory_budget_gb is not None:
+        budget = int(args.host_memory_budget_gb * mb.GIB)
+        why = f"host memory budget {budget / mb.GIB:.2f} GiB (--host-memory-budget-gb)"
+    elif args.address:
+        log.info("no host memory budget: the ranks run on the nodes of the cluster at "
+                 "--address (--host-memory-budget-gb sets one)")
+        return None
+    else:
+        dims = cost.checkpoint_dims(path)
+        weights = 0 if use_gpu else dims.parameters() * _dtype_bytes(cfg, use_gpu)
+        total, available = mb.host_memory()
+        budget, why = mb.default_budget_bytes(total, available,
+                                              ranks * (weights + RUNTIME_BYTES),
+                                              mb.ray_kill_fraction())
+    memory = mb.MemoryBudget(budget, mb.served_sizer(path, args.world_size,
+                                                     _dtype_bytes(cfg, use_gpu), use_gpu))
+    if not use_gpu and cfg.cache.vision_gb > 0:
+        cache = int(cfg.cache.vision_gb * mb.GIB) * ranks
+        memory.parts["vision cache"] = lambda: cache
+    store = policy.store
+    if store is not None and mb.on_tmpfs(store.directory):
+        downloads = store.budget_bytes + policy.max_downloads * policy.max_download_bytes
+        memory.parts["downloads"] = lambda: downloads
+    log.info("%s", why)
+    return memory
+
+
+def _dtype_bytes(cfg: RuntimeConfig, use_gpu: bool) -> int:
+    """Bytes per weight and activation of ``model.dtype`` (auto: bf16 on GPUs, fp32 on
+    CPUs)."""
+    dtype = cfg.model.dtype
+    return 4 if dtype == "float32" or (dtype == "auto" and not use_gpu) else \
+        8 if dtype == "float64" else 2
 
 
 def check_media_roots(roots: list[str]) -> None:
@@ -231,6 +283,9 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
         raise ValueError("--max-streams must be >= 0, --stream-idle-s and --stream-memory-gb "
                          f"> 0, got {args.max_streams}, {args.stream_idle_s} and "
                          f"{args.stream_memory_gb}")
+    if args.host_memory_budget_gb is not None and not args.host_memory_budget_gb > 0:
+        raise ValueError(f"--host-memory-budget-gb must be > 0, got "
+                         f"{args.host_memory_budget_gb}")
     if not args.stream_end_after_s >= 0:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
     check_media_roots(args.media_root)
@@ -298,8 +353,14 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
             read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics,
             webhook_hosts=tuple(h.lower() for h in args.allow_webhook_host))
+        memory = _memory_budget(cfg, args, path, use_gpu, options.policy)
         server = Server(cfg, groups, processor, options,
-                        [Admission(args.max_queue, predictor, decode_s) for _ in groups])
+                        [Admission(args.max_queue, predictor, decode_s, memory)
+                         for _ in groups])
+        if memory is not None and server.streams is not None and not use_gpu:
+            registry = server.streams.registry  # the KV of CPU ranks is host memory
+            memory.parts["streams"] = lambda: args.world_size * sum(
+                s.reserved for s in registry.live.values())
         logging.getLogger("apbv.serve").info(
             "serving %s on http://%s:%d: %d replica(s) x %d rank(s) (%s), media roots %s, "
             "remote hosts %s", options.model_name, args.host, args.port, args.replicas,

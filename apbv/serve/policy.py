@@ -56,6 +56,10 @@ class Limits:
     """Frames in one push to a live stream (POST /v1/streams/{id}/frames)."""
     max_push_frame_pixels: int = 3840 * 2160
     """Pixels of one pushed image at its native size (read from its header before decoding)."""
+    max_native_pixels: int = 4096 * 2160
+    """Pixels of a video file's frames at their native size (files, downloads and ``data:``
+    URLs; read from the container's header before any frame is decoded): DCI and UHD 4K pass,
+    8192x8192 does not."""
 
     def check(self, name: str, value: float, limit: float, flag: str, what: str = "") -> None:
         if value > limit:
