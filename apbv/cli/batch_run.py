@@ -17,7 +17,10 @@ time under an exclusive lock on ``OUT.lock``; a run on an existing output skips 
 refuses when the settings stored beside it (``OUT_settings.json``: the model, the attention and
 video settings, the limits) differ from this run's. A sampled request without a ``seed`` gets
 one from its ``custom_id``, so every rank and every resumed run draws the same answer.
-Progress goes to stderr.
+Progress goes to stderr; the last line counts the rows written and the failed ones. The exit
+status is 0 once every row is written, failed rows included (a failed request is an answer,
+not a failed run), 1 with ``--fail-on-error`` when a row failed, and non-zero when the run
+itself failed (bad input, refused settings, a rank lost).
 """
 
 from __future__ import annotations
@@ -162,7 +165,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
         if writer:
             rows, _ = log.read_rows("custom_id", what="custom_ids")
             failed = sum(not _ok(r) for r in rows)
-            print(f"batch: {len(rows)} rows in {out}, {failed} failed", file=progress)
+            print(f"batch: done: {len(rows)} rows in {out}, {failed} failed", file=progress,
+                  flush=True)
         return failed
     finally:
         log.close()
@@ -201,7 +205,8 @@ def _agree(done: set[str], info: Any) -> set[str]:
 
 def main(args: Any, cfg: Any) -> int:
     """``apbv batch``: the command line's entry (``args``: -i, -o, --media-root,
-    --no-retry-failed)."""
+    --no-retry-failed, --fail-on-error); the exit status (0 with failed rows unless
+    ``--fail-on-error``)."""
     from apbv import import_extra
 
     for module, package in (("pydantic", "fastapi"), ("uvicorn", "uvicorn")):
@@ -226,4 +231,4 @@ def main(args: Any, cfg: Any) -> int:
                            retry_failed=args.retry_failed, limits=limits)
     finally:
         destroy_distributed()
-    return 1 if failed else 0
+    return 1 if failed and getattr(args, "fail_on_error", False) else 0

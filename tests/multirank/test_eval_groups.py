@@ -1,0 +1,68 @@
+"""``groups=2`` on 2 gloo ranks (two groups of one rank, each with its own process group and
+query rank) writes the same rows as ``groups=1`` (one group of two ranks) in exact mode: same
+order, same answers, same error rows; both groups answered samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+from apbv.config import RuntimeConfig
+from apbv.distributed import DistInfo, rank_groups, spawn_local
+from apbv.engine.engine import Engine
+from apbv.eval.harness import EvalSpec, run_eval
+from tests.multirank.test_eval_harness import PIXELS, lvb  # noqa: F401 (a fixture)
+
+
+class Counting:
+    """The engine, counting its generate calls."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.calls = engine, 0
+
+    def generate(self, *args, **kwargs):
+        self.calls += 1
+        return self.engine.generate(*args, **kwargs)
+
+    def request(self, *args, **kwargs):
+        return self.engine.request(*args, **kwargs)
+
+
+def _rank_job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str) -> dict:
+    report: dict = {}
+    stream = io.StringIO()
+    for groups in (1, 2):
+        index, group = rank_groups(info, groups)
+        engine = Counting(Engine(cfg, group))
+        spec = EvalSpec("longvideobench", data, f"{out}/g{groups}.jsonl", mode="exact",
+                        max_new_tokens=4, skip_missing=True, groups=groups)
+        run_eval(spec, cfg, lambda e=engine: e, progress=stream)
+        report[groups] = (index, group.rank, group.world_size, engine.calls)
+    report["progress"] = stream.getvalue()
+    return report
+
+
+def test_two_groups_write_the_rows_of_one(tiny_config: RuntimeConfig, lvb: Path,  # noqa: F811
+                                          tmp_path: Path) -> None:
+    cfg = dataclasses.replace(tiny_config, video=dataclasses.replace(
+        tiny_config.video, min_pixels=PIXELS, max_pixels=PIXELS))
+    reports = spawn_local(_rank_job, 2, (cfg, str(lvb), str(tmp_path)), timeout_s=400,
+                          collective_timeout_s=120)
+    rows = {g: [json.loads(line) for line in (tmp_path / f"g{g}.jsonl").read_text().splitlines()]
+            for g in (1, 2)}
+    strip = {g: [{k: v for k, v in r.items() if k != "timing"} for r in rows[g]] for g in rows}
+    assert strip[2] == strip[1], "groups=2 rows differ from groups=1"
+    assert [r["id"] for r in rows[2]][:2] == ["lvbfix000_0", "garbage_0"]
+    assert sum(r["error"] is None for r in rows[2]) >= 3, rows[2]
+    # one group of 2 ranks: both call the engine for every sample; two groups of 1 rank:
+    # each calls it only for its own samples, and both have some
+    every = reports[0][1][3]
+    assert [r[1] for r in reports] == [(0, 0, 2, every), (0, 1, 2, every)]
+    assert [r[2][:3] for r in reports] == [(0, 0, 1), (1, 0, 1)]
+    calls = [r[2][3] for r in reports]
+    assert min(calls) >= 1 and sum(calls) == every, calls
+    assert "2 groups of 1 rank(s)" in reports[0]["progress"]
+    settings = json.loads((tmp_path / "g2_settings.json").read_text())["apbv_eval_settings"]
+    assert settings["groups"] == 2 and settings["world_size"] == 2
