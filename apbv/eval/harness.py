@@ -61,6 +61,7 @@ from apbv.eval.data import (
     load_samples,
     missing_videos,
 )
+from apbv.eval.forecast import predicted_seconds
 from apbv.eval.groups import deal, sample_cost
 from apbv.eval.parse import parse_choice
 from apbv.eval.prompts import family_prompt
@@ -315,6 +316,7 @@ def run_eval(
     log = ResultLog(Path(spec.out))
     lock = OutputLock(spec.out) if rank == 0 else None
     plan: _Plan | None = None
+    predicted: dict[str, float] | None = None
     try:
         payload: tuple[str, Any, Any, Any] = ("ok", None, None, None)
         if lock is not None:
@@ -324,6 +326,9 @@ def run_eval(
                 done = {r["id"] for r in plan.rows}
                 todo = [s for s in plan.samples if s.id not in done]
                 dealt = deal([sample_cost(s.video_path) for s in todo], spec.groups)
+                if progress is not None and todo:  # the ETA's weights (cost model)
+                    predicted = predicted_seconds([s for s in todo if s.id not in plan.missing],
+                                                  cfg, world // spec.groups, 2)  # letter, end
                 payload = ("ok", plan.samples, [[todo[i].id for i in d] for d in dealt],
                            plan.missing)
             except ValueError as exc:
@@ -337,7 +342,7 @@ def run_eval(
         order = {s.id: i for i, s in enumerate(samples)}
         rows = [r for r in plan.rows if r["id"] in order] if plan is not None else []
         tracker = Progress(progress if rank == 0 else None, len(samples), rows,
-                           spec.compare is not None)
+                           spec.compare is not None, predicted)
         if rank == 0 and progress is not None:
             if plan.note:
                 print(f"[apbv eval] {plan.note}", file=progress, flush=True)
@@ -350,6 +355,10 @@ def run_eval(
             print(f"[apbv eval] {spec.task}, mode {spec.mode} on {ranks}: "
                   f"{len(samples)} samples{shard}, {len(rows)} already in {spec.out}, "
                   f"{remaining} to run{extra}", file=progress, flush=True)
+            if predicted:
+                print(f"[apbv eval] the cost model's ETA weights for {len(predicted)} "
+                      f"sample(s) (scaled by the measured time as samples finish)",
+                      file=progress, flush=True)
         engine = None
         for turn in range(max(len(d) for d in dealt)):
             row = None
@@ -369,6 +378,7 @@ def run_eval(
                     rows.append(done_row)
                     plan.rows.append(done_row)
                 tracker.update(done_row)
+        tracker.close()
         if rank != 0:
             return None
         if plan.retried or spec.groups > 1:  # rows written out of order: put them in order

@@ -66,3 +66,38 @@ def test_two_groups_write_the_rows_of_one(tiny_config: RuntimeConfig, lvb: Path,
     assert "2 groups of 1 rank(s)" in reports[0]["progress"]
     settings = json.loads((tmp_path / "g2_settings.json").read_text())["apbv_eval_settings"]
     assert settings["groups"] == 2 and settings["world_size"] == 2
+
+
+def _batch_job(info: DistInfo, cfg: RuntimeConfig, requests: str, out: str) -> None:
+    from apbv.cli.batch_run import read_requests, run_batch
+
+    for groups in (1, 2):
+        _, group = rank_groups(info, groups)
+        run_batch(cfg, info, Engine(cfg, group), read_requests(requests),
+                  Path(out) / f"b{groups}.jsonl", (str(Path(requests).parent),),
+                  progress=io.StringIO(), groups=groups)
+
+
+def test_batch_with_two_groups_writes_the_rows_of_one(tiny_config: RuntimeConfig, lvb: Path,  # noqa: F811
+                                                      tmp_path: Path) -> None:
+    cfg = dataclasses.replace(
+        tiny_config, attention=dataclasses.replace(tiny_config.attention, mode="exact"),
+        video=dataclasses.replace(tiny_config.video, min_pixels=PIXELS, max_pixels=PIXELS))
+    videos = sorted((lvb / "videos").glob("lvbfix*.mp4")) + [lvb / "videos" / "gone.mp4"]
+    lines = [json.dumps({"custom_id": f"r{i}", "body": {"max_tokens": 3, "messages": [
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": v.as_uri()}},
+                                     {"type": "text", "text": f"What is shown? ({i})"}]}]}})
+             for i, v in enumerate(videos)]
+    requests = lvb / "requests.jsonl"
+    requests.write_text("\n".join(lines) + "\n")
+    spawn_local(_batch_job, 2, (cfg, str(requests), str(tmp_path)), timeout_s=400,
+                collective_timeout_s=120)
+
+    def rows(name: str) -> list[tuple]:
+        return [(r["custom_id"], r["response"]["status_code"],
+                 r["response"]["body"].get("choices"))
+                for r in map(json.loads, (tmp_path / name).read_text().splitlines())]
+
+    assert rows("b2.jsonl") == rows("b1.jsonl")
+    assert len(videos) == 3  # two videos of the fixture and a missing one
+    assert [r[:2] for r in rows("b2.jsonl")] == [("r0", 200), ("r1", 200), ("r2", 404)]
