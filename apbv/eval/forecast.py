@@ -45,10 +45,13 @@ class GroupForecast:
     sample_s: float
     """Mean predicted seconds of one sample on ``ranks`` ranks."""
     samples: int
+    why_not: str | None = None
+    """Why this split cannot run the set (a video with fewer temporal patches than ranks);
+    its times are then infinite."""
 
     @property
     def samples_per_hour(self) -> float:
-        return 3600.0 * self.samples / self.wall_s if self.wall_s > 0 else float("inf")
+        return 3600.0 * self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
 
 def sample_work(samples: Sequence[Sample], dims: Any, video: dict[str, Any], *,
@@ -98,7 +101,11 @@ def forecast(work: Sequence[SampleWork], dims: Any, hw: Any, *, world_size: int,
     out = []
     for g in groups or divisors(world_size):
         ranks = world_size // g
-        seconds = [predict_one(w, dims, hw, ranks, mode, answer_tokens) for w in work]
+        try:
+            seconds = [predict_one(w, dims, hw, ranks, mode, answer_tokens) for w in work]
+        except ValueError as exc:  # a sample this H cannot split
+            out.append(GroupForecast(g, ranks, float("inf"), float("inf"), len(work), str(exc)))
+            continue
         dealt = deal(seconds, g)
         rounds = max((len(d) for d in dealt), default=0)
         wall = sum(max(seconds[d[r]] for d in dealt if r < len(d)) for r in range(rounds))
@@ -108,8 +115,12 @@ def forecast(work: Sequence[SampleWork], dims: Any, hw: Any, *, world_size: int,
 
 
 def recommend(forecasts: Sequence[GroupForecast]) -> GroupForecast:
-    """The split with the least wall time (ties: fewer groups)."""
-    return min(forecasts, key=lambda f: (round(f.wall_s, 6), f.groups))
+    """The split with the least wall time (ties: fewer groups); ValueError when none can
+    run."""
+    possible = [f for f in forecasts if f.why_not is None]
+    if not possible:
+        raise ValueError(f"no split can run these samples: {forecasts[0].why_not}")
+    return min(possible, key=lambda f: (round(f.wall_s, 6), f.groups))
 
 
 def forecast_lines(forecasts: Sequence[GroupForecast], hw_name: str) -> list[str]:
@@ -117,6 +128,9 @@ def forecast_lines(forecasts: Sequence[GroupForecast], hw_name: str) -> list[str
     best = recommend(forecasts)
     lines = [f"{'G':>3} {'H':>3} {'s/sample':>9} {'wall':>10} {'samples/h':>10}"]
     for f in forecasts:
+        if f.why_not is not None:
+            lines.append(f"{f.groups:>3} {f.ranks:>3}  cannot run: {f.why_not}")
+            continue
         mark = "  <- recommended" if f is best else ""
         lines.append(f"{f.groups:>3} {f.ranks:>3} {f.sample_s:>9.3f} {_hms(f.wall_s):>10} "
                      f"{f.samples_per_hour:>10.1f}{mark}")

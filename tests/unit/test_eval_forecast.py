@@ -44,6 +44,10 @@ def test_forecast_is_the_rounds_slowest_samples(lvb: Path) -> None:
         assert f.sample_s == pytest.approx(sum(seconds) / 6, rel=1e-12)
     best = recommend(forecasts)
     assert best.wall_s == min(f.wall_s for f in forecasts)
+    # 32 frames are 16 temporal patches: one group of 32 ranks cannot split them
+    wide = forecast(work, dims, hw, world_size=32, mode="spava", answer_tokens=2, groups=[1, 2])
+    assert "16 temporal patches" in (wide[0].why_not or "") and wide[0].wall_s == float("inf")
+    assert wide[1].why_not is None and recommend(wide) is wide[1]
 
 
 def test_plan_eval_prints_every_split_and_the_recommendation(
