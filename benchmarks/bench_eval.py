@@ -11,18 +11,19 @@ The data is ``make-eval-fixtures``' LongVideoBench set (``--count`` questions). 
 groups of 1 rank (2, 1), warm each up with one sample, then run the whole set in each split
 ``--repeats`` times, taking turns (so drift on a shared machine hits both alike); a split's
 wall time is its best run of :func:`apbv.eval.harness.run_eval` (the model load is not
-counted, nor is it in the prediction). The prediction is :func:`apbv.eval.forecast.forecast`
-on the ``cpu`` hardware with the checkpoint's sizes; the GPU tables are the same forecast for
-Qwen2.5-VL-7B on ``h200`` at ``--gpu-frames`` frames per video (default 2 fps; default pixel
-limits). The
-machine's load average is printed with the results: on a shared machine the measured ratio
-moves with it.
+counted, nor is it in the prediction). Beside them: the engine's own TTFT per sample (the
+rows' ``timing``) and the cost model's, to tell the engine's time from the harness's. The
+prediction is :func:`apbv.eval.forecast.forecast` on the ``cpu`` hardware with the
+checkpoint's sizes; the GPU tables are the same forecast for Qwen2.5-VL-7B on ``h200`` at
+``--gpu-frames`` frames per video (default 2 fps; default pixel limits). The machine's load
+average is printed with the results: on a shared machine the measured ratio moves with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import platform
 import sys
@@ -101,9 +102,19 @@ def main() -> int:
             work, dims, cost.hardware("cpu"), world_size=2, mode=cfg.attention.mode,
             answer_tokens=args.max_new_tokens, groups=SPLITS)}
         (root / "out").mkdir()
+        ttft = {g: [] for g in SPLITS}
         times = spawn_local(_job, 2, (cfg, str(data), str(root / "out"), args.repeats,
                                       args.max_new_tokens),
                             timeout_s=3000, collective_timeout_s=600)[0]
+        for g in SPLITS:  # the engine's own TTFT of each sample (rank 0's row), every run
+            for path in (root / "out").glob(f"g{g}_r[0-9]*.jsonl"):
+                ttft[g] += [json.loads(line)["timing"]["ttft_s"]
+                            for line in path.read_text().splitlines()]
+        from apbv.eval.forecast import predict_one
+
+        cpu = cost.hardware("cpu")
+        ttft_predicted = {g: sum(predict_one(w, dims, cpu, 2 // g, cfg.attention.mode, 1)
+                                 for w in work) / len(work) for g in SPLITS}
         gpu_dims = cost.preset_dims("qwen2.5-vl-7b")
         gpu_video = {} if args.gpu_frames is None else {"nframes": args.gpu_frames}
         gpu_work = sample_work(samples, gpu_dims, gpu_video)
@@ -118,7 +129,8 @@ def main() -> int:
         p = predicted[g]
         rows.append((g, 2 // g, f"{best[g]:.2f}", " / ".join(f"{t:.2f}" for t in times[g]),
                      f"{3600 * n / best[g]:.0f}", f"{p.wall_s:.2f}",
-                     f"{p.samples_per_hour:.0f}", f"{p.wall_s / best[g]:.2f}"))
+                     f"{p.samples_per_hour:.0f}", f"{p.wall_s / best[g]:.2f}",
+                     f"{sum(ttft[g]) / len(ttft[g]):.3f}", f"{ttft_predicted[g]:.3f}"))
     lines = [f"# apbv eval: rank groups on 2 CPU ranks ({n} LongVideoBench fixture questions)",
              "",
              f"`python benchmarks/bench_eval.py --count {args.count} --repeats {args.repeats}` "
@@ -129,7 +141,8 @@ def main() -> int:
              f"{'/'.join(f'{x:.1f}' for x in load_after)} after the run.", "",
              *_table(rows, ("G", "H", "wall s (best)", "runs s", "samples/h",
                             "predicted wall s", "predicted samples/h",
-                            "predicted / measured")),
+                            "predicted / measured", "engine TTFT s (mean)",
+                            "predicted TTFT s")),
              "",
              f"samples per hour, (2, 1) over (1, 2): measured "
              f"{best[1] / best[2]:.2f}x, predicted "
