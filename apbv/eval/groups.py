@@ -5,8 +5,9 @@ With ``--groups G`` the world of H*G ranks runs as G sequence-parallel groups of
 round (one sample per group) the groups' rows meet on rank 0, which writes them. A round lasts
 as long as its slowest sample, so :func:`deal` sorts the samples by cost, longest first, and
 gives each round G samples of similar cost; within a round the costliest goes to the group
-with the least work so far. The cost of a sample is its video file's size
-(:func:`sample_cost`: a stat, no decoding), a stand-in for its tokens.
+with the least work so far. The cost of a sample is the cost model's predicted seconds
+(:func:`apbv.eval.forecast.predicted_seconds`: the video's headers, no decoding), or where the
+cost model cannot read the checkpoint its video file's size (:func:`sample_cost`: a stat).
 """
 
 from __future__ import annotations

@@ -325,10 +325,12 @@ def run_eval(
                 plan = _plan(spec, cfg, log, world)
                 done = {r["id"] for r in plan.rows}
                 todo = [s for s in plan.samples if s.id not in done]
-                dealt = deal([sample_cost(s.video_path) for s in todo], spec.groups)
-                if progress is not None and todo:  # the ETA's weights (cost model)
+                if todo and (progress is not None or spec.groups > 1):  # the cost model's
                     predicted = predicted_seconds([s for s in todo if s.id not in plan.missing],
                                                   cfg, world // spec.groups, 2)  # letter, end
+                costs = ([predicted.get(s.id, 0.0) for s in todo] if predicted else
+                         [sample_cost(s.video_path) for s in todo])
+                dealt = deal(costs, spec.groups)
                 payload = ("ok", plan.samples, [[todo[i].id for i in d] for d in dealt],
                            plan.missing)
             except ValueError as exc:
