@@ -41,6 +41,15 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str) -> dict:
         run_eval(spec, cfg, lambda e=engine: e, progress=stream)
         report[groups] = (index, group.rank, group.world_size, engine.calls)
     report["progress"] = stream.getvalue()
+    # resume: the finished output runs only its failed rows again; another G is refused
+    again = EvalSpec("longvideobench", data, f"{out}/g2.jsonl", mode="exact",
+                     max_new_tokens=4, skip_missing=True, groups=2)
+    run_eval(again, cfg, lambda e=engine: e, progress=stream)
+    try:
+        run_eval(dataclasses.replace(again, out=f"{out}/g1.jsonl"), cfg, lambda e=engine: e)
+    except ValueError as exc:
+        report["refused"] = str(exc)
+    report["resumed"] = stream.getvalue()[len(report["progress"]):]
     return report
 
 
@@ -64,6 +73,12 @@ def test_two_groups_write_the_rows_of_one(tiny_config: RuntimeConfig, lvb: Path,
     calls = [r[2][3] for r in reports]
     assert min(calls) >= 1 and sum(calls) == every, calls
     assert "2 groups of 1 rank(s)" in reports[0]["progress"]
+    after = [{k: v for k, v in json.loads(line).items() if k != "timing"}
+             for line in (tmp_path / "g2.jsonl").read_text().splitlines()]
+    assert after == strip[1], "the resumed groups=2 output differs"
+    failed = sum(r["error"] is not None for r in rows[2])
+    assert f"{failed} failed before and run again" in reports[0]["resumed"], reports[0]
+    assert "groups stored null, now 2" in reports[0]["refused"], reports[0]["refused"]
     settings = json.loads((tmp_path / "g2_settings.json").read_text())["apbv_eval_settings"]
     assert settings["groups"] == 2 and settings["world_size"] == 2
 
