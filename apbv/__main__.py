@@ -9,6 +9,8 @@
     python -m apbv attention-demo                        # the attention op alone vs exact
     torchrun --nproc_per_node 8 -m apbv eval --bench longvideobench --data /data/LongVideoBench \
         --model /ckpt/Qwen2.5-VL-7B-Instruct --mode spava [--limit N] [--compare exact]
+        [--groups G] [--shard K/N]
+    python -m apbv eval merge --out merged.jsonl shard1.jsonl shard2.jsonl
     python -m apbv make-eval-fixtures --bench vnbench --out .cache/vnbench-fixture
     python -m apbv serve --world-size 2 --media-root ~/videos    # OpenAI-style HTTP server
     torchrun --nproc_per_node 2 -m apbv watch --config tiny_cpu --source rtsp://cam/live \
@@ -49,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in COMMANDS:
         importlib.import_module(f"apbv.cli.{name}").register(sub)
 
-    args = parser.parse_args(argv)
+    given = list(argv if argv is not None else sys.argv[1:])
+    if given[:2] == ["eval", "merge"]:  # apbv eval merge: the eval-merge subcommand
+        given = ["eval-merge", *given[2:]]
+    args = parser.parse_args(given)
     args.argv = list(argv if argv is not None else sys.argv[1:])  # recorded by train-tiny
     return run_reporting_errors(args.run, args)
 

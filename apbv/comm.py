@@ -133,22 +133,23 @@ def all_to_all_rows(
 
 
 def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Rank ``src``'s tensor on every rank; the others pass a tensor of the same shape and dtype
-    (its values are overwritten; returned for chaining)."""
+    """Rank ``src``'s (of ``group``) tensor on every rank; the others pass a tensor of the same
+    shape and dtype (its values are overwritten; returned for chaining)."""
     if not is_distributed():
         return x
     x = x.contiguous()
-    work = dist.broadcast(x, src=src, group=group, async_op=True)
+    work = dist.broadcast(x, group_src=src, group=group, async_op=True)
     _wait(work, group)
     return x
 
 
 def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
-    """A picklable object from rank ``src`` on every rank (small control data only)."""
+    """A picklable object from rank ``src`` (of ``group``) on every rank (small control data
+    only)."""
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group, device=_scalar_device(group))
+    dist.broadcast_object_list(box, group_src=src, group=group, device=_scalar_device(group))
     return box[0]
 
 
@@ -273,3 +274,18 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
                 f"({now - start:.0f} s so far; parallel.startup_timeout_s = {timeout_s:g} s)")
             next_report = now + report_every_s
         time.sleep(poll_s)
+
+
+def new_groups(ranks: list[list[int]]) -> dist.ProcessGroup | None:
+    """Make one process group per list of (global) ranks, on every rank alike and in the same
+    order (torch requires it); returns the group holding this rank (None without a process
+    group, or when this rank is in none)."""
+    if not is_distributed():
+        return None
+    mine = None
+    me = dist.get_rank()
+    for members in ranks:
+        group = dist.new_group(members, timeout=_timeout)
+        if me in members:
+            mine = group
+    return mine

@@ -305,3 +305,30 @@ def spawn_local(
     if errors:
         raise RankFailure(errors, tracebacks)
     return [outputs[r] for r in range(world_size)]
+
+
+def group_ranks(world_size: int, groups: int) -> list[list[int]]:
+    """The global ranks of each of ``groups`` rank groups: consecutive blocks of
+    world_size/groups ranks (group g holds ranks g*H .. g*H+H-1). Raises ValueError unless
+    ``groups`` divides the world."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+    if world_size % groups:
+        raise ValueError(f"groups={groups} does not divide the world of {world_size} rank(s); "
+                         f"pick a divisor of {world_size}")
+    size = world_size // groups
+    return [list(range(g * size, (g + 1) * size)) for g in range(groups)]
+
+
+def rank_groups(info: DistInfo, groups: int) -> tuple[int, DistInfo]:
+    """Split the world of ``info`` into ``groups`` sequence-parallel groups
+    (:func:`group_ranks`); call on every rank alike. Returns this rank's group index and its
+    :class:`DistInfo` within the group (rank and world size of the group, ``group`` its
+    process group; rank 0 of the group is its query rank). One group: ``info`` itself."""
+    blocks = group_ranks(info.world_size, groups)
+    if groups == 1:
+        return 0, info
+    mine = comm.new_groups(blocks)
+    index = info.rank // len(blocks[0])
+    return index, DistInfo(info.rank - blocks[index][0], len(blocks[0]), info.local_rank,
+                           info.device, info.backend, mine)

@@ -103,3 +103,29 @@ def test_a_bad_line_is_refused_before_the_model_loads(tmp_path: Path):
     path.write_text("not json\n")
     with pytest.raises(ValueError, match="line 1 is not JSON"):
         read_requests(path)
+
+
+def test_a_failed_row_exits_0_and_is_counted_unless_fail_on_error(tiny_model_dir: Path,
+                                                                   requests_file: Path,
+                                                                   tmp_path: Path):
+    """Every row written, one of them failed: exit 0 with the count in the last line;
+    ``--fail-on-error`` (here resuming, so the failed row runs again) exits 1."""
+    lines = requests_file.read_text().splitlines()[:1]
+    gone = json.loads(lines[0])
+    gone["custom_id"] = "gone"
+    gone["body"]["messages"][0]["content"][0]["video_url"]["url"] = \
+        (requests_file.parent / "gone.mp4").as_uri()
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join([*lines, json.dumps(gone)]) + "\n")
+    out = tmp_path / "out.jsonl"
+    err = _finish(_batch(tiny_model_dir, requests, out, "--media-root",
+                         str(requests_file.parent)))
+    assert err.strip().splitlines()[-1] == f"batch: done: 2 rows in {out}, 1 failed", err[-2000:]
+    codes = {r["custom_id"]: r["response"]["status_code"]
+             for r in map(json.loads, out.read_text().splitlines())}
+    assert codes == {"req-0": 200, "gone": 404}, codes
+    strict = _batch(tiny_model_dir, requests, out, "--media-root", str(requests_file.parent),
+                    "--fail-on-error")
+    _, err = strict.communicate(timeout=240)
+    assert strict.returncode == 1, err[-3000:]
+    assert "1 done before, 1 to run" in err and err.strip().endswith("1 failed"), err[-2000:]

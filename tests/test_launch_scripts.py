@@ -152,3 +152,20 @@ def test_slurm_jobs_get_expandable_segments_unless_set(fake_cluster, tmp_path, u
     for sbatch in ROOT.glob("slurm/*.sbatch"):
         first_run = sbatch.read_text().index("\nrun ")
         assert "/slurm/common.sh\"" in sbatch.read_text()[:first_run], sbatch.name
+
+
+def test_eval_array_runs_its_shard_into_its_own_output(fake_cluster, tmp_path):
+    env, venv = fake_cluster
+    env = dict(env, SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_TASK_MIN="0",
+               SLURM_ARRAY_TASK_COUNT="8", SLURM_NNODES="1", OUT="results/lvb", EVAL_GROUPS="4")
+    [cmd] = _dry_run("slurm/eval_array.sbatch", env, "--bench", "longvideobench", cwd=tmp_path)
+    assert cmd[:2] == ["srun", str(venv / "bin" / "torchrun")], cmd
+    assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 3] == ["apbv", "eval"]
+    assert cmd[cmd.index("--shard") + 1] == "3/8"
+    assert cmd[cmd.index("--groups") + 1] == "4"
+    assert cmd[cmd.index("--out") + 1] == "results/lvb.shard3of8.jsonl"
+    assert cmd[-2:] == ["--bench", "longvideobench"]
+    env.pop("OUT")
+    out = subprocess.run(["bash", str(ROOT / "slurm/eval_array.sbatch")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "set OUT" in out.stderr, out

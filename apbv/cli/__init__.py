@@ -6,7 +6,8 @@ their default, and ``run(args) -> int`` (the exit status). Registering imports n
 """
 
 COMMANDS = (
-    "generate", "demo", "plan", "tools", "eval", "attention_demo", "watch", "batch", "serve",
+    "generate", "demo", "plan", "tools", "eval", "eval_merge", "attention_demo", "watch",
+    "batch", "serve",
 )
 """The modules of :mod:`apbv.cli` that register subcommands, in help order (``tools``: the
 make-* tools and train-tiny; ``eval`` also registers make-eval-fixtures)."""

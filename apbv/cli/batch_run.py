@@ -20,7 +20,10 @@ the request's own answer and stays; ``--no-retry-failed`` keeps every row), and
 refuses when the settings stored beside it (``OUT_settings.json``: the model, the attention and
 video settings, the limits) differ from this run's. A sampled request without a ``seed`` gets
 one from its ``custom_id``, so every rank and every resumed run draws the same answer.
-Progress goes to stderr.
+Progress goes to stderr; the last line counts the rows written and the failed ones. The exit
+status is 0 once every row is written, failed rows included (a failed request is an answer,
+not a failed run), 1 with ``--fail-on-error`` when a row failed, and non-zero when the run
+itself failed (bad input, refused settings, a rank lost).
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ def seeded(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def batch_settings(cfg: Any, limits: Any, world_size: int) -> dict[str, Any]:
-    """What decides a row's answer, stored beside the output and checked on resume."""
+def batch_settings(cfg: Any, limits: Any, world_size: int, groups: int = 1) -> dict[str, Any]:
+    """What decides a row's answer, stored beside the output and checked on resume
+    (``groups`` only when > 1, so outputs of earlier runs still resume)."""
     from apbv.eval.settings import file_digest
 
     model = Path(cfg.model.path).resolve()
-    return json.loads(json.dumps({
+    extra = {"groups": groups} if groups != 1 else {}
+    return json.loads(json.dumps({**extra,
         "model.path": str(model), "model.config_sha256": file_digest(model / "config.json"),
         "model.dtype": cfg.model.dtype, "attention": asdict(cfg.attention),
         "video": asdict(cfg.video), "generate.max_new_tokens": cfg.generate.max_new_tokens,
@@ -81,9 +86,12 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
 
 def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], out: Path,
               media_roots: tuple[str, ...], *, retry_failed: bool = True,
-              progress: TextIO = sys.stderr, limits: Any = None) -> int:
+              progress: TextIO = sys.stderr, limits: Any = None, groups: int = 1) -> int:
     """Answer ``requests`` (:func:`read_requests`) into ``out`` with ``engine`` (every rank
-    calls it alike; rank 0 writes); returns the number of failed rows in ``out``."""
+    of a group calls it alike; rank 0 writes); returns the number of failed rows in ``out``.
+    ``groups`` > 1: ``info`` is the world's rank, ``engine`` runs on this rank's group
+    (:func:`apbv.distributed.rank_groups`); the requests are dealt to the groups in turn and
+    each round's rows meet on rank 0 (the file is put back in input order at the end)."""
     from apbv.eval.store import OutputLock, ResultLog
     from apbv.serve.download import MediaStore
     from apbv.serve.policy import Limits, MediaPolicy
@@ -96,7 +104,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
     try:
         done: dict[str, dict] = {}
         if writer:
-            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size))
+            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size,
+                                                               groups))
             rows, note = log.read_rows("custom_id", what="custom_ids")
             if note:
                 print(f"batch: {note}", file=progress)
@@ -106,27 +115,43 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             done = {r["custom_id"]: r for r in kept}
         done = _agree(set(done), info)
         todo = [item for item in requests if item["custom_id"] not in done]
+        from apbv.distributed import group_ranks
+        from apbv.eval.groups import deal
+
+        size = len(group_ranks(info.world_size, groups)[0])
+        mine = [todo[i] for i in deal([1.0] * len(todo), groups)[info.rank // size]]
+        rounds = -(-len(todo) // groups)
         if writer:
             print(f"batch: {len(requests)} requests, {len(requests) - len(todo)} done before, "
                   f"{len(todo)} to run", file=progress)
         with tempfile.TemporaryDirectory(prefix="apbv-batch-media-") as media:
             policy = MediaPolicy(media_roots, store=MediaStore(media, 0))
             started = time.monotonic()
-            for n, item in enumerate(todo, 1):
+            ranks = info if groups == 1 else engine.info  # the ranks answering one request
+            n = 0
+            for turn in range(rounds):
+                if turn >= len(mine):  # this group is done: the others' last round
+                    finished = _gather(None, info, groups, size)
+                    n = _write(finished, log, writer, n, len(todo), started, progress)
+                    continue
+                item = mine[turn]
                 cid = item["custom_id"]
-                status, body = _answer(item, cfg, info, engine, limits, policy)
-                if writer:
-                    log.append({"id": f"batch_req_{_digest(cid)}", "custom_id": cid,
-                                "response": {"status_code": status,
-                                             "request_id": _completion_id(cid), "body": body},
-                                "error": None})
-                    print(f"batch: {n}/{len(todo)} {cid[:60]} {status} "
-                          f"({time.monotonic() - started:.1f} s)", file=progress, flush=True)
+                status, body = _answer(item, cfg, ranks, engine, limits, policy)
+                row = {"id": f"batch_req_{_digest(cid)}", "custom_id": cid,
+                       "response": {"status_code": status, "request_id": _completion_id(cid),
+                                    "body": body}, "error": None}
+                finished = _gather(row, info, groups, size)
+                n = _write(finished, log, writer, n, len(todo), started, progress)
         failed = 0
         if writer:
             rows, _ = log.read_rows("custom_id", what="custom_ids")
+            if groups > 1:  # rows of a round arrive group by group: put them in input order
+                at = {item["custom_id"]: i for i, item in enumerate(requests)}
+                rows.sort(key=lambda r: at.get(r["custom_id"], len(at)))
+                log.rewrite(rows)
             failed = sum(not _ok(r) for r in rows)
-            print(f"batch: {len(rows)} rows in {out}, {failed} failed", file=progress)
+            print(f"batch: done: {len(rows)} rows in {out}, {failed} failed", file=progress,
+                  flush=True)
         return failed
     finally:
         log.close()
@@ -134,13 +159,14 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             lock.release()
 
 
-def _answer(item: dict[str, Any], cfg: Any, info: Any, engine: Any, limits: Any,
+def _answer(item: dict[str, Any], cfg: Any, ranks: Any, engine: Any, limits: Any,
             policy: Any) -> tuple[int, dict[str, Any]]:
     """(status, body) of one request line, as the server would answer its body: a body the
     strict reader refused, a refused field, a failed request each become an error row (400,
     or 500 for a failure that is not the request's fault) and the run goes on. Every rank
     reaches the same outcome: the line's checks end in an agreement (one rank's refusal is
-    every rank's), and the engine agrees on its own failures."""
+    every rank's among ``ranks``, the engine's group), and the engine agrees on its own
+    failures."""
     from apbv.serve import api, responses
     from apbv.serve.download import discard
     from apbv.serve.http_guard import error_body
@@ -148,7 +174,7 @@ def _answer(item: dict[str, Any], cfg: Any, info: Any, engine: Any, limits: Any,
 
     cid, call = item["custom_id"], None
     try:
-        with _agreement(info):
+        with _agreement(ranks):
             if item["refused"] is not None:
                 raise item["refused"]
             call = api.parse_chat(seeded(cid, item["body"]), cfg, limits, policy,
@@ -174,6 +200,30 @@ def _agreement(info: Any) -> Any:
     from apbv.engine.agree import agreement
 
     return agreement(info.group)
+
+
+def _gather(row: dict[str, Any] | None, info: Any, groups: int,
+            size: int) -> list[dict[str, Any]]:
+    """The rows this round's groups finished (each from its group's first rank)."""
+    if groups == 1:
+        return [row] if row is not None else []
+    from apbv import comm
+
+    sent = row if info.rank % size == 0 else None
+    return [r for r in comm.all_gather_object(sent) if r is not None]
+
+
+def _write(rows: list[dict[str, Any]], log: Any, writer: bool, n: int, total: int,
+           started: float, progress: TextIO) -> int:
+    """Append ``rows`` on the writing rank, one progress line each; returns the count so far."""
+    for row in rows:
+        n += 1
+        if writer:
+            log.append(row)
+            print(f"batch: {n}/{total} {row['custom_id'][:60]} "
+                  f"{row['response']['status_code']} ({time.monotonic() - started:.1f} s)",
+                  file=progress, flush=True)
+    return n
 
 
 def api_model(body: dict[str, Any], cfg: Any) -> str:
@@ -214,13 +264,14 @@ def _agree(done: set[str], info: Any) -> set[str]:
 
 def main(args: Any, cfg: Any) -> int:
     """``apbv batch``: the command line's entry (``args``: -i, -o, --media-root,
-    --no-retry-failed)."""
+    --no-retry-failed, --fail-on-error); the exit status (0 with failed rows unless
+    ``--fail-on-error``)."""
     from apbv import import_extra
 
     for module, package in (("pydantic", "fastapi"), ("uvicorn", "uvicorn")):
         import_extra(module, package=package, extra="serve",
                      purpose="apbv batch (it reads each body as the server does)")
-    from apbv.distributed import destroy_distributed, init_distributed
+    from apbv.distributed import destroy_distributed, init_distributed, rank_groups
     from apbv.engine.engine import Engine
 
     if not cfg.model.path:
@@ -233,11 +284,14 @@ def main(args: Any, cfg: Any) -> int:
     info = init_distributed(backend=backend, timeout_s=cfg.parallel.timeout_s,
                             startup_timeout_s=cfg.parallel.startup_timeout_s)
     out, limits = Path(args.output), Limits()
+    groups = getattr(args, "groups", 1)
     try:
+        _, group = rank_groups(info, groups)  # a G that does not divide the world: here
         if info.rank == 0:  # refused settings: before the model loads
-            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size))
-        failed = run_batch(cfg, info, Engine(cfg, info), requests, out, roots,
-                           retry_failed=args.retry_failed, limits=limits)
+            _check_settings(settings_path(out), batch_settings(cfg, limits, info.world_size,
+                                                               groups))
+        failed = run_batch(cfg, info, Engine(cfg, group), requests, out, roots,
+                           retry_failed=args.retry_failed, limits=limits, groups=groups)
     finally:
         destroy_distributed()
-    return 1 if failed else 0
+    return 1 if failed and getattr(args, "fail_on_error", False) else 0

@@ -34,6 +34,16 @@ def register(sub: Any) -> None:
     ev.add_argument("--skip-missing", action="store_true",
                     help="start even if video files are missing: record their samples as "
                          "failed (default: refuse, listing the missing files)")
+    ev.add_argument("--groups", type=int, default=1, metavar="G",
+                    help="run the world as G sequence-parallel groups of world/G ranks, each "
+                         "answering its share of the samples (default: 1)")
+    ev.add_argument("--shard", metavar="K/N",
+                    help="run only part K of N of the samples (default: from "
+                         "SLURM_ARRAY_TASK_ID/_COUNT in a job array, else all); join the "
+                         "parts with apbv eval merge")
+    ev.add_argument("--fail-on-error", action="store_true",
+                    help="exit 1 when a sample failed (default: exit 0 once every row is "
+                         "written, failed ones included)")
     ev.set_defaults(run=run)
 
     fixtures = sub.add_parser("make-eval-fixtures",
@@ -47,9 +57,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from apbv.distributed import rank_groups
     from apbv.engine.engine import Engine
     from apbv.eval.data import parse_where
     from apbv.eval.harness import EvalSpec, run_eval, summary
+    from apbv.eval.shards import parse_shard
     from apbv.model.checkpoint import read_config
 
     cfg = config_from_args(args)
@@ -60,13 +72,17 @@ def run(args: argparse.Namespace) -> int:
                     annotation=args.annotation, limit=args.limit, where=parse_where(args.where),
                     compare=args.compare, max_new_tokens=args.max_new_tokens,
                     retry_failed=args.retry_failed, skip_missing=args.skip_missing,
-                    model_type=read_config(cfg.model.path).get("model_type"))
+                    model_type=read_config(cfg.model.path).get("model_type"),
+                    groups=args.groups, shard=parse_shard(args.shard))
+    failed = 0
     with distributed(cfg) as info:
-        results = run_eval(spec, cfg, lambda: Engine(cfg, info), progress=sys.stderr)
+        _, group = rank_groups(info, spec.groups)  # a G that does not divide the world: here
+        results = run_eval(spec, cfg, lambda: Engine(cfg, group), progress=sys.stderr)
         if results is not None:
+            failed = results["apbv"]["scores"]["errors"]
             print(summary(results))
             print(f"results: {spec.results_path}  samples: {spec.out}")
-    return 0
+    return 1 if failed and args.fail_on_error else 0
 
 
 def run_fixtures(args: argparse.Namespace) -> int:

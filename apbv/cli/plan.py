@@ -48,7 +48,49 @@ def register(sub: Any) -> None:
     plan.add_argument("--dtype-bytes", type=int, default=None,
                       help="bytes per element (default: 2 for the memory estimate; the "
                            "hardware's for predictions, 2 on GPUs and 4 on CPU)")
+    ev = plan.add_argument_group("evaluation (--eval: the wall time of a benchmark per split "
+                                 "of --world-size into rank groups)")
+    ev.add_argument("--eval", action="store_true",
+                    help="predict apbv eval's wall time for every --groups G and recommend one")
+    ev.add_argument("--bench", choices=("longvideobench", "vnbench"))
+    ev.add_argument("--data", help="the benchmark's directory (its videos' headers are read)")
+    ev.add_argument("--annotation", help="annotation file in --data or a path")
+    ev.add_argument("--limit", type=int, help="only the first N samples")
+    ev.add_argument("--mode", default="spava", help="the mode of the run (default spava)")
+    ev.add_argument("--max-pixels", type=int, help="per-frame pixel cap (video.max_pixels)")
+    ev.add_argument("--min-pixels", type=int, help="per-frame pixel floor (video.min_pixels)")
     plan.set_defaults(run=run)
+
+
+def run_eval_plan(args: argparse.Namespace) -> int:
+    """``plan --eval``: the predicted wall time per G and the recommended G."""
+    from apbv import cost
+    from apbv.eval.data import load_samples
+    from apbv.eval.forecast import forecast, forecast_lines, sample_work
+    from apbv.modes import get_mode
+
+    if args.bench is None or args.data is None:
+        raise ValueError("plan --eval needs --bench and --data")
+    get_mode(args.mode)
+    if args.model is not None:
+        dims = cost.checkpoint_dims(args.model)
+    else:
+        dims = cost.preset_dims(args.preset or "qwen2.5-vl-7b")
+    hw = cost.hardware(args.hardware or "h200")
+    samples = load_samples(args.bench, args.data, args.annotation)[:args.limit]
+    video = {k: v for k, v in (("nframes", args.frames), ("max_pixels", args.max_pixels),
+                               ("min_pixels", args.min_pixels)) if v is not None}
+    work = sample_work(samples, dims, video)
+    forecasts = forecast(work, dims, hw, world_size=args.world_size, mode=args.mode,
+                         answer_tokens=args.answer_tokens)
+    frames = sorted(w.frames for w in work)
+    print(f"{args.bench}: {len(work)} samples, {frames[0]}-{frames[-1]} frames, context "
+          f"{min(w.context_len for w in work)}-{max(w.context_len for w in work)} tokens; "
+          f"mode {args.mode} on {args.world_size} ranks of {hw.name} "
+          f"({args.preset or args.model or 'qwen2.5-vl-7b'}; {args.answer_tokens}-token "
+          f"answers; model load not counted)")
+    print("\n".join(forecast_lines(forecasts, hw.name)))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from apbv.modes import get_mode
     from apbv.plan import make_plan
 
+    if args.eval:
+        return run_eval_plan(args)
     if args.video is not None:
         from apbv.cost.footage import footage_lines
 

@@ -311,3 +311,25 @@ def load_samples(
             raise ValueError(f"{path.name} has two entries with the sample id {s.id!r}")
         seen.add(s.id)
     return samples
+
+
+SHOWN_MISSING = 5
+"""How many missing video files the preflight names."""
+
+
+def missing_videos(samples: list[Sample], skip: bool) -> dict[str, str]:
+    """{sample id: error} of the samples whose video file is missing. Raises ValueError
+    counting them all and naming the first few files unless ``skip``."""
+    files = {s.video_path for s in samples if not os.path.isfile(s.video_path)}
+    if not files:
+        return {}
+    missing = {s.id: f"video file {s.video_path!r} does not exist"
+               for s in samples if s.video_path in files}
+    if not skip:
+        ordered = sorted(files)
+        shown = ", ".join(repr(f) for f in ordered[:SHOWN_MISSING])
+        more = f" and {len(files) - SHOWN_MISSING} more" if len(files) > SHOWN_MISSING else ""
+        raise ValueError(f"{len(files)} video file(s) of {len(missing)} sample(s) to run are "
+                         f"missing: {shown}{more}; check --data (and --annotation), or pass "
+                         f"--skip-missing to record those samples as failed and run the rest")
+    return missing

@@ -1,8 +1,10 @@
-"""The evaluation loop: every rank runs every sample together, rank 0 writes the results.
+"""The evaluation loop: the ranks run the samples together, rank 0 writes the results.
 
-Each sample is one engine call on every rank (sequence parallel: all ranks serve the same
-request), plus one more in exact mode with ``compare="exact"``; :func:`_call_engine` is the only
-place that calls the engine. Rank 0 alone writes, holding an exclusive lock on the output
+Each sample is one engine call on every rank of its group (sequence parallel: the group's ranks
+serve the same request), plus one more in exact mode with ``compare="exact"``; one group holds
+the whole world unless ``groups`` > 1 (:mod:`apbv.eval.groups`: the samples dealt to the groups,
+each round's rows gathered on rank 0). :func:`_call_engine` is the only place that calls the
+engine. Rank 0 alone writes, holding an exclusive lock on the output
 (:class:`apbv.eval.store.OutputLock`, ``OUT.jsonl.lock``) for the whole run:
 
     OUT.jsonl           one JSON line per finished sample, appended, flushed and fsynced as it
@@ -49,6 +51,7 @@ from typing import Any, TextIO
 
 from apbv import comm
 from apbv.config import AttentionConfig, RuntimeConfig
+from apbv.distributed import group_ranks
 from apbv.eval.data import (
     BENCHMARKS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -56,12 +59,16 @@ from apbv.eval.data import (
     Sample,
     annotation_path,
     load_samples,
+    missing_videos,
 )
+from apbv.eval.forecast import predicted_seconds
+from apbv.eval.groups import deal, sample_cost
 from apbv.eval.parse import parse_choice
 from apbv.eval.prompts import family_prompt
 from apbv.eval.report import Progress, summary
 from apbv.eval.score import Row, letters_agree, results_document
 from apbv.eval.settings import check_settings, read_settings, run_settings, write_settings
+from apbv.eval.shards import Shard, shard_settings
 from apbv.eval.store import OutputLock, ResultLog
 
 __all__ = ["EvalSpec", "OutputLock", "ResultLog", "run_eval", "run_sample", "summary"]
@@ -100,6 +107,11 @@ class EvalSpec:
     model_type: str | None = None
     """The checkpoint's ``model_type``: its family's lmms-eval system turn
     (:func:`apbv.eval.prompts.family_prompt`); None: the chat template's default turn."""
+    groups: int = 1
+    """Rank groups: the world runs as ``groups`` sequence-parallel groups of world/groups
+    ranks, each answering its share of the samples (:mod:`apbv.eval.groups`)."""
+    shard: Shard | None = None
+    """Run only this part of the selection (:mod:`apbv.eval.shards`); None: all of it."""
 
     def __post_init__(self) -> None:
         if self.model_type is not None:
@@ -121,6 +133,8 @@ class EvalSpec:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not self.out:
             raise ValueError("out must name the JSONL file to write")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
+            raise ValueError(f"groups must be an integer >= 1, got {self.groups!r}")
 
     @property
     def task(self) -> str:
@@ -209,28 +223,6 @@ def run_sample(engine: Any, sample: Sample, spec: EvalSpec) -> Row:
     return row
 
 
-SHOWN_MISSING = 5
-"""How many missing video files the preflight names."""
-
-
-def missing_videos(samples: list[Sample], skip: bool) -> dict[str, str]:
-    """{sample id: error} of the samples whose video file is missing. Raises ValueError
-    counting them all and naming the first few files unless ``skip``."""
-    files = {s.video_path for s in samples if not os.path.isfile(s.video_path)}
-    if not files:
-        return {}
-    missing = {s.id: f"video file {s.video_path!r} does not exist"
-               for s in samples if s.video_path in files}
-    if not skip:
-        ordered = sorted(files)
-        shown = ", ".join(repr(f) for f in ordered[:SHOWN_MISSING])
-        more = f" and {len(files) - SHOWN_MISSING} more" if len(files) > SHOWN_MISSING else ""
-        raise ValueError(f"{len(files)} video file(s) of {len(missing)} sample(s) to run are "
-                         f"missing: {shown}{more}; check --data (and --annotation), or pass "
-                         f"--skip-missing to record those samples as failed and run the rest")
-    return missing
-
-
 @dataclass
 class _Plan:
     """What rank 0 decided before any sample runs."""
@@ -256,6 +248,11 @@ def _plan(spec: EvalSpec, cfg: RuntimeConfig, log: ResultLog, world: int) -> _Pl
     settings = run_settings(spec, cfg, world_size=world,
                             annotation=annotation_path(spec.bench, spec.data_dir,
                                                        spec.annotation))
+    if spec.groups != 1:  # absent for one group, so outputs of earlier runs still resume
+        settings["groups"] = spec.groups
+    if spec.shard is not None:
+        samples = spec.shard.take(samples)
+        settings.update(shard_settings(spec.shard, spec.data_dir, spec.where, spec.limit))
     rows, note = log.read(spec.task, spec.mode, spec.compare is not None)
     if rows:
         check_settings(spec.out, read_settings(spec.out), settings, len(rows))
@@ -305,59 +302,91 @@ def run_eval(
 ) -> dict[str, Any] | None:
     """Run the samples of ``spec`` not yet in its JSONL file; call on every rank alike.
 
-    ``make_engine`` is called (on every rank) only if a sample remains to run on the engine, so
-    a finished run is only rescored. ``progress``: where rank 0 writes its progress lines (the
-    command line passes stderr; None: nowhere). Returns the results document on rank 0 (as
-    written to ``spec.results_path``) and None on the other ranks. Raises ValueError on every
+    ``make_engine`` is called (on every rank, before the first sample) only if a sample remains
+    to run on the engine in any group, so a finished run is only rescored. ``progress``: where
+    rank 0 writes its progress lines (the command line passes stderr; None: nowhere). Returns
+    the results document on rank 0 (as written to ``spec.results_path``) and None on the other
+    ranks. Raises ValueError on every
     rank for a bad benchmark directory or output file, other settings than the output's, an
     output locked by another run, or missing videos (without ``skip_missing``), before any
     sample runs and before the engine is made.
     """
     rank, world = comm.rank_and_size()
+    blocks = group_ranks(world, spec.groups)
+    index, group_rank = rank // len(blocks[0]), rank % len(blocks[0])
     log = ResultLog(Path(spec.out))
     lock = OutputLock(spec.out) if rank == 0 else None
     plan: _Plan | None = None
+    predicted: dict[str, float] | None = None
     try:
         payload: tuple[str, Any, Any, Any] = ("ok", None, None, None)
         if lock is not None:
             try:
                 lock.acquire()
                 plan = _plan(spec, cfg, log, world)
-                payload = ("ok", plan.samples, {r["id"] for r in plan.rows}, plan.missing)
+                done = {r["id"] for r in plan.rows}
+                todo = [s for s in plan.samples if s.id not in done]
+                if todo and (progress is not None or spec.groups > 1):  # the cost model's
+                    predicted = predicted_seconds([s for s in todo if s.id not in plan.missing],
+                                                  cfg, world // spec.groups, 2)  # letter, end
+                costs = ([predicted.get(s.id, 0.0) for s in todo] if predicted else
+                         [sample_cost(s.video_path) for s in todo])
+                dealt = deal(costs, spec.groups)
+                payload = ("ok", plan.samples, [[todo[i].id for i in d] for d in dealt],
+                           plan.missing)
             except ValueError as exc:
                 payload = ("error", str(exc), None, None)
-        status, samples, done, missing = comm.broadcast_object(payload)
+        status, samples, dealt, missing = comm.broadcast_object(payload)
         if status == "error":
             raise ValueError(samples)
-        remaining = [s for s in samples if s.id not in done]
+        by_id = {s.id: s for s in samples}
+        mine = [by_id[i] for i in dealt[index]]
+        remaining = sum(len(d) for d in dealt)
         order = {s.id: i for i, s in enumerate(samples)}
         rows = [r for r in plan.rows if r["id"] in order] if plan is not None else []
         tracker = Progress(progress if rank == 0 else None, len(samples), rows,
-                           spec.compare is not None)
+                           spec.compare is not None, predicted)
         if rank == 0 and progress is not None:
             if plan.note:
                 print(f"[apbv eval] {plan.note}", file=progress, flush=True)
             extra = f", {plan.retried} failed before and run again" if plan.retried else ""
             if missing:
                 extra += f", {len(missing)} with missing videos recorded as failed"
-            print(f"[apbv eval] {spec.task}, mode {spec.mode} on {world} rank(s): "
-                  f"{len(samples)} samples, {len(rows)} already in {spec.out}, "
-                  f"{len(remaining)} to run{extra}", file=progress, flush=True)
-        engine = None
-        for sample in remaining:
-            if sample.id in missing:
-                row = failed_row(sample, spec, missing[sample.id])
-            else:
-                engine = make_engine() if engine is None else engine
-                row = run_sample(engine, sample, spec)
-            if rank == 0:
-                log.append(row)
-                rows.append(row)
-                plan.rows.append(row)
-            tracker.update(row)
+            ranks = (f"{world} rank(s)" if spec.groups == 1 else
+                     f"{spec.groups} groups of {world // spec.groups} rank(s)")
+            shard = "" if spec.shard is None else f" (shard {spec.shard})"
+            print(f"[apbv eval] {spec.task}, mode {spec.mode} on {ranks}: "
+                  f"{len(samples)} samples{shard}, {len(rows)} already in {spec.out}, "
+                  f"{remaining} to run{extra}", file=progress, flush=True)
+            if predicted:
+                print(f"[apbv eval] the cost model's ETA weights for {len(predicted)} "
+                      f"sample(s) (scaled by the measured time as samples finish)",
+                      file=progress, flush=True)
+        # Every rank makes its engine before the first round when any group has a sample to
+        # run: the engines' start-up barrier spans the world, so a group whose samples all
+        # lack their videos must reach it too.
+        engine = make_engine() if any(i not in missing for d in dealt for i in d) else None
+        for turn in range(max(len(d) for d in dealt)):
+            row = None
+            if turn < len(mine):
+                sample = mine[turn]
+                if sample.id in missing:
+                    row = failed_row(sample, spec, missing[sample.id])
+                else:
+                    row = run_sample(engine, sample, spec)
+            # one round: every group's row (from its query rank) meets on rank 0
+            finished = [row] if spec.groups == 1 else comm.all_gather_object(
+                row if group_rank == 0 else None)
+            for done_row in (r for r in finished if r is not None):
+                if rank == 0:
+                    log.append(done_row)
+                    rows.append(done_row)
+                    plan.rows.append(done_row)
+                tracker.update(done_row)
+        tracker.close()
         if rank != 0:
             return None
-        if plan.retried:  # retried rows went to the end: put the file back in order
+        if plan.retried or spec.groups > 1:  # rows written out of order: put them in order
             log.rewrite(sorted(plan.rows, key=lambda r: order.get(r["id"], len(order))))
         rows.sort(key=lambda r: order[r["id"]])
         results = _write_results(spec, cfg, plan, rows, world)

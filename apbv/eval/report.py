@@ -10,9 +10,17 @@ Row = dict[str, Any]
 
 
 class Progress:
-    """One stderr line per finished sample on rank 0: done/total, ETA, running accuracy."""
+    """A line per finished sample on rank 0: done/total, ETA, running accuracy. In a log (a
+    stream that is no terminal) each is a plain line; on a terminal one line is rewritten in
+    place (``\\r``) and ended by :meth:`close`.
 
-    def __init__(self, stream: TextIO | None, total: int, rows: list[Row], compare: bool):
+    The ETA: with ``predicted`` (sample id -> the cost model's seconds for each sample to
+    run, :func:`apbv.eval.forecast.predicted_seconds`), the predicted seconds left scaled by
+    the measured/predicted ratio of the samples done so far (corrected as the run goes);
+    without, the mean time per sample done times the samples left."""
+
+    def __init__(self, stream: TextIO | None, total: int, rows: list[Row], compare: bool,
+                 predicted: dict[str, float] | None = None):
         self.stream = stream
         self.total = total
         self.done = len(rows)
@@ -24,25 +32,50 @@ class Progress:
                          and r["exact"]["same_letter"] is not None]
         self.new = 0
         self.start = time.monotonic()
+        self.predicted = predicted
+        self.left = sum(predicted.values()) if predicted else 0.0
+        self.done_predicted = 0.0
+        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+        self.open_line = False
+
+    def eta_s(self) -> float:
+        """Seconds left (see the class)."""
+        elapsed = time.monotonic() - self.start
+        if self.predicted and self.done_predicted > 0:
+            return elapsed * max(self.left, 0.0) / self.done_predicted
+        return elapsed / max(self.new, 1) * (self.total - self.done)
 
     def update(self, row: Row) -> None:
         self.done += 1
         self.new += 1
+        if self.predicted and row["id"] in self.predicted:
+            self.left -= self.predicted[row["id"]]
+            self.done_predicted += self.predicted[row["id"]]
         self.correct += bool(row["correct"])
         self.errors += row["error"] is not None
         if self.compare and row["exact"] is not None and row["exact"]["same_letter"] is not None:
             self.compared.append(row["exact"]["same_letter"])
         if self.stream is None:
             return
-        elapsed = time.monotonic() - self.start
-        eta = timedelta(seconds=round(elapsed / self.new * (self.total - self.done)))
+        eta = timedelta(seconds=round(self.eta_s()))
         line = (f"[{self.done}/{self.total}] {100 * self.done / self.total:.1f}%  eta {eta}  "
                 f"acc {self.correct / self.done:.3f}")
         if self.errors:
             line += f"  errors {self.errors}"
         if self.compared:
             line += f"  agree {sum(self.compared) / len(self.compared):.3f}"
-        print(line, file=self.stream, flush=True)
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+            self.stream.flush()
+            self.open_line = True
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """End the terminal's rewritten line (nothing in a log)."""
+        if self.open_line and self.stream is not None:
+            print(file=self.stream, flush=True)
+            self.open_line = False
 
 
 def _fraction(value: float | None) -> str:

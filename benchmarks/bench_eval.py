@@ -1,0 +1,163 @@
+"""Samples per hour of ``apbv eval`` for each split of 2 CPU ranks into rank groups, measured
+side by side in one run, with the cost model's prediction beside each, and the same table
+predicted for 8 and 16 GPUs.
+
+    python benchmarks/bench_eval.py                       # tiny random model, 8 questions
+    python benchmarks/bench_eval.py --count 16 --repeats 3 \
+        --out benchmarks/results/eval_groups_cpu.md
+
+The data is ``make-eval-fixtures``' LongVideoBench set (``--count`` questions). Two gloo ranks
+(one thread each) load the model twice, as one group of 2 ranks (G, H) = (1, 2) and as two
+groups of 1 rank (2, 1), warm each up with one sample, then run the whole set in each split
+``--repeats`` times, taking turns (so drift on a shared machine hits both alike); a split's
+wall time is its best run of :func:`apbv.eval.harness.run_eval` (the model load is not
+counted, nor is it in the prediction). Beside them: the engine's own TTFT per sample (the
+rows' ``timing``) and the cost model's, to tell the engine's time from the harness's. The
+prediction is :func:`apbv.eval.forecast.forecast` on the ``cpu`` hardware with the
+checkpoint's sizes; the GPU tables are the same forecast for Qwen2.5-VL-7B on ``h200`` at
+``--gpu-frames`` frames per video (default 2 fps; default pixel limits). The machine's load
+average is printed with the results: on a shared machine the measured ratio moves with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import add_model_args, model_dir
+
+from apbv.config import RuntimeConfig, load_config
+from apbv.distributed import DistInfo, rank_groups, spawn_local
+
+SPLITS = (1, 2)
+"""G of each measured split of the 2 ranks."""
+
+
+def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
+         tokens: int) -> dict[int, list[float]]:
+    from apbv.engine.engine import Engine
+    from apbv.eval.harness import EvalSpec, run_eval
+
+    engines = {}
+    for groups in SPLITS:
+        _, group = rank_groups(info, groups)
+        engines[groups] = Engine(cfg, group)
+    times: dict[int, list[float]] = {g: [] for g in SPLITS}
+    for run in range(-1, repeats):  # run -1: the warm-up (one sample)
+        for groups in SPLITS:
+            spec = EvalSpec("longvideobench", data, f"{out}/g{groups}_r{run}.jsonl",
+                            max_new_tokens=tokens, groups=groups,
+                            limit=groups if run < 0 else None)
+            start = time.perf_counter()
+            run_eval(spec, cfg, lambda g=groups: engines[g], progress=io.StringIO())
+            if run >= 0:
+                times[groups].append(time.perf_counter() - start)
+    return times
+
+
+def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(str(c) for c in r) + " |" for r in rows)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--count", type=int, default=8, help="LongVideoBench fixture questions")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--pixels", type=int, default=112 * 112,
+                        help="per-frame pixels (video.min_pixels = max_pixels)")
+    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--gpu-frames", type=int,
+                        help="frames per video in the GPU tables (default: 2 fps, the presets')")
+    parser.add_argument("--out", help="markdown file to write (default: stdout only)")
+    args = parser.parse_args()
+
+    from apbv import cost
+    from apbv.eval.data import load_samples
+    from apbv.eval.fixtures import make_eval_fixtures
+    from apbv.eval.forecast import forecast, forecast_lines, sample_work
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
+        root = Path(tmp)
+        model = model_dir(args, root)
+        data = make_eval_fixtures("longvideobench", root / "lvb", count=args.count).parent
+        cfg = load_config("tiny_cpu", [f"model.path={model!r}",
+                                       f"video.min_pixels={args.pixels}",
+                                       f"video.max_pixels={args.pixels}"])
+        samples = load_samples("longvideobench", data)
+        dims = cost.checkpoint_dims(model)
+        video = {"min_pixels": args.pixels, "max_pixels": args.pixels}
+        work = sample_work(samples, dims, video)
+        predicted = {f.groups: f for f in forecast(
+            work, dims, cost.hardware("cpu"), world_size=2, mode=cfg.attention.mode,
+            answer_tokens=args.max_new_tokens, groups=SPLITS)}
+        (root / "out").mkdir()
+        ttft = {g: [] for g in SPLITS}
+        times = spawn_local(_job, 2, (cfg, str(data), str(root / "out"), args.repeats,
+                                      args.max_new_tokens),
+                            timeout_s=3000, collective_timeout_s=600)[0]
+        for g in SPLITS:  # the engine's own TTFT of each sample (rank 0's row), every run
+            for path in (root / "out").glob(f"g{g}_r[0-9]*.jsonl"):
+                ttft[g] += [json.loads(line)["timing"]["ttft_s"]
+                            for line in path.read_text().splitlines()]
+        from apbv.eval.forecast import predict_one
+
+        cpu = cost.hardware("cpu")
+        ttft_predicted = {g: sum(predict_one(w, dims, cpu, 2 // g, cfg.attention.mode, 1)
+                                 for w in work) / len(work) for g in SPLITS}
+        gpu_dims = cost.preset_dims("qwen2.5-vl-7b")
+        gpu_video = {} if args.gpu_frames is None else {"nframes": args.gpu_frames}
+        gpu_work = sample_work(samples, gpu_dims, gpu_video)
+        gpu = {world: forecast(gpu_work, gpu_dims, cost.hardware("h200"), world_size=world,
+                               mode=cfg.attention.mode, answer_tokens=args.max_new_tokens)
+               for world in (8, 16)}
+    load_after = os.getloadavg()
+    n = len(samples)
+    best = {g: min(times[g]) for g in SPLITS}
+    rows = []
+    for g in SPLITS:
+        p = predicted[g]
+        rows.append((g, 2 // g, f"{best[g]:.2f}", " / ".join(f"{t:.2f}" for t in times[g]),
+                     f"{3600 * n / best[g]:.0f}", f"{p.wall_s:.2f}",
+                     f"{p.samples_per_hour:.0f}", f"{p.wall_s / best[g]:.2f}",
+                     f"{sum(ttft[g]) / len(ttft[g]):.3f}", f"{ttft_predicted[g]:.3f}"))
+    lines = [f"# apbv eval: rank groups on 2 CPU ranks ({n} LongVideoBench fixture questions)",
+             "",
+             f"`python benchmarks/bench_eval.py --count {args.count} --repeats {args.repeats}` "
+             f"on {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+             f"tiny random model, mode {cfg.attention.mode}, {args.pixels} pixels a frame, "
+             f"{args.max_new_tokens} new tokens; load average (1/5/15 min) "
+             f"{'/'.join(f'{x:.1f}' for x in load_before)} before and "
+             f"{'/'.join(f'{x:.1f}' for x in load_after)} after the run.", "",
+             *_table(rows, ("G", "H", "wall s (best)", "runs s", "samples/h",
+                            "predicted wall s", "predicted samples/h",
+                            "predicted / measured", "engine TTFT s (mean)",
+                            "predicted TTFT s")),
+             "",
+             f"samples per hour, (2, 1) over (1, 2): measured "
+             f"{best[1] / best[2]:.2f}x, predicted "
+             f"{predicted[1].wall_s / predicted[2].wall_s:.2f}x", ""]
+    for world, forecasts in gpu.items():
+        frames = "2 fps" if args.gpu_frames is None else f"{args.gpu_frames} frames"
+        lines += [f"## Predicted: Qwen2.5-VL-7B on {world} H200 GPUs, {frames} per video "
+                  f"(default pixel limits), the same {n} questions", "", "```",
+                  *forecast_lines(forecasts, "h200"), "```", ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
