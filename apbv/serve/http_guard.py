@@ -8,6 +8,12 @@ the head (408, connection closed), and at shutdown answers every request still i
 each request has the same deadline, counted from the connection's start or its previous
 response, in :class:`TimedH11Protocol` (uvicorn has no such timeout of its own): a slowloris
 connection is closed. :func:`serve` runs the guarded app with uvicorn.
+
+The head's deadline cannot be ASGI middleware (the app is called once the head has arrived),
+so :class:`TimedH11Protocol` subclasses uvicorn's h11 protocol, which is not uvicorn's public
+API: ``pyproject.toml`` caps uvicorn at the minor series tested, and
+``tests/serve/test_head_deadline.py`` checks the class against the installed uvicorn in a
+second (docs/deployment.md).
 """
 
 from __future__ import annotations
