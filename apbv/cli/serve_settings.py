@@ -19,7 +19,7 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,9 +35,11 @@ PRECEDENCE = "command line > APBV_SERVE_* environment > --config-file > defaults
 
 @dataclass(frozen=True)
 class Setting:
-    """One flag of the parser as a setting: ``key`` (the destination), ``flag`` (its first
-    spelling), ``kind`` (int, float, str or bool), ``choices`` (or None), ``default``, and
-    ``repeatable`` (an ``append`` flag: a list of ``kind``)."""
+    """One flag of the parser as a setting: ``key`` (the destination), ``flag`` (its longest
+    spelling), ``kind`` (int, float, str or bool), ``choices`` (or None), ``default``,
+    ``repeatable`` (an ``append`` flag: a list of ``kind``) and ``convert`` (a flag's own
+    ``type=`` function, applied to text from the environment or the file as argparse applies
+    it to the command line's; ``kind`` is then object)."""
 
     key: str
     flag: str
@@ -45,6 +47,7 @@ class Setting:
     choices: tuple[Any, ...] | None
     default: Any
     repeatable: bool
+    convert: Callable[[str], Any] | None = None
 
     @property
     def env(self) -> str:
@@ -66,9 +69,11 @@ def settings_of(parser: argparse.ArgumentParser) -> list[Setting]:
         else:
             assert isinstance(action, argparse._StoreAction) or repeatable, \
                 f"{flag}: a {type(action).__name__} flag cannot be a setting"
-            kind = action.type if action.type in (int, float) else str
+            kind = str if action.type is None else action.type  # type: ignore[assignment]
+        convert: Any = None if kind in (bool, int, float, str) else action.type
         choices = tuple(action.choices) if action.choices is not None else None
-        found.append(Setting(action.dest, flag, kind, choices, action.default, repeatable))
+        found.append(Setting(action.dest, flag, object if convert else kind, choices,
+                             action.default, repeatable, convert))
     return found
 
 
@@ -80,6 +85,17 @@ def _split(value: Any) -> Any:
             return json.loads(text)
         return [item.strip() for item in text.split(",") if item.strip()]
     return value
+
+
+def _converter(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
+    def apply(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return convert(value)
+        except (argparse.ArgumentTypeError, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+    return apply
 
 
 def _model(settings: list[Setting], toml_file: Path | None, environ: Mapping[str, str]) -> Any:
@@ -110,6 +126,8 @@ def _model(settings: list[Setting], toml_file: Path | None, environ: Mapping[str
     fields: dict[str, Any] = {}
     for s in settings:
         kind: Any = Literal[s.choices] if s.choices else s.kind
+        if s.convert is not None:
+            kind = Annotated[Any, BeforeValidator(_converter(s.convert))]
         if s.repeatable:
             kind = Annotated[list[kind], NoDecode, BeforeValidator(_split)]
         elif s.default is None:

@@ -5,6 +5,7 @@ errors naming them; ``--print-config`` prints a file that reads back to the same
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from apbv.cli import serve  # noqa: E402
 from apbv.cli.serve_settings import OWN_FLAGS, Setting, resolve, settings_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+OWN_TYPE_EXAMPLES: dict[str, str] = {}
+"""For a flag with its own ``type=`` function: a text it reads to a value unlike the default."""
 
 
 def _resolve(argv: list[str], environ: dict[str, str], file: Path | None = None) -> Any:
@@ -30,6 +33,11 @@ def _resolve(argv: list[str], environ: dict[str, str], file: Path | None = None)
 
 def _other_value(s: Setting) -> tuple[Any, str, str]:
     """A value of ``s`` unlike its default: (value, as an environment variable, as TOML)."""
+    if s.convert is not None:  # a flag's own type= function: its text is the flag's to read
+        if s.key not in OWN_TYPE_EXAMPLES:
+            pytest.fail(f"{s.flag} has its own type: add a text of it to OWN_TYPE_EXAMPLES")
+        text = OWN_TYPE_EXAMPLES[s.key]
+        return s.convert(text), text, f'"{text}"'
     if s.kind is bool:
         return True, "true", "true"
     if s.choices:
@@ -84,6 +92,35 @@ def test_command_line_beats_environment_beats_file_beats_default(tmp_path: Path)
     assert _resolve([], {"APBV_SERVE_CONFIG_FILE": str(other)}).port == 3333
     assert _resolve([], {"APBV_SERVE_CONFIG_FILE": str(other)}, file).port == 1111
     assert _resolve([], {"APBV_SERVE_MEDIA_ROOT": '["/x,y", "/z"]'}).media_root == ["/x,y", "/z"]
+
+
+def _size_gib(text: str) -> float:
+    """A flag's own type, as a later flag may have one: "4GiB" -> 4.0."""
+    if not text.endswith("GiB"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4GiB")
+    return float(text[:-3])
+
+
+def test_a_flag_with_its_own_type_converts_text_from_every_place(tmp_path: Path) -> None:
+    parser = serve.parser()
+    parser.add_argument("--host-budget", type=_size_gib, default=None)
+    parser.add_argument("--extra-budget", type=_size_gib, action="append", default=[])
+    file = tmp_path / "serve.toml"
+    file.write_text('host_budget = "3GiB"\nextra_budget = ["1GiB", "2GiB"]\n')
+
+    def resolved(argv: list[str], environ: dict[str, str]) -> Any:
+        argv = [*argv, "--config-file", str(file)]
+        return resolve(parser, argv, parser.parse_args(argv), environ)
+
+    ns = resolved([], {})
+    assert (ns.host_budget, ns.extra_budget) == (3.0, [1.0, 2.0])
+    assert resolved([], {"APBV_SERVE_HOST_BUDGET": "5GiB"}).host_budget == 5.0
+    assert resolved(["--host-budget", "6GiB"], {"APBV_SERVE_HOST_BUDGET": "5GiB"}) \
+        .host_budget == 6.0
+    with pytest.raises(ValueError) as info:
+        resolved([], {"APBV_SERVE_HOST_BUDGET": "lots"})
+    assert "serve setting 'host_budget'" in str(info.value) and \
+        "'lots' is not a size like 4GiB" in str(info.value), str(info.value)
 
 
 def _error(argv: list[str], environ: dict[str, str], file: Path | None = None) -> str:
