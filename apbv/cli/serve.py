@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from apbv.cli.serve_settings import render_toml, resolve
 
     flags = parser()
-    argv = list(getattr(args, "argv", None) or [])
-    argv = argv[argv.index("serve") + 1:] if "serve" in argv else argv
+    assert "serve" in args.argv, "apbv.__main__.main records the command line in args.argv"
+    argv = args.argv[args.argv.index("serve") + 1:]  # what the command line itself gives
     args = resolve(flags, argv, args)
     if args.print_config:
         sys.stdout.write(render_toml(flags, args))
