@@ -55,3 +55,26 @@ def test_busy_port_is_refused(capsys, tiny_model_dir: Path) -> None:
     assert "in use" in line, line
     assert _serve(capsys, tiny_model_dir, "--port", "70000") == \
         "error: --port must be an integer in 0 .. 65535, got 70000"
+
+
+@pytest.mark.usefixtures("no_ray_start")
+def test_config_file_and_environment_reach_the_checks(capsys, tiny_model_dir: Path,
+                                                      tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --config-file``: the file's busy port is overridden by APBV_SERVE_PORT (else
+    the port check would refuse first), and its read_timeout_s = -1 is what is refused."""
+    with socket.socket() as busy, socket.socket() as free:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        busy_port = busy.getsockname()[1]
+        free.bind(("127.0.0.1", 0))
+        free_port = free.getsockname()[1]
+        free.close()
+        file = tmp_path / "serve.toml"
+        file.write_text(f'host = "127.0.0.1"\nport = {busy_port}\nread_timeout_s = -1\n')
+        monkeypatch.setenv("APBV_SERVE_PORT", str(free_port))
+        assert _serve(capsys, tiny_model_dir, "--config-file", str(file)) == \
+            "error: --read-timeout-s must be > 0, got -1.0"
+        monkeypatch.delenv("APBV_SERVE_PORT")
+        line = _serve(capsys, tiny_model_dir, "--config-file", str(file))
+    assert line.startswith(f"error: --port {busy_port} cannot be bound"), line

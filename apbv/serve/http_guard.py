@@ -9,6 +9,12 @@ each request has the same deadline, counted from the connection's start or its p
 response, in :class:`TimedH11Protocol` (uvicorn has no such timeout of its own): a slowloris
 connection is closed. Every request gets one access log line (:mod:`apbv.serve.access_log`).
 :func:`serve` runs the guarded app with uvicorn.
+
+The head's deadline cannot be ASGI middleware (the app is called once the head has arrived),
+so :class:`TimedH11Protocol` subclasses uvicorn's h11 protocol, which is not uvicorn's public
+API: ``pyproject.toml`` caps uvicorn at the minor series tested, and
+``tests/serve/test_head_deadline.py`` checks the class against the installed uvicorn in a
+second (docs/deployment.md).
 """
 
 from __future__ import annotations

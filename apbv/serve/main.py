@@ -306,6 +306,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "settings_note", None):  # apbv.cli.serve: --config-file, APBV_SERVE_*
+        logging.getLogger("apbv.serve").info("%s", args.settings_note)
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:

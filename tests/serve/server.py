@@ -32,13 +32,17 @@ def _all_ready(health: dict[str, Any]) -> bool:
 
 
 class ServerProcess:
-    """``python -m apbv serve --config tiny_cpu --model MODEL --port P *flags`` on 127.0.0.1."""
+    """``python -m apbv serve --config tiny_cpu --model MODEL --port P *flags`` on 127.0.0.1
+    (``env``: variables added to its environment, e.g. ``APBV_SERVE_*`` settings)."""
 
-    def __init__(self, model: Path, *flags: str):
+    def __init__(self, model: Path, *flags: str, env: dict[str, str] | None = None):
         port = free_port()
         # Ray's authentication settings of the test process (or of a test that ran serve's
-        # checks in it) are not the server's: it makes its own.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+        # checks in it) are not the server's: it makes its own. Its settings are the test's.
+        added = env or {}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("RAY_AUTH_", "APBV_SERVE_"))}
+        env.update(added)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "apbv", "serve", "--config", "tiny_cpu", "--model",
                str(model), "--port", str(port), *flags]
@@ -87,9 +91,10 @@ class ServerProcess:
 
 
 @contextmanager
-def serving(model: Path, *flags: str) -> Iterator[ServerProcess]:
+def serving(model: Path, *flags: str,
+            env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """A started server (the caller waits for it to be ready), stopped and checked on exit."""
-    server = ServerProcess(model, *flags)
+    server = ServerProcess(model, *flags, env=env)
     try:
         yield server
     finally:

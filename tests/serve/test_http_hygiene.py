@@ -2,7 +2,8 @@
 hostile HTTP: every malformed body is a 4xx JSON error (deep nesting, lone surrogates,
 control characters, overflow, a string for a boolean, a body not sent as JSON), a foreign Host
 is refused, slowloris heads and bodies are cut at --read-timeout-s, and SIGINT answers the
-requests in flight with a 503 JSON error (last: it stops the server)."""
+requests in flight with a 503 JSON error (last: it stops the server). The server takes its
+settings from a --config-file whose read_timeout_s an APBV_SERVE_* variable overrides."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ TRUSTED = "trusted.example"
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, short_video: Path):
     media = tmp_path_factory.mktemp("media")
     (media / "clip.mp4").write_bytes(short_video.read_bytes())
-    with serving(tiny_model_dir, "--world-size", "1", "--media-root", str(media),
-                 "--read-timeout-s", str(READ_TIMEOUT_S), "--allow-host", TRUSTED,
-                 "--max-queue", "4") as srv:
+    settings = tmp_path_factory.mktemp("settings") / "serve.toml"
+    settings.write_text(f"media_root = [{json.dumps(str(media))}]\nread_timeout_s = 30\n"
+                        f'allow_host = ["{TRUSTED}"]\nmax_queue = 4\n')
+    with serving(tiny_model_dir, "--world-size", "1", "--config-file", str(settings),
+                 env={"APBV_SERVE_READ_TIMEOUT_S": str(READ_TIMEOUT_S)}) as srv:
         srv.wait_ready()
         srv.clip = (media / "clip.mp4").as_uri()
         yield srv
@@ -57,6 +60,15 @@ def _refusal(response: httpx.Response, status: int, *texts: str) -> None:
     message = response.json()["error"]["message"]
     for text in texts:
         assert text in message, message
+
+
+def test_settings_came_from_the_file_and_the_environment(server):
+    """The file's media root and Host names serve (the other tests use them), and the
+    environment's read_timeout_s beat the file's 30 s (the slowloris tests are cut at 2 s)."""
+    line = next((x for x in server.log if "settings from outside the command line" in x), "")
+    for text in ("allow_host (file ", "media_root (file ", "max_queue (file ",
+                 "read_timeout_s (environment APBV_SERVE_READ_TIMEOUT_S)"):
+        assert text in line, line or server.tail()
 
 
 def test_deep_nesting_is_a_400(server):
