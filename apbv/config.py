@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from apbv.modes import MODE_NAMES
-from apbv.validate import boolean, integer, number, one_of, string
+from apbv.validate import boolean, integer, number, one_of, pruning_settings, string
 
 if TYPE_CHECKING:
     from apbv.video import VideoSpec
@@ -126,8 +126,11 @@ class VideoConfig:
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
     are resized there, which differs from the CPU's uint8 resize by rounding; CUDA ranks
     only)."""
+    static_threshold: float = 0.0  # grey levels 0-255 (0: off): apbv/video/prune.py
+    pruning_rate: float = 0.0  # vLLM's video_pruning_rate: only 0 (off) is supported yet
 
     def __post_init__(self) -> None:
+        pruning_settings(self.pruning_rate, self.static_threshold)
         one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
         one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
@@ -158,13 +161,13 @@ class VideoConfig:
                              "set both or neither")
 
     def spec(self, path: str) -> VideoSpec:
-        """The sampling request for one video file (every field but where frames are resized,
-        which is the engine's, carries over by name)."""
+        """The sampling request for one video file (the fields it has carry over by name; where
+        frames are resized is the engine's, the pruning settings are the request's)."""
         from apbv.video import VideoSpec
 
         return VideoSpec(path=path, **{f.name: getattr(self, f.name)
                                        for f in dataclasses.fields(self)
-                                       if f.name != "resize_device"})
+                                       if f.name in VideoSpec.__dataclass_fields__})
 
 
 @dataclass
