@@ -126,7 +126,7 @@ class VideoConfig:
     bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
     are resized there, which differs from the CPU's uint8 resize by rounding; CUDA ranks
     only)."""
-    static_threshold: float = 0.0  # grey levels 0-255 (0: off): apbv/video/prune.py
+    static_threshold: float = 0.0  # channel levels 0-255 (0: off): apbv/video/prune.py
     pruning_rate: float = 0.0  # vLLM's video_pruning_rate: only 0 (off) is supported yet
 
     def __post_init__(self) -> None:

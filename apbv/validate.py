@@ -94,7 +94,7 @@ def positive(name: str, value: object, *, allow_none: bool = False, allow_zero: 
 
 
 MAX_STATIC_THRESHOLD = 255.0
-"""The largest temporal-pruning threshold (grey levels 0-255); a higher one is refused."""
+"""The largest temporal-pruning threshold (channel levels 0-255); a higher one is refused."""
 
 
 def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
@@ -102,7 +102,7 @@ def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
                      ) -> None:
     """ValueError naming the setting (``names``: the rate's and the threshold's) unless
     ``pruning_rate`` is 0 (a rate in (0, 1) is not supported yet; outside [0, 1) it is no rate)
-    and ``static_threshold`` is a number in [0, :data:`MAX_STATIC_THRESHOLD`] grey levels (0:
+    and ``static_threshold`` is a number in [0, :data:`MAX_STATIC_THRESHOLD`] levels (0:
     off)."""
     rate_name, threshold_name = names
     for name, value in ((rate_name, pruning_rate), (threshold_name, static_threshold)):
@@ -117,5 +117,5 @@ def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
                          f"after the vision tower); leave it at 0 and use {threshold_name} "
                          f"(whole temporal patches)")
     if not 0 <= static_threshold <= MAX_STATIC_THRESHOLD:
-        raise ValueError(f"{threshold_name} must be in [0, {MAX_STATIC_THRESHOLD:g}] grey levels "
+        raise ValueError(f"{threshold_name} must be in [0, {MAX_STATIC_THRESHOLD:g}] levels "
                          f"(0: off), got {static_threshold!r}")

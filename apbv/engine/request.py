@@ -92,7 +92,7 @@ class Request:
     """How each generated token is picked (greedy by default: evaluation and closed
     vocabularies always are) and whether its log-probabilities are reported."""
     static_threshold: float = 0.0
-    """Temporal pruning of a video file or decoded frames (``video.static_threshold``, grey
+    """Temporal pruning of a video file or decoded frames (``video.static_threshold``, colour
     levels; 0: off): temporal patches that changed less than this since the last kept one are
     not encoded nor prompted (:mod:`apbv.video.prune`; a live stream's chunks are not pruned)."""
     pruning_rate: float = 0.0

@@ -69,7 +69,7 @@ class ChatBody(BaseModel):
         None, description="vLLM's {'choice': [...]}: choice_set")
     static_threshold: float | None = Field(
         None, ge=0, description="Temporal pruning: temporal patches that changed by less than "
-                                "this many grey levels (0-255) are dropped (0: off)")
+                                "this many levels (0-255) are dropped (0: off)")
     video_pruning_rate: float | None = Field(
         None, ge=0, description="vLLM's per-token pruning rate: only 0 (off) so far")
     mm_processor_kwargs: dict[str, Any] | None = Field(

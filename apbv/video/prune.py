@@ -5,17 +5,18 @@ A fixed camera repeats most of itself. With ``video.static_threshold`` T > 0, a 
 from the last *kept* patch is below T is dropped before the tower: it is not encoded, it has no
 tokens in the prompt, and the kept patches keep the positions and text they would have had.
 
-The change, in grey levels (0-255):
+The change, in levels (0-255) of a colour channel:
 
-- each frame becomes grey (ITU-R BT.601 luma: 0.299 R + 0.587 G + 0.114 B) and is averaged
-  over the cells of the family's merged-patch grid (gh, gw): one cell per LLM token of a frame,
-  a downscaled copy in which uncorrelated sensor noise of s grey levels shrinks to about
-  s / (cell side in pixels), so noise and codec grain do not count as change;
-- a temporal patch's *signature* (gh, gw) is the mean of its frames' cells
+- each channel of each frame is averaged over the cells of the family's merged-patch grid
+  (gh, gw): one cell per LLM token of a frame, a downscaled copy in which uncorrelated sensor
+  noise of s levels shrinks to about s / (cell side in pixels), so noise and codec grain do
+  not count as change;
+- a temporal patch's *signature* (3, gh, gw) is the mean of its frames' cells
   (:func:`signatures`);
-- its *change* is the largest absolute difference, over the cells, between its signature and
-  the last kept patch's (:func:`keep_mask`): a small object appearing in one cell counts in
-  full, not diluted by the rest of the frame.
+- its *change* is the largest absolute difference, over the channels and cells, between its
+  signature and the last kept patch's (:func:`keep_mask`): a small object appearing in one
+  cell counts in full, not diluted by the rest of the frame, and a change of colour counts
+  even where the brightness stays (a magenta light on a grey wall of the same luma).
 
 The first temporal patch of the video is always kept. The rule reads the signatures of the
 whole video in order, so it gives the same keep mask whatever the number of ranks: each rank
@@ -36,33 +37,30 @@ import torch
 
 from apbv.plan import Range
 
-LUMA = (0.299, 0.587, 0.114)
-"""ITU-R BT.601 weights of R, G, B in the grey level."""
 _FRAMES_PER_STEP = 16
-"""Frames made grey and pooled at once (bounds the float copy of native-size frames)."""
+"""Frames made float and pooled at once (bounds the float copy of native-size frames)."""
 
 
 def signatures(frames: torch.Tensor, unit: int, cells: tuple[int, int]) -> torch.Tensor:
-    """(P, gh, gw) float32 on the CPU: per temporal patch of ``unit`` frames, the mean over its
-    frames of the grey level averaged over each of the ``cells`` (gh, gw) grid's cells (see
-    the module docstring). ``frames``: uint8 (P * unit, 3, H, W), RGB, any device; each frame
-    is pooled alone, so a frame's cells do not depend on the frames beside it."""
+    """(P, 3, gh, gw) float32 on the CPU: per temporal patch of ``unit`` frames, the mean over
+    its frames of each channel's level averaged over each of the ``cells`` (gh, gw) grid's
+    cells (see the module docstring). ``frames``: uint8 (P * unit, 3, H, W), RGB, any device;
+    each frame is pooled alone, so a frame's cells do not depend on the frames beside it."""
     count, channels = frames.shape[0], frames.shape[1]
     assert channels == 3 and count % unit == 0, (frames.shape, unit)
-    weights = torch.tensor(LUMA, dtype=torch.float32, device=frames.device).view(1, 3, 1, 1)
     pooled = []
     for start in range(0, count, _FRAMES_PER_STEP):
-        grey = (frames[start:start + _FRAMES_PER_STEP].float() * weights).sum(dim=1, keepdim=True)
-        pooled.append(torch.nn.functional.adaptive_avg_pool2d(grey, cells)[:, 0].cpu())
-    per_frame = torch.cat(pooled) if pooled else torch.zeros(0, *cells)
-    return per_frame.view(count // unit, unit, *cells).mean(dim=1)
+        chunk = frames[start:start + _FRAMES_PER_STEP].float()
+        pooled.append(torch.nn.functional.adaptive_avg_pool2d(chunk, cells).cpu())
+    per_frame = torch.cat(pooled) if pooled else torch.zeros(0, 3, *cells)
+    return per_frame.view(count // unit, unit, 3, *cells).mean(dim=1)
 
 
 def keep_mask(sigs: torch.Tensor, threshold: float) -> list[bool]:
-    """Per temporal patch of the whole video (``sigs`` (P, gh, gw), in order), whether it is
-    kept: the first always; a later one when the largest cell difference from the last kept
-    patch's signature is at least ``threshold`` (grey levels; > 0)."""
-    assert threshold > 0 and sigs.dim() == 3, (threshold, sigs.shape)
+    """Per temporal patch of the whole video (``sigs`` (P, ...): :func:`signatures`, in order),
+    whether it is kept: the first always; a later one when the largest difference from the last
+    kept patch's signature is at least ``threshold`` (levels 0-255; > 0)."""
+    assert threshold > 0 and sigs.dim() >= 2, (threshold, sigs.shape)
     keep: list[bool] = []
     last: torch.Tensor | None = None
     for sig in sigs:

@@ -1,8 +1,8 @@
 """Temporal pruning (``video.static_threshold``) on 2 gloo ranks against transformers' own
 single-process forward of the same pruned prompt, for each family.
 
-The video: 6 temporal patches of a fixed scene with sensor noise (+-3 grey levels); a white
-square appears in patch 2 and stays through patch 4, a corner turns black in patch 5. At 8 grey
+The video: 6 temporal patches of a fixed scene with sensor noise (+-3 levels); a white
+square appears in patch 2 and stays through patch 4, a corner turns black in patch 5. At 8
 levels patches 0, 2 and 5 are kept: patch 3, rank 1's first, is judged against patch 2 on rank
 0 (the last kept one) and dropped. A second video never changes: only its first patch is kept,
 rank 1 keeps nothing, and the answer still comes.
@@ -54,7 +54,7 @@ these logits (|logits| ~19) with or without pruning; the stock one by 6e-6."""
 
 def camera(family: str, *, changes: bool) -> DecodedVideo:
     """A fixed 2x3-cell scene, ``PATCHES`` temporal patches of the family's unit, noise of
-    +-3 grey levels on every frame; with ``changes`` the square and the corner above."""
+    +-3 levels on every frame; with ``changes`` the square and the corner above."""
     side, unit = SIDE[family], UNIT[family]
     generator = torch.Generator().manual_seed(7)
     scene = torch.randint(40, 200, (3, 2 * side, 3 * side), generator=generator)

@@ -1,9 +1,10 @@
 """Temporal pruning's pure rule (apbv.video.prune), its settings and what it does to positions
 and prompts, per family, without a model.
 
-- The change is noise-robust: sensor noise of +-3 grey levels moves no cell's mean by more
-  than 1, while a 14x14 white square in one 28x28 cell moves that cell by a quarter of its
-  contrast; whole-frame averaging would dilute the same square to a few levels.
+- The change is noise-robust: sensor noise of +-3 levels moves no cell's mean by more than 1,
+  while a 14x14 white square in one 28x28 cell moves that cell by a quarter of its contrast
+  (whole-frame averaging would dilute it to a few levels), and a magenta square of the
+  background's grey level (the same luma) counts too.
 - The first patch is always kept, later ones are judged against the last *kept* patch (a slow
   drift is caught every few patches; a rule against the previous patch would drop it all),
   and signatures of a rank's share equal the whole video's rows (the mask does not depend
@@ -44,9 +45,9 @@ def test_change_is_noise_robust_and_local() -> None:
     base = torch.full((3, 56, 84), 100, dtype=torch.uint8)
     frames = torch.stack([_noisy(base, 3, i) for i in range(4)])
     sigs = signatures(frames, 2, (2, 3))
-    assert sigs.shape == (2, 2, 3)
+    assert sigs.shape == (2, 3, 2, 3)
     noise = (sigs[1] - sigs[0]).abs().max().item()
-    assert noise < 1.0, f"sensor noise of +-3 grey levels moved a cell by {noise:.3f}"
+    assert noise < 1.0, f"sensor noise of +-3 levels moved a cell by {noise:.3f}"
     square = frames.clone()
     square[2:, :, 28:42, 56:70] = 255  # a quarter of one cell, in both frames of patch 1
     sigs = signatures(square, 2, (2, 3))
@@ -55,13 +56,20 @@ def test_change_is_noise_robust_and_local() -> None:
     assert abs(change - want) < 1.0, f"the square's change {change:.2f} vs {want:.2f}"
     whole = (square[2:].float().mean() - square[:2].float().mean()).abs().item()
     assert whole < want / 5, f"a whole-frame mean would see {whole:.2f} only"
+    magenta = frames.clone()
+    magenta[2:, :, 28:42, 56:70] = torch.tensor([146, 68, 146], dtype=torch.uint8).view(3, 1, 1)
+    luma = torch.tensor([0.299, 0.587, 0.114]) @ torch.tensor([146.0, 68.0, 146.0])
+    assert abs(luma - 100) < 0.5  # as bright as the background
+    sigs = signatures(magenta, 2, (2, 3))
+    change = (sigs[1] - sigs[0]).abs().max().item()
+    assert abs(change - 46 / 4) < 1.0, f"the magenta square's change {change:.2f}"
 
 
 def test_keep_rule_against_the_last_kept_patch() -> None:
-    drift = torch.arange(10, dtype=torch.float32).view(10, 1, 1).expand(10, 2, 2) * 1.0
+    drift = torch.arange(10, dtype=torch.float32).view(10, 1, 1, 1).expand(10, 3, 2, 2) * 1.0
     assert keep_mask(drift, 3.0) == [True, False, False, True, False, False, True, False,
                                      False, True]
-    still = torch.zeros(5, 2, 2)
+    still = torch.zeros(5, 3, 2, 2)
     assert keep_mask(still, 0.5) == [True, False, False, False, False]
     back = torch.tensor([0.0, 10.0, 0.0, 0.0]).view(4, 1, 1)
     assert keep_mask(back, 5.0) == [True, True, True, False]
