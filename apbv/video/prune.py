@@ -37,7 +37,7 @@ import torch
 
 from apbv.plan import Range
 
-_FRAMES_PER_STEP = 16
+_FRAMES_PER_STEP = 4
 """Frames made float and pooled at once (bounds the float copy of native-size frames)."""
 
 

@@ -15,7 +15,9 @@ apbv's ids (each kept frame keeps its ``FrameN:``) and the stock pixel values. E
 first-token logits are within 1e-4 (fp32) of it on both ranks, the tokens are the
 reference's greedy ones; for Qwen2.5-VL the exact baseline zigzag_ring matches too, and every
 other mode (spava, no_overlap, no_vit_split, star, apb) answers alike on both ranks over the
-same pruned prompt (``full`` is the one-rank baseline: not run on 2 ranks).
+same pruned prompt (``full`` is the one-rank baseline: not run on 2 ranks). A video of random
+frames keeps every patch with pruning on: its prompt, first-token logits and tokens are bit
+for bit those of pruning off.
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ def camera(family: str, *, changes: bool) -> DecodedVideo:
     return DecodedVideo(torch.stack(frames), 2.0, image_patch_size=side // 2)
 
 
+def busy_video(family: str) -> DecodedVideo:
+    """Every frame a random colour per cell (side x side): every temporal patch changes
+    everywhere by far more than the threshold (random pixels would not: a cell's mean of
+    random pixels hardly moves)."""
+    side, unit = SIDE[family], UNIT[family]
+    cells = torch.randint(0, 256, (PATCHES * unit, 3, 2, 3), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(8))
+    frames = cells.repeat_interleave(side, dim=2).repeat_interleave(side, dim=3)
+    return DecodedVideo(frames, 2.0, image_patch_size=side // 2)
+
+
 def _rank_job(info: DistInfo, dirs: dict[str, str]) -> dict:
     out: dict[str, Any] = {}
     for family, path in dirs.items():
@@ -83,6 +96,11 @@ def _rank_job(info: DistInfo, dirs: dict[str, str]) -> dict:
                 answers[changes, mode] = engine.generate(Request(
                     video=camera(family, changes=changes), question=QUESTION, mode=mode,
                     max_new_tokens=NEW_TOKENS, static_threshold=THRESHOLD))
+        busy = busy_video(family)  # every patch changes: pruning on keeps them all
+        for threshold in (THRESHOLD, 0.0):
+            answers["busy", threshold] = engine.generate(Request(
+                video=busy, question=QUESTION, mode="exact", max_new_tokens=NEW_TOKENS,
+                static_threshold=threshold))
         out[family] = {k: (r.first_logits, r.token_ids, r.context_len)
                        for k, r in answers.items()}
     return out
@@ -181,7 +199,7 @@ def test_pruned_prompt_equals_transformers_on_the_kept_patches(
         assert [i for i, k in enumerate(mask) if k] == kept, (family, changes, mask)
         want = _stock(family, dirs[family], video, kept)
         assert len(want["tokens"]) == NEW_TOKENS and len(set(want["tokens"])) > 1, want
-        modes = [m for (c, m) in per_rank[0][family] if c == changes]
+        modes = [m for (c, m) in per_rank[0][family] if c is changes]
         for rank, results in enumerate(per_rank):
             for mode in modes:
                 logits, tokens, context_len = results[family][changes, mode]
@@ -195,3 +213,15 @@ def test_pruned_prompt_equals_transformers_on_the_kept_patches(
                 assert err <= LOGIT_TOL, (f"{what}: first-token logits vs transformers on the "
                                           f"kept patches: max err {err:.2e} > {LOGIT_TOL:g}")
                 assert tokens == want["tokens"], (what, tokens, want["tokens"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pruning_that_keeps_everything_is_bit_identical_to_off(
+        family: str, per_rank: list[dict]) -> None:
+    for rank, results in enumerate(per_rank):
+        on, off = results[family]["busy", THRESHOLD], results[family]["busy", 0.0]
+        assert on[2] == off[2], (family, rank, on[2], off[2])
+        assert torch.equal(on[0], off[0]), (
+            f"{family} rank {rank}: logits with every patch kept differ from pruning off by "
+            f"{(on[0] - off[0]).abs().max().item():.2e}")
+        assert on[1] == off[1], (family, rank)
