@@ -184,6 +184,21 @@ def all_gather_ints(values: list[int], group: dist.ProcessGroup | None = None) -
     return all_gather(t.to(_scalar_device(group)), group).cpu()
 
 
+def all_gather_rows(rows: torch.Tensor, counts: list[int],
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's ``rows`` (counts[r], ...) concatenated in rank order (sum(counts), ...) on
+    the CPU; ``counts`` (the same on every rank) says how many rows each rank holds. The rows
+    travel padded to the largest count, in one all-gather on the group's device."""
+    rank, world = rank_and_size(group)
+    assert len(counts) == world and rows.shape[0] == counts[rank], (counts, rows.shape, rank)
+    if world == 1:
+        return rows.cpu()
+    padded = rows.new_zeros((max(counts), *rows.shape[1:]), device=_scalar_device(group))
+    padded[:rows.shape[0]] = rows
+    gathered = all_gather(padded, group).cpu()
+    return torch.cat([gathered[r, :counts[r]] for r in range(world)])
+
+
 def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order (small control data only)."""
     if not is_distributed():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from apbv.modes import MODE_NAMES
-from apbv.validate import boolean, integer, number, one_of, string
+from apbv.validate import boolean, integer, number, one_of, pruning_settings, string
 
 if TYPE_CHECKING:
     from apbv.video import VideoSpec
@@ -54,17 +54,13 @@ PREPROCESS = ("levels", "fused", "processor")
 """``vision.preprocess``: frames to patch rows by :mod:`apbv.video.patches`, as pixel levels
 (``levels``) or as the processor's float rows (``fused``), or by the HF video processor."""
 VISION_ATTENTION = ("grouped", "per_window")
-"""``vision.attention``: grouped (:mod:`apbv.model.vision_attention`) or per_window (the stock
-tower: one SDPA call per window and per temporal patch)."""
+"""``vision.attention``: grouped (:mod:`apbv.model.vision_attention`) or per_window (stock)."""
 VISION_ROTARY = ("fused", "stock")
-"""``vision.rotary``: the vision tower's q/k rotary with q and k in one set of passes, bit-equal
-to transformers' (:func:`apbv.model.vision_attention.fused_rotary`), or transformers' own."""
+"""``vision.rotary``: fused (:func:`apbv.model.vision_attention.fused_rotary`) or stock."""
 VISION_NORM = ("fused", "stock")
-"""``vision.norm``: the tower's RMSNorms as one kernel on CUDA
-(:func:`apbv.model.vision_blocks.fused_rms_norm`) or transformers' own."""
+"""``vision.norm``: fused (:func:`apbv.model.vision_blocks.fused_rms_norm`) or stock."""
 PATCH_EMBED = ("linear", "conv")
-"""``vision.patch_embed``: linear (:func:`apbv.model.patch_embed.linear_patch_embed`) or conv
-(the stock Conv3d)."""
+"""``vision.patch_embed``: linear (:func:`apbv.model.patch_embed.linear_patch_embed`) or conv."""
 
 
 @dataclass
@@ -121,12 +117,16 @@ class VideoConfig:
     where the two ranks' frames lie in different keyframe intervals, so no two ranks walk the
     same GOP (apbv/video/gop.py); the same tokens as the balanced split."""
     resize_device: str = "cpu"
-    """Where decoded frames are resized and turned into patch rows: cpu (qwen-vl-utils' pixels
-    bit for bit) or cuda (each rank's GPU: the decoded frames go to the device as uint8 and
-    are resized there, which differs from the CPU's uint8 resize by rounding; CUDA ranks
-    only)."""
+    """Where decoded frames are resized into patch rows: cpu (qwen-vl-utils' pixels bit for
+    bit) or cuda (the rank's GPU: uint8 frames resized on the device, differing from the CPU's
+    by rounding; CUDA ranks only)."""
+    static_threshold: float = 0.0
+    """Temporal patches changed by less, in channel levels 0-255, are dropped (0: off)."""
+    pruning_rate: float = 0.0
+    """vLLM's video_pruning_rate: only 0 (off) is supported yet (docs/pruning.md)."""
 
     def __post_init__(self) -> None:
+        pruning_settings(self.pruning_rate, self.static_threshold)
         one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
         one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
         one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
@@ -157,13 +157,13 @@ class VideoConfig:
                              "set both or neither")
 
     def spec(self, path: str) -> VideoSpec:
-        """The sampling request for one video file (every field but where frames are resized,
-        which is the engine's, carries over by name)."""
+        """The sampling request for one video file (the fields it has carry over by name; where
+        frames are resized is the engine's, the pruning settings are the request's)."""
         from apbv.video import VideoSpec
 
         return VideoSpec(path=path, **{f.name: getattr(self, f.name)
                                        for f in dataclasses.fields(self)
-                                       if f.name != "resize_device"})
+                                       if f.name in VideoSpec.__dataclass_fields__})
 
 
 @dataclass

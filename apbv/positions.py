@@ -67,6 +67,7 @@ def mrope_positions(
     video_token_id: int,
     spatial_merge_size: int,
     tokens_per_second: float,
+    kept: Sequence[Sequence[int] | None] | None = None,
 ) -> torch.Tensor:
     """Position ids (3, 1, L) int64 for a 1-D prompt ``input_ids`` (L,).
 
@@ -75,6 +76,8 @@ def mrope_positions(
             (``video_grid_thw``; h and w before the spatial merge).
         second_per_grid_ts: per video, seconds covered by one temporal patch
             (temporal_patch_size / sampled fps).
+        kept: per video, the temporal patches of its grid that the prompt holds (temporal
+            pruning: each keeps the positions it has in the whole video), or None for all.
     """
     if input_ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D (L,), got shape {tuple(input_ids.shape)}")
@@ -87,7 +90,10 @@ def mrope_positions(
     pieces = []
     next_pos = 0
     cursor = 0
-    for (start, end), (t, h, w), seconds in zip(runs, video_grids, second_per_grid_ts):
+    for i, ((start, end), (t, h, w), seconds) in enumerate(zip(runs, video_grids,
+                                                               second_per_grid_ts)):
+        patches = range(t) if kept is None or kept[i] is None else kept[i]
+        t = len(patches)
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         if end - start != t * gh * gw:
             raise ValueError(
@@ -96,7 +102,7 @@ def mrope_positions(
             )
         text = torch.arange(start - cursor) + next_pos
         pieces.append(text.expand(3, -1))
-        video = video_positions(range(t), gh, gw, seconds, tokens_per_second,
+        video = video_positions(patches, gh, gw, seconds, tokens_per_second,
                                 next_pos + start - cursor)
         pieces.append(video)
         next_pos = int(video.max()) + 1

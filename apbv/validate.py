@@ -91,3 +91,31 @@ def positive(name: str, value: object, *, allow_none: bool = False, allow_zero: 
         of = f" of {unit}" if unit else ""
         raise ValueError(f"{name} must be a finite number{of} {bound}{extra}, got {value!r}")
     return float(value)
+
+
+MAX_STATIC_THRESHOLD = 255.0
+"""The largest temporal-pruning threshold (channel levels 0-255); a higher one is refused."""
+
+
+def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
+                     names: tuple[str, str] = ("video.pruning_rate", "video.static_threshold"),
+                     ) -> None:
+    """ValueError naming the setting (``names``: the rate's and the threshold's) unless
+    ``pruning_rate`` is 0 (a rate in (0, 1) is not supported yet; outside [0, 1) it is no rate)
+    and ``static_threshold`` is a number in [0, :data:`MAX_STATIC_THRESHOLD`] levels (0:
+    off)."""
+    rate_name, threshold_name = names
+    for name, value in ((rate_name, pruning_rate), (threshold_name, static_threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not 0 <= pruning_rate < 1:
+        raise ValueError(f"{rate_name} must be in [0, 1) (the fraction of video tokens removed; "
+                         f"0: off), got {pruning_rate!r}")
+    if pruning_rate > 0:
+        raise ValueError(f"{rate_name}={pruning_rate:g} is not supported yet (per-token pruning "
+                         f"after the vision tower); leave it at 0 and use {threshold_name} "
+                         f"(whole temporal patches)")
+    if not 0 <= static_threshold <= MAX_STATIC_THRESHOLD:
+        raise ValueError(f"{threshold_name} must be in [0, {MAX_STATIC_THRESHOLD:g}] levels "
+                         f"(0: off), got {static_threshold!r}")

@@ -46,6 +46,7 @@ from apbv.distributed import DistInfo, ranks_ready
 from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import GraphSteps, resolve_graphs
+from apbv.engine.pruned import Unpruned, agreed_keep, pruned_inputs, unpruned_share
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
 from apbv.engine.runner import check_context, run_prompt
 from apbv.engine.stream import Stream
@@ -71,6 +72,12 @@ def _available_host_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _snapped(request: Request, sampling: Sampling) -> tuple[tuple[int, int, int], ...] | None:
+    """:attr:`Sampling.moved` with ``video.snap_to_keyframes``, else None."""
+    return sampling.moved if isinstance(request.video, VideoSpec) \
+        and request.video.snap_to_keyframes is not None else None
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -123,9 +130,12 @@ class Engine:
         """A request from this engine's config; ``mode``/``max_new_tokens`` may replace it."""
         return Request.from_config(self.cfg, video, question, **overrides)
 
-    def preprocess(self, request: Request) -> PromptInputs:
+    def preprocess(self, request: Request) -> PromptInputs | Unpruned:
         """Sample the video, tokenize the prompt, check that the request fits (context and
-        memory) and only then decode and process this rank's frames.
+        memory) and only then decode and process this rank's frames. With temporal pruning
+        (``request.static_threshold``) the decoded frames come back as :class:`Unpruned`
+        (checked against the whole video's prompt; the ranks then agree on the kept patches:
+        :mod:`apbv.engine.pruned`).
 
         With the vision cache on, a hit (same file, sampling, model and place in the frame
         split) gives this rank's vision embeddings and sampling instead: only the prompt is
@@ -147,12 +157,12 @@ class Engine:
                             choice_ids=choice_ids,
                             frame_hw=(sampling.resized_height, sampling.resized_width))
 
-        key, entry = None, None
-        if self.vision_cache.enabled and isinstance(request.video, VideoSpec):
+        key, entry, prune = None, None, request.static_threshold > 0
+        if self.vision_cache.enabled and isinstance(request.video, VideoSpec) and not prune:
             key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
                              split)
             entry = self.vision_cache.get(key)
-        pipeline = self.cfg.vision.pipeline  # decoded and processed in the vision stage
+        pipeline = self.cfg.vision.pipeline and not prune  # decoded in the vision stage
         pixel_values, chunks = None, None
         if entry is not None:  # no probe, no decoding, no processor; the preflight still runs
             preflight(entry.sampling)
@@ -171,6 +181,11 @@ class Engine:
                 decoded_rank_frames(request.video, *share, before_process=preflight,
                                     temporal_patch_size=self.qwen.temporal_patch_size)
             sampling, patches = frames.sampling, frames.patch_range
+            if prune:
+                t = self.qwen.video_grid(sampling)[0]
+                ranges = frame_split(sampling, world) if split else ((0, t),) * world
+                return unpruned_share(self.qwen, frames, ranges, split=split, rank=rank,
+                                      choice_ids=choice_ids, snapped=_snapped(request, sampling))
             if pipeline:  # frames already in memory: the chunks are views
                 chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
             else:
@@ -193,8 +208,7 @@ class Engine:
             vision_embeds=None if entry is None else entry.embeddings,
             vision_store=store,
             frame_chunks=chunks,
-            snapped=sampling.moved if isinstance(request.video, VideoSpec)
-            and request.video.snap_to_keyframes is not None else None,
+            snapped=_snapped(request, sampling),
         )
 
     def _store_vision(self, key: VisionKey, sampling: Sampling, patches: Range,
@@ -358,7 +372,7 @@ class Engine:
                 stream = asked_stream(self.streams, request, self.info.rank)
             if request.video.fresh:
                 kept = stream.kept_vision()  # a collective
-        inputs: PromptInputs | HeldAsk
+        inputs: PromptInputs | HeldAsk | Unpruned
         with agreement(group):
             if stream is None:
                 inputs = self.preprocess(request)
@@ -372,4 +386,8 @@ class Engine:
             cancel = cancelled_here(stop, self.info, "the vision tower")
             if cancel is not None:
                 raise cancel
+        if isinstance(inputs, Unpruned):  # on every rank alike (the request's setting)
+            keep = agreed_keep(inputs, request.static_threshold, group)
+            with agreement(group):
+                inputs = pruned_inputs(self.qwen, request, inputs, keep)
         return inputs

@@ -21,7 +21,7 @@ import torch
 from apbv.engine.sampling import GREEDY, Sampling
 from apbv.modes import Mode, get_mode
 from apbv.plan import Plan, Range
-from apbv.validate import check_int
+from apbv.validate import check_int, pruning_settings
 from apbv.video import DecodedVideo, VideoSpec
 
 if TYPE_CHECKING:
@@ -91,6 +91,12 @@ class Request:
     sampling: Sampling = GREEDY
     """How each generated token is picked (greedy by default: evaluation and closed
     vocabularies always are) and whether its log-probabilities are reported."""
+    static_threshold: float = 0.0
+    """Temporal pruning of a video file or decoded frames (``video.static_threshold``, colour
+    levels; 0: off): temporal patches that changed less than this since the last kept one are
+    not encoded nor prompted (:mod:`apbv.video.prune`; a live stream's chunks are not pruned)."""
+    pruning_rate: float = 0.0
+    """``video.pruning_rate`` (vLLM's ``video_pruning_rate``): only 0 (off) is supported."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -113,6 +119,7 @@ class Request:
             raise ValueError("a request with choices scores them exactly; it samples nothing "
                              "and reports no per-token logprobs: leave temperature at 0 and "
                              "logprobs unset")
+        pruning_settings(self.pruning_rate, self.static_threshold)
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"the system text must be a string or None, got "
                              f"{type(self.system).__name__}")
@@ -145,6 +152,8 @@ class Request:
             choices=choices,  # type: ignore[arg-type]  # checked and made a tuple on init
             stop_texts=stop_texts,  # type: ignore[arg-type]  # the same
             system=system,
+            static_threshold=cfg.video.static_threshold,
+            pruning_rate=cfg.video.pruning_rate,
         )
 
     def plan(self, context_len: int, query_len: int, world_size: int) -> Plan:
@@ -261,6 +270,9 @@ class PromptInputs:
     """Called with this rank's vision tower output when it was computed (fills the cache)."""
     snapped: tuple[tuple[int, int, int], ...] | None = None
     """With ``video.snap_to_keyframes``: :attr:`apbv.video.Sampling.moved`; None otherwise."""
+    kept: tuple[int, ...] | None = None
+    """With temporal pruning: the temporal patches of ``video_grid`` that stay, in order (the
+    prompt holds only theirs; ``patch_ranges`` then count kept patches); None: all."""
 
 
 @dataclass

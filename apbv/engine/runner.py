@@ -86,7 +86,11 @@ def run_prompt(
             local_video = inputs.vision_embeds  # set: a vision cache hit
             with agreement(group):  # reached on every rank, hit or miss
                 if local_video is None:
-                    if inputs.frame_chunks is not None:  # vision.pipeline: decoded here
+                    if patch_range[0] == patch_range[1]:  # pruning kept none of this rank's
+                        local_video = torch.zeros(
+                            0, qwen.text_config.hidden_size * (1 + qwen.extra_levels),
+                            dtype=qwen.dtype, device=qwen.device)
+                    elif inputs.frame_chunks is not None:  # vision.pipeline: decoded here
                         local_video = qwen.encode_frames(inputs.frame_chunks)
                     else:
                         grid = (patch_range[1] - patch_range[0], h, w)
@@ -117,7 +121,8 @@ def run_prompt(
                                                                  video_rows.shape)
             video_rows, features = split_features(qwen, video_rows, is_video)
             embeds[is_video] = video_rows.to(embeds.dtype)
-            positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t)
+            positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t,
+                                       inputs.kept)
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,

@@ -24,7 +24,9 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    :class:`apbv.video.Sampling`), :attr:`VideoModel.video_token_id` and
    :meth:`VideoModel.video_runs`: the runs of video placeholder tokens in a prompt, in order
    (one for Qwen2.5-VL, one per frame for InternVL3, one per temporal patch for Qwen3-VL
-   after its timestamp text).
+   after its timestamp text). With ``kept`` (temporal pruning, :mod:`apbv.video.prune`) the
+   prompt holds only those temporal patches, each with the text that goes with it (Qwen3-VL's
+   ``<t seconds>``, InternVL3's ``FrameN:``, as in the whole video's prompt).
 4. **The vision tower over a rank's frame share.** :meth:`VideoModel.vision_tower` (rows and
    grid) and :meth:`VideoModel.encode_frames` (frame chunks) -> embeddings (n_tokens, hidden)
    in video-token order, for whole temporal units only, so ranks encode disjoint frame shares
@@ -41,7 +43,9 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    :meth:`VideoModel.decoder` as :class:`VideoFeatures` over the shard's video tokens.
 6. **Positions for any token range.** :meth:`VideoModel.positions` gives the (3, 1, T) RoPE
    positions of the whole prompt once; the engine shards them with the tokens. A 1-D RoPE
-   family gives three equal rows. :attr:`VideoModel.rope_inv_freq` lets cached keys be moved
+   family gives three equal rows. With ``kept``, the kept patches' tokens keep the positions
+   the family's rule gives them in that prompt (Qwen2.5-VL: their own times).
+   :attr:`VideoModel.rope_inv_freq` lets cached keys be moved
    to other positions (stream rebasing), :attr:`VideoModel.max_positions` is the context.
 7. **The attention hook.** :meth:`VideoModel.decoder` runs the decoder layers with every
    layer's attention routed to the installed :class:`apbv.context.AttentionContext`
@@ -70,7 +74,7 @@ Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL),
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -184,12 +188,13 @@ class VideoModel(Protocol):
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]: ...
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def video_runs(self, ids: torch.Tensor) -> list[Range]: ...
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
-                  second_per_grid_t: float) -> torch.Tensor: ...
+                  second_per_grid_t: float, kept: Sequence[int] | None = None,
+                  ) -> torch.Tensor: ...
 
     def stream_prompt(self, grid_hw: tuple[int, int]) -> StreamPrompt:
         """The live-stream pieces of the prompt for frames of the (h, w) patch grid

@@ -24,7 +24,7 @@ decoded-frame requests take every frame as its own temporal unit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,8 +171,8 @@ class InternVL(HFVisionLM):
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rules.prompt(question, video_grid, system)
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rules.prompt(question, video_grid, system, kept=kept)
 
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
         return self.rules.plan_sampling(spec, meta)
@@ -194,9 +194,9 @@ class InternVL(HFVisionLM):
         return runs
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
-                  second_per_grid_t: float) -> torch.Tensor:
+                  second_per_grid_t: float, kept: Sequence[int] | None = None) -> torch.Tensor:
         """(3, 1, T) 1-D RoPE positions 0..T-1 of the prompt ``ids`` (T,), in three equal rows
-        (the video's grid and time do not move them)."""
+        (the video's grid, time and ``kept`` frames do not move them)."""
         return sequential_positions(0, len(ids))
 
     def stream_prompt(self, grid_hw: tuple[int, int]) -> InternVLStreamPrompt:

@@ -13,6 +13,7 @@ engine's adapter (:mod:`apbv.model.internvl`) and the server's front end
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,17 +69,20 @@ def internvl_sampling(spec: VideoSpec, meta: VideoMeta, frame_size: tuple[int, i
 
 
 def internvl_prompt_ids(processor: Any, question: str, num_frames: int,
-                        system: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        system: str | None = None, kept: Sequence[int] | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context ids (N,) and query ids (Q,) of the chat prompt over ``num_frames`` frames, as
     the stock processor builds them (``<video>`` -> ``Frame1: <img>`` ``image_seq_length`` x
     ``<IMG_CONTEXT>`` ``</img>``, frames joined by a new line); the question (and the
     ``system`` turn's text, when given) is tokenized apart as plain text
-    (:func:`apbv.sequence.text_ids`), the query starts with the question."""
+    (:func:`apbv.sequence.text_ids`), the query starts with the question. ``kept`` (temporal
+    pruning): only those frames (0-based), each keeping its number ``Frame{i + 1}:``."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("the question must be a non-empty string")
     tokenizer = processor.tokenizer
     context, query = _rendered(processor, system)
-    frames = frames_text(tokenizer, 0, num_frames)
+    frames = frames_text(tokenizer, 0, num_frames) if kept is None else \
+        "\n".join(frame_text(tokenizer, i) for i in kept)
     head, _, rest = context.replace(tokenizer.video_token, frames).rpartition(SYSTEM_SLOT)
     ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
     if system is not None:
@@ -111,11 +115,15 @@ def _rendered(processor: Any, system: str | None) -> tuple[str, str]:
 
 def frames_text(tokenizer: Any, first: int, count: int) -> str:
     """The text of frames ``first + 1 .. first + count`` as the stock processor writes them
-    (``FrameN: <img><IMG_CONTEXT></img>``, joined by a new line; one ``<IMG_CONTEXT>`` per
-    frame, :func:`expand_frames` repeats it)."""
+    (:func:`frame_text` joined by a new line)."""
+    return "\n".join(frame_text(tokenizer, i) for i in range(first, first + count))
+
+
+def frame_text(tokenizer: Any, frame: int) -> str:
+    """Frame ``frame``'s (0-based) text, ``Frame{frame + 1}: <img><IMG_CONTEXT></img>`` (one
+    ``<IMG_CONTEXT>``: :func:`expand_frames` repeats it)."""
     start, end = tokenizer.start_image_token, tokenizer.end_image_token
-    return "\n".join(f"Frame{i + 1}: {start}{tokenizer.context_image_token}{end}"
-                     for i in range(first, first + count))
+    return f"Frame{frame + 1}: {start}{tokenizer.context_image_token}{end}"
 
 
 def expand_frames(processor: Any, ids: list[int]) -> torch.Tensor:
@@ -151,10 +159,10 @@ class InternVLRules:
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`internvl_prompt_ids` over the ``video_grid[0]`` frames of the grid
-        (``sampling`` is not needed)."""
-        return internvl_prompt_ids(self.processor, question, video_grid[0], system)
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`internvl_prompt_ids` over the ``video_grid[0]`` frames of the grid (or its
+        ``kept`` ones; ``sampling`` is not needed)."""
+        return internvl_prompt_ids(self.processor, question, video_grid[0], system, kept)
 
 
 @dataclass

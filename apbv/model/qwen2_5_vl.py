@@ -12,7 +12,7 @@ attention goes through :mod:`apbv.model.hook`; transformers version drift is han
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from apbv.video.patches import (
     patch_rows,
     patches_per_chunk,
 )
+from apbv.video.prune import pruned_grid
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
@@ -147,21 +148,22 @@ class QwenVL(QwenVideoLM):
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Context ids (N,) with one run of ``(t * h * w) / merge**2`` video tokens for the
-        patch grid ``video_grid`` (t, h, w), and query ids (Q,)
-        (:func:`apbv.sequence.build_prompt`; ``sampling`` is not needed)."""
-        return QwenRules(self.processor).prompt(question, video_grid, system)
+        patch grid ``video_grid`` (t, h, w) (t: the ``kept`` temporal patches when given),
+        and query ids (Q,) (:func:`apbv.sequence.build_prompt`; ``sampling`` is not needed)."""
+        return QwenRules(self.processor).prompt(question, pruned_grid(video_grid, kept), system)
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
-                  second_per_grid_t: float) -> torch.Tensor:
+                  second_per_grid_t: float, kept: Sequence[int] | None = None) -> torch.Tensor:
         """(3, 1, T) int64 M-RoPE positions of the whole prompt ``ids`` (T,) holding one video
-        of ``video_grid`` (t, h, w) patches, ``second_per_grid_t`` seconds per temporal patch
+        of ``video_grid`` (t, h, w) patches (or its ``kept`` temporal patches, each at its own
+        time), ``second_per_grid_t`` seconds per temporal patch
         (:func:`apbv.positions.mrope_positions`: the rule the checkpoints were trained with)."""
         return mrope_positions(ids, [video_grid], [second_per_grid_t],
                                video_token_id=self.video_token_id,
                                spatial_merge_size=self.spatial_merge_size,
-                               tokens_per_second=self.tokens_per_second)
+                               tokens_per_second=self.tokens_per_second, kept=[kept])
 
     def stream_prompt(self, grid_hw: tuple[int, int]) -> QwenStreamPrompt:
         """A live stream's pieces of :meth:`prompt`'s prompt for frames of the ``grid_hw``

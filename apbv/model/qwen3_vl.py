@@ -28,7 +28,7 @@ added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requ
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +43,7 @@ from apbv.plan import Range
 from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import PIPELINE_CHUNK_ROWS, patches_per_chunk
+from apbv.video.prune import pruned_grid
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
@@ -155,8 +156,8 @@ class Qwen3VL(QwenVideoLM):
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rules.prompt(question, video_grid, system, sampling=sampling)
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rules.prompt(question, video_grid, system, sampling=sampling, kept=kept)
 
     def stream_prompt(self, grid_hw: tuple[int, int]) -> Qwen3VLStreamPrompt:
         """A live stream's pieces of :meth:`prompt`'s prompt for frames of the ``grid_hw``
@@ -178,14 +179,15 @@ class Qwen3VL(QwenVideoLM):
         return runs
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
-                  second_per_grid_t: float) -> torch.Tensor:
+                  second_per_grid_t: float, kept: Sequence[int] | None = None) -> torch.Tensor:
         """(3, 1, T) int64 interleaved M-RoPE positions of the prompt ``ids`` (T,) holding one
-        video of ``video_grid`` (t, h, w), by the stock ``get_rope_index`` (time is in the
-        timestamp text: ``second_per_grid_t`` does not move them)."""
+        video of ``video_grid`` (t, h, w) (or its ``kept`` temporal patches), by the stock
+        ``get_rope_index`` (time is in the timestamp text: ``second_per_grid_t`` and which
+        patches were kept do not move them; each patch is its own one-frame grid)."""
         ids = ids.reshape(1, -1).cpu()
         types = (ids == self.video_token_id).int() * 2  # the processor's mm_token_type_ids
         positions, _ = self.model.model.get_rope_index(
-            ids, types, video_grid_thw=torch.tensor([list(video_grid)]))
+            ids, types, video_grid_thw=torch.tensor([list(pruned_grid(video_grid, kept))]))
         return positions
 
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,

@@ -31,6 +31,7 @@ from apbv.model.stream_prompt import ChunkPlace, sequential_positions, split_at_
 from apbv.positions import video_positions
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.video import Sampling, VideoMeta, VideoSpec
+from apbv.video.prune import pruned_grid
 from apbv.video.sampling import snapped
 
 FAMILY = "Qwen3-VL"
@@ -155,14 +156,18 @@ class Qwen3VLRules:
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],
                system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               kept: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`qwen3_vl_prompt_ids` with the timestamps of ``sampling`` (required: they
-        are part of the prompt)."""
+        are part of the prompt); with ``kept`` (temporal pruning) only those temporal patches,
+        each with its own ``<t seconds>`` text: a dropped patch's text goes with its tokens."""
         if sampling is None:
             raise ValueError(f"{FAMILY} prompts need the sampling (frame indices and fps) for "
                              "their timestamps")
-        return qwen3_vl_prompt_ids(self.processor, question, video_grid,
-                                   timestamps(self.processor, sampling), system)
+        seconds = timestamps(self.processor, sampling)
+        if kept is not None:
+            seconds = [seconds[g] for g in kept]
+        return qwen3_vl_prompt_ids(self.processor, question, pruned_grid(video_grid, kept),
+                                   seconds, system)
 
 
 @dataclass

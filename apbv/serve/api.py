@@ -25,6 +25,7 @@ from apbv.serve import chat_body
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
+from apbv.validate import pruning_settings
 from apbv.video import VideoSpec
 
 if TYPE_CHECKING:
@@ -159,7 +160,8 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
             video = dataclasses.replace(video, fps=fps, nframes=nframes)
         if video_kwargs["max_pixels"] is not None:
             video = dataclasses.replace(video, max_pixels=video_kwargs["max_pixels"])
-        request = dataclasses.replace(request, video=video, sampling=sampling)
+        request = _pruning(body, video_kwargs,
+                           dataclasses.replace(request, video=video, sampling=sampling))
         if choices is not None:
             request = dataclasses.replace(request, choices=tuple(choices))
     except ValueError as exc:
@@ -171,6 +173,25 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     return ChatCall(request, body.get("stream") is True, model_name, body.get("deadline_ms"),
                     downloaded=downloaded, remote=remote,
                     include_usage=options.get("include_usage") is True, ignored=tuple(ignored))
+
+
+def _pruning(body: dict, video_kwargs: dict[str, Any], request: Request) -> Request:
+    """``request`` with the temporal pruning settings the body sets (``static_threshold``,
+    ``video_pruning_rate`` or ``mm_processor_kwargs.video_pruning_rate``; the server's
+    otherwise), or ClientError 400 naming the field."""
+    rate = video_kwargs["video_pruning_rate"]
+    threshold = body.get("static_threshold")
+    out = {"pruning_rate": request.pruning_rate if rate is None else float(rate),
+           "static_threshold": request.static_threshold if threshold is None
+           else float(threshold)}
+    try:
+        pruning_settings(out["pruning_rate"], out["static_threshold"],
+                         names=("video_pruning_rate", "static_threshold"))
+    except ValueError as exc:
+        param = "static_threshold" if str(exc).startswith("static") else "video_pruning_rate"
+        raise ClientError(400, str(exc), param=param) from None
+    return dataclasses.replace(request, pruning_rate=out["pruning_rate"],
+                               static_threshold=out["static_threshold"])
 
 
 def with_download(call: ChatCall, downloaded: Held) -> ChatCall:

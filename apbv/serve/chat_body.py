@@ -67,13 +67,18 @@ class ChatBody(BaseModel):
     guided_choice: list[str] | None = Field(None, description="vLLM's name of choice_set")
     structured_outputs: dict[str, Any] | None = Field(
         None, description="vLLM's {'choice': [...]}: choice_set")
+    static_threshold: float | None = Field(
+        None, ge=0, description="Temporal pruning: temporal patches that changed by less than "
+                                "this many levels (0-255) are dropped (0: off)")
+    video_pruning_rate: float | None = Field(
+        None, ge=0, description="vLLM's per-token pruning rate: only 0 (off) so far")
     mm_processor_kwargs: dict[str, Any] | None = Field(
-        None, description="vLLM's {'fps', 'nframes', 'max_pixels'}")
+        None, description="vLLM's {'fps', 'nframes', 'max_pixels', 'video_pruning_rate'}")
     media_io_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM's {'video': {'num_frames': N}}: nframes")
 
 
-MM_KWARGS = ("fps", "nframes", "max_pixels")
+MM_KWARGS = ("fps", "nframes", "max_pixels", "video_pruning_rate")
 """The keys of vLLM's ``mm_processor_kwargs`` taken, as the fields of the same names."""
 CHOICE_ALIASES = ("choice_set", "choices", "guided_choice", "structured_outputs.choice")
 """The spellings of the closed vocabulary (``choices``: deprecated, it clashes with the
@@ -156,7 +161,7 @@ def sampling(body: dict) -> Sampling:
 
 
 def video_kwargs(body: dict, ignored: list[str]) -> dict[str, Any]:
-    """fps, nframes and max_pixels from the body's own fields and vLLM's
+    """fps, nframes, max_pixels and video_pruning_rate from the body's own fields and vLLM's
     ``mm_processor_kwargs`` and ``media_io_kwargs.video.num_frames`` (a value given twice
     must agree); their other keys go to ``ignored``."""
     mm = body.get("mm_processor_kwargs") or {}

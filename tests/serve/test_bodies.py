@@ -127,6 +127,29 @@ def test_chat_fields_are_checked_by_type(chat, fields: dict, text: str):
     assert text in _refused(chat, **fields)
 
 
+@pytest.mark.parametrize("fields, param, text", [
+    ({"static_threshold": -1}, "static_threshold", "static_threshold must be a finite number >= 0"),
+    ({"static_threshold": 300}, "static_threshold", "static_threshold must be in [0, 255]"),
+    ({"mm_processor_kwargs": {"video_pruning_rate": 1.0}}, "video_pruning_rate",
+     "video_pruning_rate must be in [0, 1)"),
+    ({"video_pruning_rate": -0.5}, "video_pruning_rate", "video_pruning_rate must be a finite"),
+    ({"mm_processor_kwargs": {"video_pruning_rate": 0.5}}, "video_pruning_rate",
+     "video_pruning_rate=0.5 is not supported yet"),
+])
+def test_chat_pruning_settings_are_checked(chat, fields: dict, param: str, text: str):
+    with pytest.raises(ClientError) as info:
+        chat(**fields)
+    assert info.value.status == 400 and text in info.value.message, info.value.message
+    assert param in (info.value.param or ""), info.value.param
+
+
+def test_chat_pruning_settings_reach_the_request(chat):
+    call = chat(static_threshold=6, mm_processor_kwargs={"video_pruning_rate": 0})
+    assert call.request.static_threshold == 6.0 and call.request.pruning_rate == 0.0
+    assert "mm_processor_kwargs.video_pruning_rate" not in call.ignored
+    assert chat().request.static_threshold == 0.0  # the server's default: off
+
+
 def test_chat_stream_is_a_boolean(chat):
     assert chat(stream=True).sse is True
     assert chat(stream=False).sse is False and chat().sse is False

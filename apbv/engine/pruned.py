@@ -1,0 +1,105 @@
+"""Temporal pruning in the request path (``video.static_threshold`` > 0; the rule:
+:mod:`apbv.video.prune`).
+
+1. Preprocessing (:meth:`apbv.engine.engine.Engine.preprocess`) checks the request against the
+   whole video's prompt (an upper bound of the pruned one), decodes this rank's frames as
+   always and keeps them with their signatures as an :class:`Unpruned` share
+   (:func:`unpruned_share`); no tower rows are made yet.
+2. Once the ranks agree that preprocessing went well, :func:`agreed_keep` all-gathers the
+   signatures (a collective, every rank alike) and applies the rule to the whole video's, so
+   every rank holds the same keep mask, whatever the number of ranks.
+3. :func:`pruned_inputs` builds the prompt over the kept temporal patches (the family's text
+   goes with them) and this rank's kept frames' tower rows; the frame split is counted in
+   kept patches (a rank may keep none: it encodes nothing and receives its tokens' rows).
+
+The vision cache is not used with pruning (its entries hold a whole share's embeddings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from apbv import comm
+from apbv.engine.request import PromptInputs, Request
+from apbv.model.adapter import VideoModel
+from apbv.plan import Range
+from apbv.video import RankFrames, Sampling
+from apbv.video.prune import keep_mask, kept_split, signatures
+
+
+@dataclass(frozen=True)
+class Unpruned:
+    """A rank's decoded share of a video, before the ranks agree on what stays."""
+
+    frames: torch.Tensor
+    """uint8 (F, 3, H, W): this rank's frames (the whole video when the vision work is not
+    split), as decoded and resized for the tower."""
+    signatures: torch.Tensor
+    """(F / unit, gh, gw) float32: their temporal patches' signatures."""
+    sampling: Sampling
+    patch_ranges: tuple[Range, ...]
+    """The frame split over the whole video's patches (every rank (0, t) when not split)."""
+    split: bool
+    """Whether the ranks encode disjoint shares (else every rank holds every frame)."""
+    rank: int
+    choice_ids: list[list[int]] | None
+    snapped: tuple[tuple[int, int, int], ...] | None
+
+
+def unpruned_share(qwen: VideoModel, frames: RankFrames, patch_ranges: tuple[Range, ...], *,
+                   split: bool, rank: int, choice_ids: list[list[int]] | None,
+                   snapped: tuple[tuple[int, int, int], ...] | None) -> Unpruned:
+    """This rank's decoded ``frames`` with their signatures over the family's merged-patch
+    grid (one cell per LLM token of a frame)."""
+    _, h, w = qwen.video_grid(frames.sampling)
+    merge = qwen.spatial_merge_size
+    sigs = signatures(frames.frames, frames.sampling.temporal_patch_size,
+                      (h // merge, w // merge))
+    return Unpruned(frames.frames, sigs, frames.sampling, patch_ranges, split, rank, choice_ids,
+                    snapped)
+
+
+def agreed_keep(share: Unpruned, threshold: float, group: dist.ProcessGroup | None,
+                ) -> list[bool]:
+    """The keep mask of the whole video's temporal patches, the same on every rank (one
+    all-gather of the signatures when the vision work is split; call on every rank alike)."""
+    sigs = share.signatures
+    if share.split:
+        counts = [p1 - p0 for p0, p1 in share.patch_ranges]
+        sigs = comm.all_gather_rows(sigs, counts, group)
+    return keep_mask(sigs, threshold)
+
+
+def pruned_inputs(qwen: VideoModel, request: Request, share: Unpruned,
+                  keep: list[bool]) -> PromptInputs:
+    """The request's :class:`PromptInputs` over the ``keep`` temporal patches: the pruned
+    prompt, this rank's kept frames' tower rows (None when it keeps none) and the frame split
+    in kept patches."""
+    kept, ranges = kept_split(keep, share.patch_ranges)
+    grid = qwen.video_grid(share.sampling)
+    context_ids, query_ids = qwen.prompt(request.question, grid, request.system,
+                                         sampling=share.sampling, kept=kept)
+    p0, p1 = share.patch_ranges[share.rank]
+    unit = share.sampling.temporal_patch_size
+    mine = torch.tensor(keep[p0:p1], dtype=torch.bool).repeat_interleave(unit)
+    frames = share.frames[mine.to(share.frames.device)]
+    pixel_values = None
+    if len(frames):
+        pixel_values, local_grid = qwen.tower_rows(frames)
+        assert local_grid == (ranges[share.rank][1] - ranges[share.rank][0], *grid[1:]), \
+            (local_grid, ranges, share.rank)
+    return PromptInputs(
+        context_ids=context_ids,
+        query_ids=query_ids,
+        video_grid=grid,
+        second_per_grid_t=share.sampling.second_per_grid_t,
+        patch_ranges=ranges,
+        pixel_values=pixel_values,
+        num_frames=share.sampling.num_frames,
+        choice_ids=share.choice_ids,
+        snapped=share.snapped,
+        kept=kept,
+    )
