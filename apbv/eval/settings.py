@@ -56,6 +56,8 @@ def run_settings(spec: Any, cfg: RuntimeConfig, *, annotation: Path,
         "world_size": world_size,
         "apbv_version": apbv.__version__,
     }
+    if cfg.video.static_threshold:  # only when on, so outputs of earlier runs still resume
+        settings["video.static_threshold"] = cfg.video.static_threshold
     return json.loads(json.dumps(settings))  # what a reader of the file gets back
 
 
