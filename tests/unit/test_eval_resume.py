@@ -92,6 +92,9 @@ def test_settings_are_stored_and_a_resume_with_other_ones_is_refused(
     refused("(max_new_tokens stored 5, now 2)", _spec(vnb, out, max_new_tokens=2), cfg)
     refused("attention.passing_len stored null, now 64",
             _spec(vnb, out), _cfg(model, "attention.passing_len=64"))
+    assert "video.static_threshold" not in stored  # off: outputs written before still resume
+    refused("video.static_threshold stored null, now 8.0",
+            _spec(vnb, out), _cfg(model, "video.static_threshold=8.0"))
     settings_path(out).unlink()
     refused(f"{out} holds 4 result rows but no settings file (run_settings.json",
             _spec(vnb, out), cfg)
