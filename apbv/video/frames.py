@@ -58,7 +58,7 @@ class DecodedVideo:
 
 def frames_size(height: int, width: int, count: int, spec: VideoSpec) -> tuple[int, int]:
     """(h, w) that ``count`` frames of ``height`` x ``width`` given already decoded (a chat
-    request's images) are resized to: the one-shot path's rule for a video of ``count``
+    request's images) are resized to: Qwen2.5-VL's one-shot rule for a video of ``count``
     sampled frames (qwen-vl-utils' fetch_video size with ``spec``'s pixel bounds, its
     ``total_pixels`` shared by the frames, sides multiples of ``spec.image_patch_size * 2``);
     ValueError naming the frames when they cannot be resized."""
