@@ -111,8 +111,9 @@ def run_prompt(
                 video_rows = route_embeddings(local_video, routes, patch_range,
                                               span.tokens_per_patch, rank, group)
             else:  # every rank encoded the whole video: take its own rows, move nothing
-                video_rows = torch.cat([local_video[s:e] for s, e in
-                                        needed_video_tokens(plan, span, rank)])
+                pieces = [local_video[s:e] for s, e in needed_video_tokens(plan, span, rank)]
+                # none where this rank's part of a short prompt holds no video token
+                video_rows = torch.cat(pieces) if pieces else local_video[:0]
         with timer.stage("prefill"):
             local_ids = shard(ids.unsqueeze(0), plan, rank)
             embeds = qwen.embed(local_ids)

@@ -2,16 +2,19 @@
 :mod:`apbv.serve.responses`).
 
 :func:`parse_chat` reads one ``POST /v1/chat/completions`` body (a user message with one
-``video_url`` part and text parts, at most one system message, whose text goes into the chat
-template's system turn, ``max_tokens``, sampling (``temperature``, ``top_p``, ``top_k``,
-``seed``), ``logprobs``/``top_logprobs``, ``stream`` and ``stream_options``, and apbv's own
-fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choice_set``, ``deadline_ms``, with
-vLLM's spellings of them: :class:`apbv.serve.chat_body.ChatBody` lists them all and is the
-schema ``/docs`` shows) into a resolved :class:`apbv.engine.request.Request` (a remote video is
-named, then downloaded by the caller and put in with :func:`with_download`; a ``data:`` video
-is stored at once); :func:`check_request` applies the limits that need the file (duration,
-frames, pixels, prompt tokens) without decoding a frame. Fields it does not know are accepted,
-never acted on, and reported (the call's ``ignored``), as vLLM does.
+``video_url`` part, or ``image_url`` parts that are the frames of one video
+(:mod:`apbv.serve.image_parts`), and text parts, at most one system message, whose text goes
+into the chat template's system turn, ``max_tokens``, sampling (``temperature``, ``top_p``,
+``top_k``, ``seed``), ``logprobs``/``top_logprobs``, ``stream`` and ``stream_options``, and
+apbv's own fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choice_set``,
+``deadline_ms``, with vLLM's spellings of them: :class:`apbv.serve.chat_body.ChatBody` lists
+them all and is the schema ``/docs`` shows) into a resolved
+:class:`apbv.engine.request.Request` (a remote video is named, then downloaded by the caller
+and put in with :func:`with_download`; a ``data:`` video is stored at once; image frames are
+decoded at once; every ``data:`` URL counts against ``--max-data-bytes``);
+:func:`check_request` applies the limits that need the file (duration, frames, pixels, prompt
+tokens) without decoding a frame. Fields it does not know are accepted, never acted on, and
+reported (the call's ``ignored``), as vLLM does.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apbv.engine.request import Request
-from apbv.serve import chat_body
+from apbv.serve import chat_body, image_parts
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 from apbv.validate import pruning_settings
-from apbv.video import VideoSpec
+from apbv.video import DecodedVideo, VideoSpec
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
@@ -53,9 +56,23 @@ class ChatCall:
     """The body's fields that were not understood, hence not acted on."""
 
 
-def _message_parts(body: dict) -> tuple[str, str, str | None]:
-    """(video URL, question text) of the request's user message, and the text of its system
-    message (None without one)."""
+@dataclass(frozen=True)
+class MessageParts:
+    """What the user message (and the system message) of a chat body hold."""
+
+    videos: list[object]
+    """The ``video_url`` parts' URLs (unchecked)."""
+    images: list[object]
+    """The ``image_url`` parts' URLs (unchecked), in order: the frames of one video."""
+    question: str
+    system: str | None
+    ignored: list[str]
+    """Keys of the parts that are not acted on (``image_url.detail``)."""
+
+
+def _message_parts(body: dict) -> MessageParts:
+    """The video URL(s), image URLs and question text of the request's user message, and the
+    text of its system message (None without one)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ClientError(400, "messages must be a non-empty list")
@@ -68,24 +85,35 @@ def _message_parts(body: dict) -> tuple[str, str, str | None]:
                                f"message(s), other roles {sorted(map(str, others))})")
     content = users[0].get("content")
     if not isinstance(content, list):
-        raise ClientError(400, "the user message's content must be a list of parts holding one "
-                               "video_url part and text")
-    urls, texts = [], []
+        raise ClientError(400, "the user message's content must be a list of parts: one "
+                               "video_url part or image_url parts (frames), and text")
+    videos, images, texts, ignored = [], [], [], set()
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "video_url" and isinstance(part.get("video_url"), dict):
-            urls.append(part["video_url"].get("url"))
+            videos.append(part["video_url"].get("url"))
+        elif kind == "image_url" and isinstance(part.get("image_url"), dict):
+            images.append(part["image_url"].get("url"))
+            ignored |= {f"image_url.{k}" for k in part["image_url"] if k != "url"}
         elif kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         else:
             raise ClientError(400, f"unsupported content part {str(part)[:120]!r}: only "
-                                   "{'type': 'video_url'} and {'type': 'text'}")
-    if len(urls) != 1:
-        raise ClientError(400, f"exactly one video_url part is needed, got {len(urls)}")
+                                   "{'type': 'video_url'}, {'type': 'image_url'} and "
+                                   "{'type': 'text'}")
+    if len(videos) > 1 or (videos and images):
+        raise ClientError(400, f"one video per request: one video_url part or image_url parts "
+                               f"(its frames), got {len(videos)} video_url and {len(images)} "
+                               "image_url part(s)")
+    if not videos and not images:
+        raise ClientError(400, "the user message needs a video: one video_url part or "
+                               "image_url parts (its frames); text-only requests are not "
+                               "supported")
     question = "\n".join(texts)
     if not question.strip():
         raise ClientError(400, "the user message needs a non-empty text part (the question)")
-    return urls[0], question, _system_text(systems[0]) if systems else None
+    return MessageParts(videos, images, question,
+                        _system_text(systems[0]) if systems else None, sorted(ignored))
 
 
 def _system_text(message: dict) -> str:
@@ -103,11 +131,13 @@ def _system_text(message: dict) -> str:
 
 
 def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPolicy,
-               model_name: str) -> ChatCall:
+               model_name: str, body_bytes: int | None = None) -> ChatCall:
     """The engine request of one chat body, or ClientError naming what is wrong; nothing is
     downloaded here (a remote video's URL is the call's ``remote``; a ``data:`` video is
-    decoded and stored, the call holding it) and no file is read but a local video's path
-    checks (call it off the event loop)."""
+    decoded and stored, the call holding it; image frames are decoded) and no file is read
+    but a local video's path checks and ``file://`` images (call it off the event loop).
+    ``body_bytes``: the body's size as sent, whose part outside its ``data:`` URLs must stay
+    within --max-body-bytes (None: not checked, a body not read from HTTP)."""
     if not isinstance(body, dict):
         raise ClientError(400, "the request body must be a JSON object")
     ignored = chat_body.check_fields(body)
@@ -122,8 +152,15 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     ignored += [f"stream_options.{k}" for k in sorted(options) if k != "include_usage"]
     sampling = chat_body.sampling(body)
     _check_messages(body.get("messages"))
-    url, question, system = _message_parts(body)
-    url = check_url(url, "video_url.url")
+    parts = _message_parts(body)
+    question, system = parts.question, parts.system
+    ignored += parts.ignored
+    urls = [check_url(u, "video_url.url") for u in parts.videos] + \
+        [check_url(u, f"image_url.url of image {i}") for i, u in enumerate(parts.images)]
+    data = image_parts.data_size(urls, limits)
+    if body_bytes is not None:
+        limits.check("body", body_bytes - data, limits.max_body_bytes, "max-body-bytes",
+                     "the request body without its data: URLs")
     limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
                  "the question's length in characters")
     if system is not None:
@@ -139,7 +176,21 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     if fps is not None and nframes is not None:
         raise ClientError(400, f"fps ({fps}) and nframes ({nframes}) exclude each other",
                           param="nframes")
+    if parts.images and nframes is not None:
+        raise ClientError(400, f"nframes ({nframes}) samples a video file; frames sent as "
+                               f"image_url parts are all taken ({len(parts.images)} here)",
+                          param="nframes")
     choices = chat_body.choice_set(body)
+    if parts.images:
+        request = _image_request(cfg, urls, question, system, body, max_tokens, fps,
+                                 video_kwargs["max_pixels"], limits, policy)
+        request = _pruning(body, video_kwargs, dataclasses.replace(request, sampling=sampling))
+        if choices is not None:
+            request = _with_choices(request, choices)
+        return ChatCall(request, body.get("stream") is True, model_name,
+                        body.get("deadline_ms"), include_usage=options.get("include_usage")
+                        is True, ignored=tuple(ignored))
+    url = urls[0]
     if url.startswith("data:"):
         remote, downloaded = None, store_data_url(url, policy)
         path = downloaded.path
@@ -194,6 +245,36 @@ def _pruning(body: dict, video_kwargs: dict[str, Any], request: Request) -> Requ
                                static_threshold=out["static_threshold"])
 
 
+def _image_request(cfg: RuntimeConfig, urls: list[str], question: str, system: str | None,
+                   body: dict, max_tokens: int | None, fps: float | None,
+                   max_pixels: int | None, limits: Limits, policy: MediaPolicy) -> Request:
+    """The request on the frames sent as the image URLs ``urls``
+    (:func:`apbv.serve.image_parts.image_video`, sized by the config's video pixel bounds, or
+    the request's ``max_pixels``, and the checkpoint's patch size)."""
+    spec = cfg.video.spec("<image frames>")
+    patch = image_parts.patch_size(cfg.model.path) if cfg.model.path else None
+    changes: dict[str, Any] = {} if patch is None else {"image_patch_size": patch}
+    if max_pixels is not None:
+        changes["max_pixels"] = max_pixels
+    try:
+        spec = dataclasses.replace(spec, **changes)
+        video = image_parts.image_video(urls, spec, fps, limits, policy)
+        return dataclasses.replace(
+            Request.from_config(cfg, "<image frames>", question, mode=body.get("mode"),
+                                max_new_tokens=max_tokens, system=system,
+                                stop_texts=() if body.get("stop") is None else body["stop"]),
+            video=video)
+    except ValueError as exc:
+        raise ClientError(400, str(exc)) from None
+
+
+def _with_choices(request: Request, choices: list[str]) -> Request:
+    try:
+        return dataclasses.replace(request, choices=tuple(choices))
+    except ValueError as exc:
+        raise ClientError(400, str(exc)) from None
+
+
 def with_download(call: ChatCall, downloaded: Held) -> ChatCall:
     """``call`` (with a ``remote`` video) on the stored file ``downloaded``, which it holds."""
     assert call.remote is not None and call.downloaded is None, call
@@ -219,23 +300,43 @@ def check_request(request: Request, limits: Limits, processor: Any,
     duration, sampled frames, pixels per frame and prompt tokens of ``request`` against
     ``limits`` (probe and plan_sampling: no frame is decoded); returns what was measured,
     with the decode work of the file's keyframe layout on ``world_size`` ranks
-    (:func:`apbv.video.gop.decode_work`, which deadline admission prices)."""
+    (:func:`apbv.video.gop.decode_work`, which deadline admission prices). Frames sent as
+    images (a DecodedVideo) are measured as they are, nothing probed. A mode that splits the
+    frames among the ranks needs a temporal patch per rank (else 400)."""
     from apbv.model.front import prompt_rules
+    from apbv.plan import patch_ranges
     from apbv.video import probe
     from apbv.video.gop import decode_work
     from apbv.video.header import check_native_size, check_pixels
 
     video = request.video
-    assert isinstance(video, VideoSpec), video  # a chat request names a file
     rules = prompt_rules(processor)  # the model family's frames and prompt
-    try:
-        check_native_size(video, limits.max_native_pixels, "--max-native-pixels")
-        meta = probe(video)  # a header without the size: the decoder's (one frame decoded)
-        check_pixels((meta.height, meta.width), limits.max_native_pixels, "--max-native-pixels")
-        sampling = rules.plan_sampling(video, meta)
-    except ValueError as exc:
-        raise ClientError(400, str(exc)) from None
-    seconds = min(meta.duration, video.video_end or meta.duration) - (video.video_start or 0)
+    meta = None
+    if isinstance(video, DecodedVideo):  # frames sent as images: nothing to probe or decode
+        unit = getattr(getattr(processor, "video_processor", None), "temporal_patch_size", 1)
+        sampling = dataclasses.replace(video.sampling, temporal_patch_size=unit)
+        seconds = sampling.num_frames / video.fps
+    else:
+        assert isinstance(video, VideoSpec), video  # a chat request names a file
+        try:
+            check_native_size(video, limits.max_native_pixels, "--max-native-pixels")
+            meta = probe(video)  # a header without the size: the decoder's (one frame decoded)
+            check_pixels((meta.height, meta.width), limits.max_native_pixels,
+                         "--max-native-pixels")
+            sampling = rules.plan_sampling(video, meta)
+        except ValueError as exc:
+            raise ClientError(400, str(exc)) from None
+        seconds = min(meta.duration, video.video_end or meta.duration) - \
+            (video.video_start or 0)
+    if request.mode.vit_split:  # every rank encodes its own temporal patches
+        try:
+            patch_ranges(sampling.num_patches, world_size)
+        except ValueError as exc:
+            least = world_size * sampling.temporal_patch_size
+            hint = (f"; frames sent as images: send at least {least}, or use a mode in which "
+                    "every rank encodes every frame (no_vit_split)"
+                    if isinstance(video, DecodedVideo) else "")
+            raise ClientError(400, f"{exc}{hint}") from None
     limits.check("duration", round(seconds, 3), limits.max_video_seconds, "max-video-seconds",
                  "the video's duration in seconds")
     limits.check("frames", sampling.num_frames, limits.max_frames, "max-frames",
@@ -250,6 +351,7 @@ def check_request(request: Request, limits: Limits, processor: Any,
                  "the prompt's token count")
     return {"frames": sampling.num_frames, "prompt_tokens": tokens, "context_len": len(context),
             "query_len": len(query), "pixels": pixels, "height": sampling.resized_height,
-            "width": sampling.resized_width, **decode_work(meta, sampling, world_size)}
+            "width": sampling.resized_width,
+            **({} if meta is None else decode_work(meta, sampling, world_size))}
 
 

@@ -197,24 +197,30 @@ class Server:
     async def read_json(self, request: Request) -> Any:
         """The request's JSON body (:mod:`apbv.serve.bodies`: application/json only, strictly
         decoded), within --max-body-bytes."""
+        return decode_json(await self.read_body(request))
+
+    async def read_body(self, request: Request, data: bool = False) -> bytes:
+        """The request's body bytes if it is JSON, within --max-body-bytes; with ``data`` (a
+        chat body, whose ``data:`` URLs :func:`apbv.serve.api.parse_chat` bounds by
+        --max-data-bytes and the rest by --max-body-bytes), within both limits' sum."""
         check_content_type(request.headers.get("content-type"))
-        limit = self.opt.limits.max_body_bytes
+        limits = self.opt.limits
+        limit = limits.max_body_bytes + (limits.max_data_bytes if data else 0)
+        flag = "max-body-bytes" + (" plus --max-data-bytes" if data else "")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit():
-            self.opt.limits.check("body", int(declared), limit, "max-body-bytes",
-                                  "the request body in bytes")
+            limits.check("body", int(declared), limit, flag, "the request body")
         body = b""
         async for piece in request.stream():
             body += piece
-            self.opt.limits.check("body", len(body), limit, "max-body-bytes",
-                                  "the request body in bytes")
-        return decode_json(body)
+            limits.check("body", len(body), limit, flag, "the request body")
+        return body
 
     async def chat(self, request: Request) -> Response:
         self.authorize(request)
-        body = await self.read_json(request)
-        call = await self._checked(api.parse_chat, body, self.cfg, self.opt.limits,
-                                   self.opt.policy, self.opt.model_name)
+        raw = await self.read_body(request, data=True)
+        call = await self._checked(api.parse_chat, decode_json(raw), self.cfg, self.opt.limits,
+                                   self.opt.policy, self.opt.model_name, body_bytes=len(raw))
         if call.remote is not None:
             call = api.with_download(call, await self._fetch(call.remote))
         try:

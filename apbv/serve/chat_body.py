@@ -33,8 +33,8 @@ class ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     messages: list[dict[str, Any]] = Field(
-        description="One user message (a video_url part and text parts) and at most one "
-                    "system message")
+        description="One user message (a video_url part, or image_url parts: the frames "
+                    "of one video, and text parts) and at most one system message")
     model: str | None = Field(None, description="The served model's id (see /v1/models)")
     max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most")
     max_completion_tokens: int | None = Field(None, ge=1, description="max_tokens' new name")
@@ -55,7 +55,8 @@ class ChatBody(BaseModel):
     stop: str | list[str] | None = Field(None, description="Texts that end the answer")
     user: str | None = None
     mode: str | None = Field(None, description="Attention mode (spava, exact, ...)")
-    fps: float | None = Field(None, ge=0, description="Frames sampled per second")
+    fps: float | None = Field(None, ge=0, description="Frames sampled per second (of "
+                                                      "image_url frames: their rate, default 2)")
     nframes: int | None = Field(None, ge=2, description="Frames sampled in all (not with fps)")
     max_pixels: int | None = Field(None, ge=1, description="Pixel budget of a sampled frame")
     deadline_ms: float | None = Field(None, ge=0, description="Refuse at once (503) when the "

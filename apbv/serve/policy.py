@@ -39,7 +39,11 @@ class Limits:
     """What one request may ask for (the serve flags of the same names set them)."""
 
     max_body_bytes: int = 1 << 20
-    """Request body size in bytes (--max-body-bytes)."""
+    """Request body size in bytes (--max-body-bytes), not counting its ``data:`` URLs."""
+    max_data_bytes: int = 64 << 20
+    """The ``data:`` URLs of one chat request (inline videos and images, base64 text), in
+    bytes all together (--max-data-bytes); a chat body may hold this much beyond
+    ``max_body_bytes``."""
     max_video_seconds: float = 3600.0
     """Duration of the video (or of its clip) in seconds, probed without decoding."""
     max_frames: int = 768
@@ -62,10 +66,22 @@ class Limits:
     8192x8192 does not."""
 
     def check(self, name: str, value: float, limit: float, flag: str, what: str = "") -> None:
+        """ClientError naming ``what`` (or ``name``), its value, the limit and its ``flag``
+        when ``value`` is over ``limit``: 413 for sizes in bytes (``name`` "body" or "data",
+        printed in MiB), else 400."""
         if value > limit:
-            raise ClientError(413 if name == "body" else 400,
-                              f"{what or name} is {value:g}, over the limit of {limit:g} "
-                              f"(--{flag})")
+            sized = name in ("body", "data")
+            raise ClientError(413 if sized else 400,
+                              f"{what or name} is {_amount(value, sized)}, over the limit of "
+                              f"{_amount(limit, sized)} (--{flag})")
+
+
+def _amount(value: float, size: bool) -> str:
+    """``value`` as the limits print it: a size in bytes in MiB (``2.31 MiB``), an integer
+    in full, another number in ``%g``."""
+    if size:
+        return f"{value / 2**20:.2f} MiB"
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 @dataclass(frozen=True)

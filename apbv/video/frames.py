@@ -9,7 +9,7 @@ import torch
 
 from apbv.plan import Range
 from apbv.validate import positive
-from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling
+from apbv.video.sampling import TEMPORAL_PATCH_SIZE, Sampling, VideoSpec
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +54,17 @@ class DecodedVideo:
 
         digest = hashlib.sha256(self.frames.contiguous().numpy().tobytes()).hexdigest()[:16]
         return f"{tuple(self.frames.shape)} at {self.fps:g} fps, sha256 {digest}"
+
+
+def frames_size(height: int, width: int, count: int, spec: VideoSpec) -> tuple[int, int]:
+    """(h, w) that ``count`` frames of ``height`` x ``width`` given already decoded (a chat
+    request's images) are resized to: Qwen2.5-VL's one-shot rule for a video of ``count``
+    sampled frames (qwen-vl-utils' fetch_video size with ``spec``'s pixel bounds, its
+    ``total_pixels`` shared by the frames, sides multiples of ``spec.image_patch_size * 2``);
+    ValueError naming the frames when they cannot be resized."""
+    from apbv.video.sampling import _qwen, _resize_target
+
+    return _resize_target(_qwen(), spec, height, width, count, "the image frames")
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
         (dict(messages=_messages(clip, "x" * 9000)), 400,
          "is 9000, over the limit of 8192 (--max-question-chars)"),
         (dict(messages=_messages(clip, "x" * 70000)), 413,
-         "over the limit of 65536 (--max-body-bytes)"),
+         "over the limit of 0.06 MiB (--max-body-bytes)"),
         (dict(messages=_messages(clip), extra_body={"deadline_ms": 0.01}), 503,
          "the deadline of 0.01 ms cannot be met: the predicted TTFT is"),
     ]

@@ -2,13 +2,17 @@
 no cache flag) driven as a vLLM user would, with the official openai client: the README's
 needle video answered right, seeded sampling (identical twice, every rank agreeing),
 logprobs, stream_options.include_usage, vLLM's mm_processor_kwargs and structured_outputs, a
-data: URL, an unknown field answered and reported; the vision cache on by default; vLLM's
+data: URL, an unknown field answered and reported; a video sent as frames (lmms-eval's request:
+text and 8 data:image/png parts) answered by the server and by ``apbv batch``, token for token
+as the engine answers the same frames in exact mode; the vision cache on by default; vLLM's
 metric names with model_name, /version, /docs, /openapi.json; a streaming client that leaves
 early logs no error."""
 
 from __future__ import annotations
 
 import base64
+import io
+import json
 import re
 import shutil
 import time
@@ -119,6 +123,75 @@ def test_requests_as_vllm_takes_them(server):
     with pytest.raises(openai.BadRequestError) as info:
         _ask(base, url, n=2)
     assert info.value.body["param"] == "n" and "n=2 is not supported" in info.value.message
+
+
+def _png(frame) -> str:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(frame.permute(1, 2, 0).numpy()).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_frames_as_images_as_lmms_eval_sends_them(server, tmp_path: Path):
+    """lmms-eval's openai_compatible body (model, one user message: a text part then one
+    data:image/png part per frame, max_tokens, temperature 0), with apbv's ``mode: exact``:
+    the server (2 ranks) and ``apbv batch`` (1 rank, the same body reader) give the tokens the
+    engine gives on the same 8 frames as a DecodedVideo; one image is a one-frame video."""
+    import torch
+
+    from apbv.cli.batch_run import read_requests, run_batch
+    from apbv.config import load_config
+    from apbv.distributed import DistInfo
+    from apbv.engine.engine import Engine
+    from apbv.engine.request import Request
+    from apbv.synthetic.needle_video import needle_sample_of
+    from apbv.video import DecodedVideo
+
+    base, _, media = server
+    frames = needle_sample_of("magenta", 8.0).frames[4:12].contiguous()  # the flash inside
+    images = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_png(f)}"}}
+              for f in frames]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": QUESTION}, *images]}], "max_tokens": 8, "temperature": 0,
+        "mode": "exact"}
+    served = httpx.post(base + "/v1/chat/completions", json=body, timeout=60,
+                        headers={"Authorization": f"Bearer {KEY}"})
+    assert served.status_code == 200, served.text
+    served_ids = served.json()["apbv"]["token_ids"]
+    assert served.json()["apbv"]["frames"] == 8
+
+    cfg = load_config("tiny_cpu", [f"model.path={str(NEEDLE_TINY)!r}", "video.min_pixels=3136",
+                                   "video.max_pixels=3136"])
+    engine = Engine(cfg, DistInfo(0, 1, 0, torch.device("cpu"), None))
+    reference = engine.generate(Request(video=DecodedVideo(frames, 2.0), question=QUESTION,
+                                        mode="exact", max_new_tokens=8))
+    assert reference.answer == "magenta", reference.answer
+    assert served_ids == reference.token_ids, (served.json()["choices"], reference.answer)
+
+    lines = tmp_path / "requests.jsonl"
+    lines.write_text(json.dumps({"custom_id": "lmms-eval", "method": "POST",
+                                 "url": "/v1/chat/completions", "body": body}) + "\n")
+    failed = run_batch(cfg, DistInfo(0, 1, 0, torch.device("cpu"), None), engine,
+                       read_requests(lines), tmp_path / "out.jsonl", (str(media),),
+                       progress=io.StringIO())
+    row = json.loads((tmp_path / "out.jsonl").read_text())
+    assert failed == 0, row
+    assert row["response"]["body"]["apbv"]["token_ids"] == reference.token_ids, row
+
+    # One image: one temporal patch (the frame twice), which 2 ranks cannot split among them
+    # (a 400 saying so before any work) but a mode in which each rank encodes every frame
+    # answers.
+    single = dict(body, messages=[{"role": "user", "content": [
+        {"type": "text", "text": QUESTION}, images[6]]}], mode="spava")
+    split = httpx.post(base + "/v1/chat/completions", json=single, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+    assert split.status_code == 400 and "send at least 4" in split.text, split.text
+    one = httpx.post(base + "/v1/chat/completions", json=dict(single, mode="no_vit_split"),
+                     timeout=60, headers={"Authorization": f"Bearer {KEY}"})
+    assert one.status_code == 200 and one.json()["apbv"]["frames"] == 2, one.text
 
 
 def test_usage_chunk_only_when_asked(server):
