@@ -216,7 +216,8 @@ def finish_answer(
     """
     with timer.stage("first_token"):
         # stays on the device for decode
-        first_token = pick_token(logits, info.group, sampling)
+        first_token = pick_token(logits, info.group, sampling,
+                                 tuple(sorted(qwen.eos_token_ids)))
         first = host_token(first_token, info.group)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None

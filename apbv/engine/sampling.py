@@ -14,10 +14,13 @@ decode's signal check still fails loudly on ranks that ever disagree).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from apbv.engine.logits_rules import NO_RULES, LogitsRules
 
 MAX_TEMPERATURE = 2.0
 """The highest temperature accepted (OpenAI's limit)."""
@@ -44,6 +47,9 @@ class Sampling:
     logprobs: int | None = None
     """Report each chosen token's log-probability and that many likeliest alternatives
     (0 .. 20); None: none reported."""
+    rules: LogitsRules = NO_RULES
+    """Logits transforms (penalties, logit_bias, min_tokens) and end rules (ignore_eos),
+    applied before temperature and truncation."""
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -65,6 +71,8 @@ class Sampling:
                               or not 0 <= n <= MAX_TOP_LOGPROBS):
             raise ValueError(f"top_logprobs must be an integer in 0 .. {MAX_TOP_LOGPROBS}, "
                              f"got {n!r}")
+        if not isinstance(self.rules, LogitsRules):
+            raise ValueError(f"rules must be LogitsRules, got {type(self.rules).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -72,13 +80,18 @@ class Sampling:
 
     @property
     def plain(self) -> bool:
-        """Greedy without log-probabilities: what a captured decode step computes."""
-        return self.greedy and self.logprobs is None
+        """Greedy without log-probabilities or logits transforms: what a captured decode
+        step computes."""
+        return self.greedy and self.logprobs is None and not self.rules.shapes_logits
 
     @torch.inference_mode()
-    def pick(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        """The token of step ``step`` (0: the first) from (vocab,) ``logits``: a (1,) int64
-        tensor on the logits' device (never read back here)."""
+    def pick(self, logits: torch.Tensor, step: int, previous: Sequence[int] = (),
+             eos: Sequence[int] = ()) -> torch.Tensor:
+        """The token of step ``step`` (0: the first) from (vocab,) ``logits``, after the
+        answer's tokens ``previous`` (``eos``: the model's EOS ids; both for :attr:`rules`): a
+        (1,) int64 tensor on the logits' device (never read back here)."""
+        if self.rules.shapes_logits:
+            logits = self.rules.apply(logits, previous, eos)
         if self.greedy:
             return torch.argmax(logits).view(1)
         scaled = logits.float() / self.temperature

@@ -10,8 +10,10 @@ vLLM's spellings of them: :class:`apbv.serve.chat_body.ChatBody` lists them all 
 schema ``/docs`` shows) into a resolved :class:`apbv.engine.request.Request` (a remote video is
 named, then downloaded by the caller and put in with :func:`with_download`; a ``data:`` video
 is stored at once); :func:`check_request` applies the limits that need the file (duration,
-frames, pixels, prompt tokens) without decoding a frame. Fields it does not know are accepted,
-never acted on, and reported (the call's ``ignored``), as vLLM does.
+frames, pixels, prompt tokens, logit_bias's token ids) without decoding a frame. Every field
+is classed by :mod:`apbv.serve.chat_fields`: acted on; harmless, or unknown, and reported (the
+call's ``ignored``, as vLLM tolerates unknown fields); or changing the answer where apbv cannot
+act on it, and refused naming it (400).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apbv.engine.request import Request
-from apbv.serve import chat_body
+from apbv.serve import chat_body, chat_fields
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
@@ -102,14 +104,17 @@ def _system_text(message: dict) -> str:
 
 
 def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPolicy,
-               model_name: str) -> ChatCall:
+               model_name: str, lenient: bool = False) -> ChatCall:
     """The engine request of one chat body, or ClientError naming what is wrong; nothing is
     downloaded here (a remote video's URL is the call's ``remote``; a ``data:`` video is
     decoded and stored, the call holding it) and no file is read but a local video's path
-    checks (call it off the event loop)."""
+    checks (call it off the event loop). Each field is acted on, ignored and reported, or
+    refused as :mod:`apbv.serve.chat_fields` classes it (``lenient``: the unsupported ones
+    ignored and reported instead, ``--ignore-unsupported-fields``)."""
     if not isinstance(body, dict):
         raise ClientError(400, "the request body must be a JSON object")
-    ignored = chat_body.check_fields(body)
+    chat_body.check_fields(body)
+    ignored = chat_fields.classify(body, lenient)
     if body.get("n") not in (None, 1):
         raise ClientError(400, f"n={body['n']!r} is not supported: one answer per request "
                                "(n=1); send the request again for another", param="n")
@@ -224,6 +229,11 @@ def check_request(request: Request, limits: Limits, processor: Any,
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")
+    beyond = [t for t, _ in request.sampling.rules.logit_bias if t >= len(processor.tokenizer)]
+    if beyond:
+        raise ClientError(400, f"logit_bias names token id {beyond[0]}, beyond the "
+                               f"vocabulary of {len(processor.tokenizer)} tokens",
+                          param="logit_bias")
     return {"frames": sampling.num_frames, "prompt_tokens": tokens, "context_len": len(context),
             "query_len": len(query), "pixels": pixels, "height": sampling.resized_height,
             "width": sampling.resized_width, **decode_work(meta, sampling, world_size)}

@@ -74,6 +74,9 @@ class ServerOptions:
     """Seconds a request body may take to arrive after its head (--read-timeout-s)."""
     protect_metrics: bool = False
     """``/metrics`` asks for the API key too (--protect-metrics); else it is open."""
+    ignore_unsupported_fields: bool = False
+    """Chat fields that would change the answer and are not supported are reported as
+    ignored instead of refused (--ignore-unsupported-fields; :mod:`apbv.serve.chat_fields`)."""
 
 
 class Server:
@@ -212,7 +215,8 @@ class Server:
         self.authorize(request)
         body = await self.read_json(request)
         call = await self._checked(api.parse_chat, body, self.cfg, self.opt.limits,
-                                   self.opt.policy, self.opt.model_name)
+                                   self.opt.policy, self.opt.model_name,
+                                   self.opt.ignore_unsupported_fields)
         if call.remote is not None:
             call = api.with_download(call, await self._fetch(call.remote))
         try:
