@@ -52,6 +52,9 @@ class LogitsRules:
     """Subtracted from a token's logit per time it is in the answer, -2 .. 2."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to those logits, each bias in -100 .. 100."""
+    grammar: str | None = None
+    """Structured output: llguidance's serialised grammar the answer must follow
+    (:class:`apbv.engine.grammar.Guide` masks each token's logits); None: free text."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ignore_eos, bool):
@@ -70,12 +73,16 @@ class LogitsRules:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {token!r}")
             _number(f"logit_bias[{token}]", bias, -MAX_BIAS, MAX_BIAS)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or self.min_tokens):
+            raise ValueError("min_tokens does not go with structured output (the grammar may "
+                             "allow nothing but EOS)" if self.min_tokens else
+                             f"grammar must be a string, got {type(self.grammar).__name__}")
 
     @property
     def shapes_logits(self) -> bool:
         """Whether :meth:`apply` changes any logits (a captured greedy step cannot)."""
         return bool(self.min_tokens or self.repetition_penalty != 1 or self.presence_penalty
-                    or self.frequency_penalty or self.logit_bias)
+                    or self.frequency_penalty or self.logit_bias or self.grammar is not None)
 
     def may_end(self, produced: int) -> bool:
         """Whether an answer of ``produced`` tokens may end on EOS or a stop text."""

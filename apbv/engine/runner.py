@@ -27,6 +27,7 @@ from apbv.engine.decode import (
     host_token,
     pick_token,
 )
+from apbv.engine.grammar import Guide
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
@@ -216,8 +217,10 @@ def finish_answer(
     """
     with timer.stage("first_token"):
         # stays on the device for decode
+        guide = None if sampling.rules.grammar is None else \
+            Guide(sampling.rules.grammar, qwen.processor.tokenizer)
         first_token = pick_token(logits, info.group, sampling,
-                                 tuple(sorted(qwen.eos_token_ids)))
+                                 tuple(sorted(qwen.eos_token_ids)), guide)
         first = host_token(first_token, info.group)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
@@ -238,7 +241,8 @@ def finish_answer(
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
                                          on_token=on_token, stop=stop, stop_texts=stop_texts,
-                                         graphs=graphs, sampling=sampling, logprobs=logprobs)
+                                         graphs=graphs, sampling=sampling, logprobs=logprobs,
+                                         guide=guide)
     return tokens, None, finish
 
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from apbv.engine.logits_rules import NO_RULES, LogitsRules
+
+if TYPE_CHECKING:
+    from apbv.engine.grammar import Guide
 
 MAX_TEMPERATURE = 2.0
 """The highest temperature accepted (OpenAI's limit)."""
@@ -86,12 +89,16 @@ class Sampling:
 
     @torch.inference_mode()
     def pick(self, logits: torch.Tensor, step: int, previous: Sequence[int] = (),
-             eos: Sequence[int] = ()) -> torch.Tensor:
+             eos: Sequence[int] = (), guide: Guide | None = None) -> torch.Tensor:
         """The token of step ``step`` (0: the first) from (vocab,) ``logits``, after the
-        answer's tokens ``previous`` (``eos``: the model's EOS ids; both for :attr:`rules`): a
-        (1,) int64 tensor on the logits' device (never read back here)."""
+        answer's tokens ``previous`` (``eos``: the model's EOS ids; both for :attr:`rules`;
+        ``guide``: the grammar's state, given exactly when ``rules.grammar`` is): a (1,) int64
+        tensor on the logits' device (never read back here)."""
+        assert (guide is None) == (self.rules.grammar is None), "a grammar needs its guide"
         if self.rules.shapes_logits:
             logits = self.rules.apply(logits, previous, eos)
+        if guide is not None:
+            logits = guide.mask(logits, previous)
         if self.greedy:
             return torch.argmax(logits).view(1)
         scaled = logits.float() / self.temperature

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apbv.engine.request import Request
-from apbv.serve import chat_body, chat_fields
+from apbv.serve import chat_body, chat_fields, structured
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
@@ -124,7 +124,15 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     options = body.get("stream_options") or {}
     chat_body.typed_field(options, "include_usage", (bool,), param="stream_options.include_usage")
     ignored += [f"stream_options.{k}" for k in sorted(options) if k != "include_usage"]
-    sampling = chat_body.sampling(body)
+    found = structured.grammar(body)
+    if found is not None:
+        from llguidance import LLMatcher
+
+        problem = LLMatcher.validate_grammar(found[1])
+        if problem and not problem.startswith("WARNING"):
+            raise ClientError(400, f"{found[0]} cannot be followed: {problem[:300]}",
+                              param=found[0])
+    sampling = chat_body.sampling(body, None if found is None else found[1])
     _check_messages(body.get("messages"))
     url, question, system = _message_parts(body)
     url = check_url(url, "video_url.url")
@@ -229,6 +237,13 @@ def check_request(request: Request, limits: Limits, processor: Any,
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")
+    if request.sampling.rules.grammar is not None:
+        from apbv.engine.grammar import grammar_error
+
+        problem = grammar_error(request.sampling.rules.grammar, processor.tokenizer)
+        if problem is not None:
+            raise ClientError(400, f"the structured output's grammar does not fit the model's "
+                                   f"tokenizer: {problem[:300]}")
     beyond = [t for t, _ in request.sampling.rules.logit_bias if t >= len(processor.tokenizer)]
     if beyond:
         raise ClientError(400, f"logit_bias names token id {beyond[0]}, beyond the "

@@ -80,7 +80,16 @@ class ChatBody(BaseModel):
                                       description="Old name of choice_set")
     guided_choice: list[str] | None = Field(None, description="vLLM's name of choice_set")
     structured_outputs: dict[str, Any] | None = Field(
-        None, description="vLLM's {'choice': [...]}: choice_set")
+        None, description="vLLM's {'choice': [...]} (choice_set), or one of 'json' (a "
+                          "schema), 'regex', 'grammar' (Lark or GBNF), 'json_object': true")
+    response_format: dict[str, Any] | None = Field(
+        None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': "
+                          "{'name', 'schema'}}: the answer follows it")
+    guided_json: dict[str, Any] | str | None = Field(None, description="structured_outputs."
+                                                                       "json's old name")
+    guided_regex: str | None = Field(None, description="structured_outputs.regex's old name")
+    guided_grammar: str | None = Field(None, description="structured_outputs.grammar's old "
+                                                         "name")
     mm_processor_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM's {'fps', 'nframes', 'max_pixels'}")
     media_io_kwargs: dict[str, Any] | None = Field(
@@ -149,8 +158,9 @@ def check_fields(body: dict) -> list[str]:
     return sorted(set(body) - set(ChatBody.model_fields))
 
 
-def sampling(body: dict) -> Sampling:
-    """The body's sampling and logprobs settings (a random seed when sampling without one)."""
+def sampling(body: dict, grammar: str | None = None) -> Sampling:
+    """The body's sampling and logprobs settings (a random seed when sampling without one),
+    its answer following ``grammar`` when given (structured output)."""
     temperature = body.get("temperature") or 0
     top_logprobs = body.get("top_logprobs")
     if top_logprobs is not None and body.get("logprobs") is not True:
@@ -163,16 +173,17 @@ def sampling(body: dict) -> Sampling:
                         top_p=1.0 if body.get("top_p") is None else body["top_p"],
                         top_k=body.get("top_k") or 0, seed=seed,
                         logprobs=(top_logprobs or 0) if body.get("logprobs") else None,
-                        rules=logits_rules(body))
+                        rules=logits_rules(body, grammar))
     except ValueError as exc:  # the message begins with the field's name
         field = str(exc).split()[0].split("[")[0]
         raise ClientError(400, str(exc), param=field if field in ChatBody.model_fields
                           else None) from None
 
 
-def logits_rules(body: dict) -> LogitsRules:
-    """The body's ignore_eos, min_tokens, penalties and logit_bias (ValueError naming the
-    field; the token ids of logit_bias are checked against the vocabulary later)."""
+def logits_rules(body: dict, grammar: str | None = None) -> LogitsRules:
+    """The body's ignore_eos, min_tokens, penalties and logit_bias, and ``grammar``
+    (ValueError naming the field; the token ids of logit_bias are checked against the
+    vocabulary later)."""
     bias = body.get("logit_bias") or {}
     if not isinstance(bias, dict):
         raise ValueError(f"logit_bias must be an object of token id -> bias, got {bias!r:.100}")
@@ -184,7 +195,7 @@ def logits_rules(body: dict) -> LogitsRules:
     given = {name: body[name] for name in ("ignore_eos", "min_tokens", "repetition_penalty",
                                            "presence_penalty", "frequency_penalty")
              if body.get(name) is not None}
-    return LogitsRules(logit_bias=tuple(sorted(pairs)), **given)
+    return LogitsRules(logit_bias=tuple(sorted(pairs)), grammar=grammar, **given)
 
 
 def video_kwargs(body: dict, ignored: list[str]) -> dict[str, Any]:

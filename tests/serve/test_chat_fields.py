@@ -66,7 +66,7 @@ def test_each_harmless_field_is_answered_and_reported(chat, spec):
 
 
 def test_acted_on_fields_are_the_typed_bodys():
-    acted = {f.name for f in FIELDS if f.kind == ACTED}
+    acted = {f.name for f in FIELDS if f.kind == ACTED and "." not in f.name}
     typed = set(ChatBody.model_fields) - {f.name for f in FIELDS if f.kind == IGNORED}
     assert acted == typed, (acted ^ typed)
 
@@ -93,3 +93,35 @@ def test_acted_on_sampling_fields_reach_the_request(chat):
         with pytest.raises(ClientError) as info:
             chat(**fields)
         assert info.value.param == param, (fields, info.value.param, info.value.message)
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}},
+    {"structured_outputs": {"json": {"type": "array"}}}, {"guided_json": '{"type": "array"}'},
+    {"structured_outputs": {"regex": "[a-z]+"}}, {"guided_regex": "[a-z]+"},
+    {"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}},
+    {"guided_grammar": 'start: "yes" | "no"'}, {"structured_outputs": {"json_object": True}},
+])
+def test_each_structured_output_spelling_gives_a_grammar(chat, fields):
+    call = chat(**fields)
+    assert call.request.sampling.rules.grammar and call.ignored == (), call.ignored
+    assert not call.request.sampling.plain  # masked steps are never the captured one
+
+
+@pytest.mark.parametrize("fields, param, text", [
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "response_format",
+     "give one"),
+    ({"response_format": {"type": "xml"}}, "response_format", "must be {'type': 'text'}"),
+    ({"guided_json": "{not json"}, "guided_json", "must be a JSON schema"),
+    ({"guided_regex": "(a"}, "guided_regex", "cannot be followed"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", ""),
+    ({"guided_regex": "a", "min_tokens": 2}, "min_tokens", "does not go with structured"),
+    ({"guided_regex": "a", "guided_choice": ["a", "b"]}, None, "scores them exactly"),
+])
+def test_bad_structured_output_is_a_400_naming_the_field(chat, fields, param, text):
+    with pytest.raises(ClientError) as info:
+        chat(**fields)
+    assert info.value.status == 400 and info.value.param == param, info.value.message
+    assert text in info.value.message, info.value.message

@@ -2,10 +2,13 @@
 the official openai client for the fields a vLLM user expects to change the answer:
 ``ignore_eos`` runs to ``max_tokens``, ``min_tokens`` holds back EOS and stop texts,
 ``repetition_penalty`` and ``logit_bias`` change a greedy answer (every rank agreeing, or the
-request would fail), and every field docs/compatibility.md marks "400" is a 400 naming it."""
+request would fail), ``response_format`` (json_object, json_schema) and a regex give text that
+parses and validates, and every field docs/compatibility.md marks "400" is a 400 naming it."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +81,25 @@ def test_penalties_and_logit_bias_change_a_greedy_answer(ask):
     with pytest.raises(openai.BadRequestError) as info:
         ask(max_tokens=2, logit_bias={"99999999": 1})
     assert info.value.body["param"] == "logit_bias" and "vocabulary" in info.value.message
+
+
+def test_structured_output_parses_and_validates(ask):
+    jsonschema = pytest.importorskip("jsonschema")
+    free = ask(max_tokens=8).choices[0].message.content
+    with pytest.raises(ValueError):
+        json.loads(free)  # "magenta": the model alone writes no JSON
+    anything = ask(max_tokens=48, response_format={"type": "json_object"})
+    assert isinstance(json.loads(anything.choices[0].message.content), dict), anything
+    schema = {"type": "object", "properties": {"colour": {"enum": ["magenta", "red", "blue"]},
+                                               "sure": {"type": "boolean"}},
+              "required": ["colour", "sure"], "additionalProperties": False}
+    out = ask(max_tokens=48, response_format={"type": "json_schema", "json_schema": {
+        "name": "flash", "schema": schema}})
+    value = json.loads(out.choices[0].message.content)
+    jsonschema.validate(value, schema)
+    assert out.choices[0].finish_reason == "stop", out
+    text = ask(max_tokens=16, extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]+"}})
+    assert re.fullmatch("[0-9]{3}-[a-z]+", text.choices[0].message.content), text
 
 
 @pytest.mark.parametrize("spec", [f for f in FIELDS if f.kind == UNSUPPORTED],

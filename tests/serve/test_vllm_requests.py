@@ -81,7 +81,7 @@ def test_sampling_fields_make_the_request_sampling(chat):
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be"),
     ({"mm_processor_kwargs": {"fps": "2"}}, "mm_processor_kwargs.fps", "fps must be"),
     ({"fps": 1, "mm_processor_kwargs": {"fps": 2}}, "mm_processor_kwargs.fps", "differ"),
-    ({"structured_outputs": {"json": {}}}, "structured_outputs.json", "not supported"),
+    ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs.regex", "cannot be followed"),
     ({"choice_set": ["a", "b"], "guided_choice": ["a", "c"]}, "guided_choice", "differ"),
     ({"guided_choice": "a"}, "guided_choice", "non-empty list of strings"),
 ])
