@@ -12,7 +12,7 @@ decode, :func:`build_result` the one :class:`Result` builder.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -126,11 +126,28 @@ def run_prompt(
                                     video_features=features)
     wants = request.sampling.logprobs is not None and rank == QUERY_RANK
     logprobs: list[dict] | None = [] if wants else None  # the query rank's records
+    mark = cache.lengths()  # the prompt: where an n > 1 request's next answer starts
     tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs,
-        sampling=request.sampling, logprobs=logprobs)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts,
+        graphs=graphs if request.n == 1 else None, sampling=request.sampling,
+        logprobs=logprobs)
+    others = None
+    if request.n > 1 and finish != "cancelled":
+        others = []
+        scratch = StageTimer(timer.device, timer.group)  # TTFT is the first answer's
+        with timer.stage("other_answers"):
+            for index in range(1, request.n):
+                cache.truncate(mark)
+                records: list[dict] | None = [] if wants else None
+                more, _, why = finish_answer(
+                    qwen, logits, int(positions.max()) + 1, cache, info, scratch, choices=None,
+                    choice_ids=None, max_new_tokens=request.max_new_tokens,
+                    kernel=request.kernel, stop=stop, stop_texts=request.stop_texts,
+                    sampling=request.sampling.for_answer(index), logprobs=records)
+                others.append({"answer": answer_text(qwen, more, None, request.stop_texts),
+                               "token_ids": more, "finish_reason": why, "logprobs": records})
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     return build_result(
@@ -138,7 +155,7 @@ def run_prompt(
         frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
-        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped)
+        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped, others=others)
 
 
 def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
@@ -161,6 +178,7 @@ def build_result(
     passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
     vision_cache_hit: bool = False, logprobs: list[dict] | None = None,
     snapped: Sequence[tuple[int, int, int]] | None = None,
+    others: list[dict[str, Any]] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
     stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
@@ -187,6 +205,7 @@ def build_result(
         choices=choices,
         finish_reason=finish,
         logprobs=logprobs,
+        others=others,
         snapped_frames=None if snapped is None else [
             {"position": p, "frame": i, "keyframe": k} for p, i, k in snapped],
     )

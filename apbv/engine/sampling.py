@@ -13,6 +13,7 @@ decode's signal check still fails loudly on ranks that ever disagree).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +77,13 @@ class Sampling:
                              f"got {n!r}")
         if not isinstance(self.rules, LogitsRules):
             raise ValueError(f"rules must be LogitsRules, got {type(self.rules).__name__}")
+
+    def for_answer(self, index: int) -> Sampling:
+        """The sampling of answer ``index`` of an n > 1 request: this one for the first
+        (answer 0 is the n=1 answer), else the seed moved by the answer's number."""
+        if index == 0:
+            return self
+        return dataclasses.replace(self, seed=(self.seed + index * _STEP_MIX) % (MAX_SEED + 1))
 
     @property
     def greedy(self) -> bool:

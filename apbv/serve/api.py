@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from apbv.engine.request import Request
+from apbv.engine.request import MAX_ANSWERS, Request
 from apbv.serve import chat_body, chat_fields, structured
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
@@ -115,9 +115,12 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
         raise ClientError(400, "the request body must be a JSON object")
     chat_body.check_fields(body)
     ignored = chat_fields.classify(body, lenient)
-    if body.get("n") not in (None, 1):
-        raise ClientError(400, f"n={body['n']!r} is not supported: one answer per request "
-                               "(n=1); send the request again for another", param="n")
+    n = body.get("n") or 1
+    if n > MAX_ANSWERS or (n > 1 and body.get("stream") is True):
+        raise ClientError(400, f"n={n} is over the limit of {MAX_ANSWERS} answers per request"
+                          if n > MAX_ANSWERS else f"n={n} is not streamed: one streamed "
+                          "answer per request (n=1), or stream: false for n answers",
+                          param="n")
     if body.get("model") not in (None, model_name):
         raise ClientError(404, f"model {body['model'][:200]!r} is not served; this server "
                                f"serves {model_name!r}", param="model")
@@ -176,6 +179,7 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
         request = dataclasses.replace(request, video=video, sampling=sampling)
         if choices is not None:
             request = dataclasses.replace(request, choices=tuple(choices))
+        request = dataclasses.replace(request, n=n)
     except ValueError as exc:
         discard(downloaded)
         raise ClientError(400, str(exc)) from None

@@ -224,7 +224,8 @@ class Server:
                                            self.processor, self.replicas[0].group.world_size)
             replica = pick(self.replicas, call.request, self.affinity)
             job = replica.admission.admit(call, measured, sse=call.sse,
-                                          max_tokens=call.request.max_new_tokens)
+                                          max_tokens=call.request.max_new_tokens *
+                                          call.request.n)
         except BaseException:
             discard(call.downloaded)
             raise

@@ -57,7 +57,7 @@ FIELDS: tuple[Field, ...] = (
     _acted("temperature", "openai", "0: greedy; else sampled"),
     _acted("top_p", "openai", "nucleus sampling"),
     _acted("seed", "openai", "the same seed gives the same answer"),
-    _acted("n", "openai", "1 only: n > 1 is a 400 naming n"),
+    _acted("n", "openai", "1 .. 8 answers from one prefill (n > 1: not streamed)"),
     _acted("logprobs", "openai", "each token's log-probability"),
     _acted("top_logprobs", "openai", "alternatives per token (with logprobs)"),
     _acted("stream", "openai", "server-sent events"),

@@ -73,7 +73,7 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
         if result.answer.startswith(text) and len(result.answer) > len(text):
             yield event(responses.chunk(model, cid, {"content": result.answer[len(text):]}))
         yield event(responses.chunk(model, cid, {}, result.finish_reason,
-                                    responses.logprobs(result, tokenizer),
+                                    responses.logprobs(result.logprobs, tokenizer),
                                     apbv={**responses.apbv_block(result, wait,
                                                                  job.replica.index),
                                           **extra}))

@@ -83,6 +83,18 @@ def test_penalties_and_logit_bias_change_a_greedy_answer(ask):
     assert info.value.body["param"] == "logit_bias" and "vocabulary" in info.value.message
 
 
+def test_n_answers_from_one_prefill(ask):
+    one = ask(max_tokens=12, temperature=2.0, seed=7)
+    two = ask(max_tokens=12, temperature=2.0, seed=7, n=2)
+    assert [c.index for c in two.choices] == [0, 1], two
+    assert two.choices[0].message.content == one.choices[0].message.content, (one, two)
+    assert _ids(two) == _ids(one)  # the first answer is the n=1 answer
+    assert two.usage.completion_tokens > one.usage.completion_tokens
+    assert two.usage.prompt_tokens == one.usage.prompt_tokens  # one prefill
+    greedy = ask(max_tokens=8, n=3)  # greedy: the same answer three times
+    assert [c.message.content for c in greedy.choices] == ["magenta"] * 3, greedy
+
+
 def test_structured_output_parses_and_validates(ask):
     jsonschema = pytest.importorskip("jsonschema")
     free = ask(max_tokens=8).choices[0].message.content

@@ -72,7 +72,9 @@ def test_sampling_fields_make_the_request_sampling(chat):
 
 
 @pytest.mark.parametrize("fields, param, text", [
-    ({"n": 2}, "n", "n=2 is not supported"),
+    ({"n": 9}, "n", "n=9 is over the limit of 8 answers"),
+    ({"n": 2, "stream": True}, "n", "n=2 is not streamed"),
+    ({"n": 2, "choice_set": ["a", "b"]}, None, "n > 1 does not go with choices"),
     ({"temperature": 2.5}, "temperature", "temperature must be a number in 0 .. 2"),
     ({"top_p": 0}, "top_p", "top_p must be"),
     ({"top_k": -2}, "top_k", "top_k must be"),
@@ -157,11 +159,11 @@ def test_openai_logprobs_shape():
             return "".join(chr(ord("a") + i) for i in ids)
 
     result = SimpleNamespace(logprobs=[{"id": 1, "logprob": -0.5, "top": [[1, -0.5], [0, -1]]}])
-    assert logprobs(result, Tok()) == {"content": [{
+    assert logprobs(result.logprobs, Tok()) == {"content": [{
         "token": "b", "logprob": -0.5, "bytes": [98],
         "top_logprobs": [{"token": "b", "logprob": -0.5, "bytes": [98]},
                          {"token": "a", "logprob": -1, "bytes": [97]}]}]}
-    assert logprobs(SimpleNamespace(logprobs=None), Tok()) is None
+    assert logprobs(None, Tok()) is None
 
 
 @pytest.fixture(scope="module")
