@@ -30,7 +30,7 @@ from apbv.engine import readback
 from apbv.engine.agree import raise_if_any_failed
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
-from apbv.engine.sampling import GREEDY, Sampling
+from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
@@ -286,7 +286,7 @@ def greedy_continue(
         if logprobs is not None:
             logprobs.append(sampling.record(logits, tokens[-1]))
         if on_token is not None:
-            on_token(tokens[-1])
+            on_token(reported(tokens[-1], logprobs))
     return tokens, reason
 
 

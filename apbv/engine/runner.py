@@ -32,7 +32,7 @@ from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
-from apbv.engine.sampling import GREEDY, Sampling
+from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.layout import shard
 from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
@@ -255,7 +255,7 @@ def finish_answer(
     if logprobs is not None:
         logprobs.append(sampling.record(logits, first))
     if on_token is not None:
-        on_token(first)
+        on_token(reported(first, logprobs))
     with timer.stage("decode"):
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,

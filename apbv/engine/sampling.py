@@ -137,3 +137,25 @@ class Sampling:
 
 
 GREEDY = Sampling()
+
+
+class RecordedToken(int):
+    """A token id that carries its :meth:`Sampling.record` (``on_token``'s argument on the
+    query rank when the request asks for logprobs: a streamed answer sends each token's
+    logprobs with its text); an int everywhere else."""
+
+    record: dict[str, Any]
+
+    def __new__(cls, token: int, record: dict[str, Any]) -> RecordedToken:
+        out = super().__new__(cls, token)
+        out.record = record
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RecordedToken, (int(self), self.record)
+
+
+def reported(token: int, logprobs: list[dict] | None) -> int:
+    """``token`` as ``on_token`` gets it: with its record (the last of ``logprobs``) when
+    records are kept."""
+    return token if not logprobs else RecordedToken(token, logprobs[-1])

@@ -2,7 +2,8 @@
 the official openai client for the fields a vLLM user expects to change the answer:
 ``ignore_eos`` runs to ``max_tokens``, ``min_tokens`` holds back EOS and stop texts,
 ``repetition_penalty`` and ``logit_bias`` change a greedy answer (every rank agreeing, or the
-request would fail), ``response_format`` (json_object, json_schema) and a regex give text that
+request would fail), ``n=2`` decodes two answers from one prefill, logprobs come with each
+streamed delta, ``response_format`` (json_object, json_schema) and a regex give text that
 parses and validates, and every field docs/compatibility.md marks "400" is a 400 naming it."""
 
 from __future__ import annotations
@@ -93,6 +94,21 @@ def test_n_answers_from_one_prefill(ask):
     assert two.usage.prompt_tokens == one.usage.prompt_tokens  # one prefill
     greedy = ask(max_tokens=8, n=3)  # greedy: the same answer three times
     assert [c.message.content for c in greedy.choices] == ["magenta"] * 3, greedy
+
+
+def test_streamed_logprobs_come_with_each_delta(ask):
+    whole = ask(max_tokens=6, logprobs=True, top_logprobs=2)
+    chunks = list(ask(max_tokens=6, logprobs=True, top_logprobs=2, stream=True,
+                      stream_options={"include_usage": True}))
+    texts = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert texts and all(c.choices[0].logprobs is not None for c in texts), chunks
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content]
+    assert len(entries) == chunks[-1].usage.completion_tokens == len(
+        whole.choices[0].logprobs.content), chunks
+    assert [e.token for e in entries] == [e.token for e in whole.choices[0].logprobs.content]
+    assert [e.logprob for e in entries] == pytest.approx(
+        [e.logprob for e in whole.choices[0].logprobs.content], abs=1e-5)
 
 
 def test_structured_output_parses_and_validates(ask):
