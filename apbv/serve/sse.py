@@ -1,5 +1,6 @@
 """Server-sent events of a streamed answer: OpenAI's ``chat.completion.chunk`` events as the
-tokens of a job arrive, then the last chunk (finish reason, logprobs, the ``apbv`` block), the
+tokens of a job arrive (each with its tokens' logprobs when asked), then the last chunk (finish
+reason, the logprobs not sent yet, the ``apbv`` block), the
 usage in its own event when asked, and ``[DONE]``.
 
 :func:`respond` is the response of one job admitted with ``sse`` (a chat request's or a live
