@@ -125,3 +125,17 @@ def test_bad_structured_output_is_a_400_naming_the_field(chat, fields, param, te
         chat(**fields)
     assert info.value.status == 400 and info.value.param == param, info.value.message
     assert text in info.value.message, info.value.message
+
+
+def test_the_serve_flag_reaches_the_server_options():
+    import argparse
+    import dataclasses
+
+    from apbv.serve.app import ServerOptions
+    from apbv.serve.main import add_serve_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    assert parser.parse_args([]).ignore_unsupported_fields is False
+    assert parser.parse_args(["--ignore-unsupported-fields"]).ignore_unsupported_fields is True
+    assert "ignore_unsupported_fields" in {f.name for f in dataclasses.fields(ServerOptions)}
