@@ -122,7 +122,8 @@ class Request:
         if self.choices is not None and self.sampling != GREEDY:
             raise ValueError("a request with choices scores them exactly; it samples nothing "
                              "and reports no per-token logprobs: leave temperature at 0 and "
-                             "logprobs unset")
+                             "logprobs unset, without penalties, logit_bias, min_tokens or "
+                             "structured output")
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"the system text must be a string or None, got "
                              f"{type(self.system).__name__}")
