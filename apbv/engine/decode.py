@@ -30,13 +30,14 @@ from apbv.engine import readback
 from apbv.engine.agree import raise_if_any_failed
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.request import cut_at_stop
-from apbv.engine.sampling import GREEDY, Sampling
+from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
 
 if TYPE_CHECKING:  # decode_graph builds on this module
     from apbv.engine.decode_graph import GraphSteps
+    from apbv.engine.grammar import Guide
 
 
 @dataclass
@@ -109,12 +110,15 @@ DIVERGED = -2
 
 @torch.inference_mode()
 def pick_token(logits: torch.Tensor, group: dist.ProcessGroup | None,
-               sampling: Sampling = GREEDY) -> torch.Tensor:
+               sampling: Sampling = GREEDY, eos: Sequence[int] = (),
+               guide: Guide | None = None) -> torch.Tensor:
     """The query rank's choice (greedy, or ``sampling``'s draw of step 0), broadcast to every
     rank: a (1,) int64 tensor on the logits' device, never read back here (see
     :func:`host_token`). For the prompt's first token, whose logits only the query rank
-    computes whole; decode steps need no broadcast (:func:`step_token`)."""
-    return comm.broadcast(sampling.pick(logits, 0), src=QUERY_RANK, group=group)
+    computes whole; decode steps need no broadcast (:func:`step_token`). ``eos``: the
+    model's EOS ids (for ``sampling.rules``' min_tokens); ``guide``: the grammar's state."""
+    return comm.broadcast(sampling.pick(logits, 0, (), eos, guide), src=QUERY_RANK,
+                          group=group)
 
 
 def step_signal(device: torch.device) -> torch.Tensor:
@@ -125,14 +129,16 @@ def step_signal(device: torch.device) -> torch.Tensor:
 
 @torch.inference_mode()
 def step_token(logits: torch.Tensor, received: torch.Tensor, sampling: Sampling = GREEDY,
-               step: int = 1) -> torch.Tensor:
+               step: int = 1, previous: Sequence[int] = (),
+               eos: Sequence[int] = (), guide: Guide | None = None) -> torch.Tensor:
     """A decode step's token, picked on every rank alike from its (vocab,) ``logits`` and the
     (H, 2) signals of :func:`step_signal` that its all-gather brought: the greedy choice (or
     ``sampling``'s draw for token number ``step``, seeded by the step alone, so every rank
     draws the same), :data:`STOP` when the query rank's stop flag is set, :data:`DIVERGED`
     when the ranks fed different tokens. A (1,) int64 tensor on the logits' device, computed
-    there."""
-    token = sampling.pick(logits, step)
+    there. ``previous`` (the answer's tokens so far, the same on every rank) and ``eos`` feed
+    ``sampling.rules`` (``guide``: its grammar's state on this rank)."""
+    token = sampling.pick(logits, step, previous, eos, guide)
     token.masked_fill_(received[QUERY_RANK, 0] > 0, STOP)
     return token.masked_fill_((received[:, 1] != received[0, 1]).any(), DIVERGED)
 
@@ -202,6 +208,7 @@ def greedy_continue(
     graphs: GraphSteps | None = None,
     sampling: Sampling = GREEDY,
     logprobs: list[dict] | None = None,
+    guide: Guide | None = None,
 ) -> tuple[list[int], str]:
     """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
     the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
@@ -219,11 +226,13 @@ def greedy_continue(
     rank alike), the cache's reservation taking the new rows in place, the step kept across
     requests where ``graphs`` keeps steps; only for greedy ``sampling`` without
     log-probabilities and answers of at least ``graphs.min_tokens``. ``sampling`` picks each
-    token (every rank draws the same); with ``logprobs`` (a list, on the query rank) each new
+    token (every rank draws the same; ``guide``, with ``sampling.rules.grammar``, masks each
+    step's logits on every rank alike); with ``logprobs`` (a list, on the query rank) each new
     token's :meth:`Sampling.record` is appended to it.
     """
     tokens = [first_id]
     eos = qwen.eos_token_ids
+    eos_ids = tuple(sorted(eos))
     tokenizer = qwen.processor.tokenizer
     ctx = DecodeContext(info, cache, kernel)
     token = first_token
@@ -235,9 +244,12 @@ def greedy_continue(
         graph = kept = graphs.step(qwen, ctx, max_new_tokens)
     first = True
 
+    rules = sampling.rules
+
     def ended() -> str | None:
-        if tokens[-1] in eos or (stop_texts and cut_at_stop(
-                tokenizer.decode(tokens, skip_special_tokens=True), stop_texts)[1]):
+        if rules.may_end(len(tokens)) and (
+                (tokens[-1] in eos and not rules.ignore_eos) or (stop_texts and cut_at_stop(
+                    tokenizer.decode(tokens, skip_special_tokens=True), stop_texts)[1])):
             return "stop"
         return "length" if len(tokens) >= max_new_tokens else None
 
@@ -253,7 +265,7 @@ def greedy_continue(
             fed = token
             mark = cache.lengths() if graph is not None else ()  # where a fallback goes back to
             token, logits = _eager_step(qwen, fed, positions, signal, ctx, sampling,
-                                        len(tokens))
+                                        tokens, eos_ids, guide)
             if graph is not None:  # the first step: the captured one must agree with it
                 graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
                 if graph is None:  # its row's KV is the graph's: redo the step eagerly
@@ -274,19 +286,22 @@ def greedy_continue(
         if logprobs is not None:
             logprobs.append(sampling.record(logits, tokens[-1]))
         if on_token is not None:
-            on_token(tokens[-1])
+            on_token(reported(tokens[-1], logprobs))
     return tokens, reason
 
 
 def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                 signal: torch.Tensor, ctx: DecodeContext, sampling: Sampling = GREEDY,
-                step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                previous: Sequence[int] = (0,), eos: Sequence[int] = (),
+                guide: Guide | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One eager decode step feeding ``fed`` with ``signal`` carried: its token tensor (token
-    number ``step``, picked by ``sampling``) and logits."""
+    number ``len(previous)`` after the answer's tokens ``previous``, picked by ``sampling``)
+    and logits."""
     ctx.signal = signal
     logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
     assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
-    return step_token(logits, ctx.received, sampling, step), logits
+    return step_token(logits, ctx.received, sampling, len(previous), previous, eos,
+                      guide), logits
 
 
 def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,

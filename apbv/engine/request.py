@@ -34,6 +34,8 @@ MIN_CHOICES, MAX_CHOICES = 2, 64
 """How many closed-vocabulary choices a request may hold."""
 MAX_CHOICE_CHARS = 256
 """Longest choice accepted (characters)."""
+MAX_ANSWERS = 8
+"""Answers one request may ask for (``n``), decoded one after another from one prefill."""
 MAX_STOP_TEXTS, MAX_STOP_CHARS = 4, 64
 """How many stop texts a request may hold (OpenAI's limit), and how long each may be."""
 
@@ -97,6 +99,9 @@ class Request:
     not encoded nor prompted (:mod:`apbv.video.prune`; a live stream's chunks are not pruned)."""
     pruning_rate: float = 0.0
     """``video.pruning_rate`` (vLLM's ``video_pruning_rate``): only 0 (off) is supported."""
+    n: int = 1
+    """Answers to generate (1 .. :data:`MAX_ANSWERS`), each decoded from the same prefilled
+    KV; answer i samples with :meth:`Sampling.for_answer` (the first is the n=1 answer)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):  # resolve a mode name once, here
@@ -107,6 +112,11 @@ class Request:
             raise ValueError(f"the question has {len(self.question)} characters; the limit is "
                              f"{MAX_QUESTION_CHARS}")
         check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_int("n", self.n, 1)
+        if self.n > MAX_ANSWERS or (self.n > 1 and self.choices is not None):
+            raise ValueError(f"n must be 1 .. {MAX_ANSWERS}, got {self.n}" if
+                             self.n > MAX_ANSWERS else "n > 1 does not go with choices: "
+                             "the choices are scored once, exactly")
         for name in ("anchor_len", "passing_len"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 0)
@@ -118,7 +128,8 @@ class Request:
         if self.choices is not None and self.sampling != GREEDY:
             raise ValueError("a request with choices scores them exactly; it samples nothing "
                              "and reports no per-token logprobs: leave temperature at 0 and "
-                             "logprobs unset")
+                             "logprobs unset, without penalties, logit_bias, min_tokens or "
+                             "structured output")
         pruning_settings(self.pruning_rate, self.static_threshold)
         if self.system is not None and not isinstance(self.system, str):
             raise ValueError(f"the system text must be a string or None, got "
@@ -311,6 +322,9 @@ class Result:
     logprobs: list[dict[str, Any]] | None = None
     """With ``Request.sampling.logprobs``: per generated token, its
     :meth:`~apbv.engine.sampling.Sampling.record` (from the query rank's fp32 logits)."""
+    others: list[dict[str, Any]] | None = None
+    """With ``Request.n`` > 1: the answers after the first, in order, each {"answer",
+    "token_ids", "finish_reason", "logprobs"} (as this result's own fields)."""
     snapped_frames: list[dict[str, int]] | None = None
     """With ``video.snap_to_keyframes``: per sampled frame that moved to a keyframe,
     {"position" (among the sampled frames), "frame" (the index the sampling rule gave),

@@ -12,7 +12,7 @@ decode, :func:`build_result` the one :class:`Result` builder.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,11 +27,12 @@ from apbv.engine.decode import (
     host_token,
     pick_token,
 )
+from apbv.engine.grammar import Guide
 from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
-from apbv.engine.sampling import GREEDY, Sampling
+from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.layout import shard
 from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
@@ -131,11 +132,28 @@ def run_prompt(
                                     video_features=features)
     wants = request.sampling.logprobs is not None and rank == QUERY_RANK
     logprobs: list[dict] | None = [] if wants else None  # the query rank's records
+    mark = cache.lengths()  # the prompt: where an n > 1 request's next answer starts
     tokens, choices, finish = finish_answer(
         qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
         choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts, graphs=graphs,
-        sampling=request.sampling, logprobs=logprobs)
+        on_token=on_token, stop=stop, stop_texts=request.stop_texts,
+        graphs=graphs if request.n == 1 else None, sampling=request.sampling,
+        logprobs=logprobs)
+    others = None
+    if request.n > 1 and finish != "cancelled":
+        others = []
+        scratch = StageTimer(timer.device, timer.group)  # TTFT is the first answer's
+        with timer.stage("other_answers"):
+            for index in range(1, request.n):
+                cache.truncate(mark)
+                records: list[dict] | None = [] if wants else None
+                more, _, why = finish_answer(
+                    qwen, logits, int(positions.max()) + 1, cache, info, scratch, choices=None,
+                    choice_ids=None, max_new_tokens=request.max_new_tokens,
+                    kernel=request.kernel, stop=stop, stop_texts=request.stop_texts,
+                    sampling=request.sampling.for_answer(index), logprobs=records)
+                others.append({"answer": answer_text(qwen, more, None, request.stop_texts),
+                               "token_ids": more, "finish_reason": why, "logprobs": records})
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
     return build_result(
@@ -143,7 +161,7 @@ def run_prompt(
         frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
-        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped)
+        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped, others=others)
 
 
 def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
@@ -166,6 +184,7 @@ def build_result(
     passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
     vision_cache_hit: bool = False, logprobs: list[dict] | None = None,
     snapped: Sequence[tuple[int, int, int]] | None = None,
+    others: list[dict[str, Any]] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
     stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
@@ -192,6 +211,7 @@ def build_result(
         choices=choices,
         finish_reason=finish,
         logprobs=logprobs,
+        others=others,
         snapped_frames=None if snapped is None else [
             {"position": p, "frame": i, "keyframe": k} for p, i, k in snapped],
     )
@@ -222,7 +242,10 @@ def finish_answer(
     """
     with timer.stage("first_token"):
         # stays on the device for decode
-        first_token = pick_token(logits, info.group, sampling)
+        guide = None if sampling.rules.grammar is None else \
+            Guide(sampling.rules.grammar, qwen.processor.tokenizer)
+        first_token = pick_token(logits, info.group, sampling,
+                                 tuple(sorted(qwen.eos_token_ids)), guide)
         first = host_token(first_token, info.group)
     if choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
@@ -238,12 +261,13 @@ def finish_answer(
     if logprobs is not None:
         logprobs.append(sampling.record(logits, first))
     if on_token is not None:
-        on_token(first)
+        on_token(reported(first, logprobs))
     with timer.stage("decode"):
         tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
                                          max_new_tokens=max_new_tokens, kernel=kernel,
                                          on_token=on_token, stop=stop, stop_texts=stop_texts,
-                                         graphs=graphs, sampling=sampling, logprobs=logprobs)
+                                         graphs=graphs, sampling=sampling, logprobs=logprobs,
+                                         guide=guide)
     return tokens, None, finish
 
 

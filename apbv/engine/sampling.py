@@ -13,11 +13,18 @@ decode's signal check still fails loudly on ranks that ever disagree).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from apbv.engine.logits_rules import NO_RULES, LogitsRules
+
+if TYPE_CHECKING:
+    from apbv.engine.grammar import Guide
 
 MAX_TEMPERATURE = 2.0
 """The highest temperature accepted (OpenAI's limit)."""
@@ -50,6 +57,9 @@ class Sampling:
     logprobs: int | None = None
     """Report each chosen token's log-probability and that many likeliest alternatives
     (0 .. 20); None: none reported."""
+    rules: LogitsRules = NO_RULES
+    """Logits transforms (penalties, logit_bias, min_tokens) and end rules (ignore_eos),
+    applied before temperature and truncation."""
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -71,6 +81,15 @@ class Sampling:
                               or not 0 <= n <= MAX_TOP_LOGPROBS):
             raise ValueError(f"top_logprobs must be an integer in 0 .. {MAX_TOP_LOGPROBS}, "
                              f"got {n!r}")
+        if not isinstance(self.rules, LogitsRules):
+            raise ValueError(f"rules must be LogitsRules, got {type(self.rules).__name__}")
+
+    def for_answer(self, index: int) -> Sampling:
+        """The sampling of answer ``index`` of an n > 1 request: this one for the first
+        (answer 0 is the n=1 answer), else the seed moved by the answer's number."""
+        if index == 0:
+            return self
+        return dataclasses.replace(self, seed=(self.seed + index * _STEP_MIX) % (MAX_SEED + 1))
 
     @property
     def greedy(self) -> bool:
@@ -78,13 +97,22 @@ class Sampling:
 
     @property
     def plain(self) -> bool:
-        """Greedy without log-probabilities: what a captured decode step computes."""
-        return self.greedy and self.logprobs is None
+        """Greedy without log-probabilities or logits transforms: what a captured decode
+        step computes."""
+        return self.greedy and self.logprobs is None and not self.rules.shapes_logits
 
     @torch.inference_mode()
-    def pick(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        """The token of step ``step`` (0: the first) from (vocab,) ``logits``: a (1,) int64
+    def pick(self, logits: torch.Tensor, step: int, previous: Sequence[int] = (),
+             eos: Sequence[int] = (), guide: Guide | None = None) -> torch.Tensor:
+        """The token of step ``step`` (0: the first) from (vocab,) ``logits``, after the
+        answer's tokens ``previous`` (``eos``: the model's EOS ids; both for :attr:`rules`;
+        ``guide``: the grammar's state, given exactly when ``rules.grammar`` is): a (1,) int64
         tensor on the logits' device (never read back here)."""
+        assert (guide is None) == (self.rules.grammar is None), "a grammar needs its guide"
+        if self.rules.shapes_logits:
+            logits = self.rules.apply(logits, previous, eos)
+        if guide is not None:
+            logits = guide.mask(logits, previous)
         if self.greedy:
             return torch.argmax(logits).view(1)
         scaled = logits.float() / self.temperature  # finite: MIN_TEMPERATURE at least
@@ -117,3 +145,25 @@ class Sampling:
 
 
 GREEDY = Sampling()
+
+
+class RecordedToken(int):
+    """A token id that carries its :meth:`Sampling.record` (``on_token``'s argument on the
+    query rank when the request asks for logprobs: a streamed answer sends each token's
+    logprobs with its text); an int everywhere else."""
+
+    record: dict[str, Any]
+
+    def __new__(cls, token: int, record: dict[str, Any]) -> RecordedToken:
+        out = super().__new__(cls, token)
+        out.record = record
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RecordedToken, (int(self), self.record)
+
+
+def reported(token: int, logprobs: list[dict] | None) -> int:
+    """``token`` as ``on_token`` gets it: with its record (the last of ``logprobs``) when
+    records are kept."""
+    return token if not logprobs else RecordedToken(token, logprobs[-1])

@@ -13,8 +13,10 @@ them all and is the schema ``/docs`` shows) into a resolved
 and put in with :func:`with_download`; a ``data:`` video is stored at once; image frames are
 decoded at once; every ``data:`` URL counts against ``--max-data-bytes``);
 :func:`check_request` applies the limits that need the file (duration, frames, pixels, prompt
-tokens) without decoding a frame. Fields it does not know are accepted, never acted on, and
-reported (the call's ``ignored``), as vLLM does.
+tokens, logit_bias's token ids) without decoding a frame. Every field is classed by
+:mod:`apbv.serve.chat_fields`: acted on; harmless, or unknown, and reported (the call's
+``ignored``, as vLLM tolerates unknown fields); or changing the answer where apbv cannot act on
+it, and refused naming it (400).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from apbv.engine.request import Request
-from apbv.serve import chat_body, image_parts
+from apbv.engine.request import MAX_ANSWERS, Request
+from apbv.serve import chat_body, chat_fields, image_parts, structured
 from apbv.serve.bodies import check_url
 from apbv.serve.download import Held, discard, store_data_url
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
@@ -131,26 +133,42 @@ def _system_text(message: dict) -> str:
 
 
 def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPolicy,
-               model_name: str, body_bytes: int | None = None) -> ChatCall:
+               model_name: str, lenient: bool = False,
+               body_bytes: int | None = None) -> ChatCall:
     """The engine request of one chat body, or ClientError naming what is wrong; nothing is
     downloaded here (a remote video's URL is the call's ``remote``; a ``data:`` video is
     decoded and stored, the call holding it; image frames are decoded) and no file is read
     but a local video's path checks and ``file://`` images (call it off the event loop).
-    ``body_bytes``: the body's size as sent, whose part outside its ``data:`` URLs must stay
-    within --max-body-bytes (None: not checked, a body not read from HTTP)."""
+    Each field is acted on, ignored and reported, or refused as :mod:`apbv.serve.chat_fields`
+    classes it (``lenient``: the unsupported ones ignored and reported instead,
+    ``--ignore-unsupported-fields``). ``body_bytes``: the body's size as sent, whose part
+    outside its ``data:`` URLs must stay within --max-body-bytes (None: not checked, a body
+    not read from HTTP)."""
     if not isinstance(body, dict):
         raise ClientError(400, "the request body must be a JSON object")
-    ignored = chat_body.check_fields(body)
-    if body.get("n") not in (None, 1):
-        raise ClientError(400, f"n={body['n']!r} is not supported: one answer per request "
-                               "(n=1); send the request again for another", param="n")
+    chat_body.check_fields(body)
+    ignored = chat_fields.classify(body, lenient)
+    n = body.get("n") or 1
+    if n > MAX_ANSWERS or (n > 1 and body.get("stream") is True):
+        raise ClientError(400, f"n={n} is over the limit of {MAX_ANSWERS} answers per request"
+                          if n > MAX_ANSWERS else f"n={n} is not streamed: one streamed "
+                          "answer per request (n=1), or stream: false for n answers",
+                          param="n")
     if body.get("model") not in (None, model_name):
         raise ClientError(404, f"model {body['model'][:200]!r} is not served; this server "
                                f"serves {model_name!r}", param="model")
     options = body.get("stream_options") or {}
     chat_body.typed_field(options, "include_usage", (bool,), param="stream_options.include_usage")
     ignored += [f"stream_options.{k}" for k in sorted(options) if k != "include_usage"]
-    sampling = chat_body.sampling(body)
+    found = structured.grammar(body)
+    if found is not None:
+        from llguidance import LLMatcher
+
+        problem = LLMatcher.validate_grammar(found[1])
+        if problem and not problem.startswith("WARNING"):
+            raise ClientError(400, f"{found[0]} cannot be followed: {problem[:300]}",
+                              param=found[0])
+    sampling = chat_body.sampling(body, None if found is None else found[1])
     _check_messages(body.get("messages"))
     parts = _message_parts(body)
     question, system = parts.question, parts.system
@@ -187,6 +205,7 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
         request = _pruning(body, video_kwargs, dataclasses.replace(request, sampling=sampling))
         if choices is not None:
             request = _with_choices(request, choices)
+        request = dataclasses.replace(request, n=n)
         return ChatCall(request, body.get("stream") is True, model_name,
                         body.get("deadline_ms"), include_usage=options.get("include_usage")
                         is True, ignored=tuple(ignored))
@@ -215,6 +234,7 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
                            dataclasses.replace(request, video=video, sampling=sampling))
         if choices is not None:
             request = dataclasses.replace(request, choices=tuple(choices))
+        request = dataclasses.replace(request, n=n)
     except ValueError as exc:
         discard(downloaded)
         raise ClientError(400, str(exc)) from None
@@ -349,6 +369,18 @@ def check_request(request: Request, limits: Limits, processor: Any,
     tokens = len(context) + len(query)
     limits.check("prompt", tokens, limits.max_prompt_tokens, "max-prompt-tokens",
                  "the prompt's token count")
+    if request.sampling.rules.grammar is not None:
+        from apbv.engine.grammar import grammar_error
+
+        problem = grammar_error(request.sampling.rules.grammar, processor.tokenizer)
+        if problem is not None:
+            raise ClientError(400, f"the structured output's grammar does not fit the model's "
+                                   f"tokenizer: {problem[:300]}")
+    beyond = [t for t, _ in request.sampling.rules.logit_bias if t >= len(processor.tokenizer)]
+    if beyond:
+        raise ClientError(400, f"logit_bias names token id {beyond[0]}, beyond the "
+                               f"vocabulary of {len(processor.tokenizer)} tokens",
+                          param="logit_bias")
     return {"frames": sampling.num_frames, "prompt_tokens": tokens, "context_len": len(context),
             "query_len": len(query), "pixels": pixels, "height": sampling.resized_height,
             "width": sampling.resized_width,

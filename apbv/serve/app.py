@@ -76,6 +76,9 @@ class ServerOptions:
     """``/metrics`` asks for the API key too (--protect-metrics); else it is open."""
     webhook_hosts: tuple[str, ...] = ()
     """The hosts watches may post events to (--allow-webhook-host; none: webhooks off)."""
+    ignore_unsupported_fields: bool = False
+    """Chat fields that would change the answer and are not supported are reported as
+    ignored instead of refused (--ignore-unsupported-fields; :mod:`apbv.serve.chat_fields`)."""
 
 
 class Server:
@@ -220,7 +223,8 @@ class Server:
         self.authorize(request)
         raw = await self.read_body(request, data=True)
         call = await self._checked(api.parse_chat, decode_json(raw), self.cfg, self.opt.limits,
-                                   self.opt.policy, self.opt.model_name, body_bytes=len(raw))
+                                   self.opt.policy, self.opt.model_name,
+                                   self.opt.ignore_unsupported_fields, body_bytes=len(raw))
         if call.remote is not None:
             call = api.with_download(call, await self._fetch(call.remote))
         try:
@@ -228,7 +232,8 @@ class Server:
                                            self.processor, self.replicas[0].group.world_size)
             replica = pick(self.replicas, call.request, self.affinity)
             job = replica.admission.admit(call, measured, sse=call.sse,
-                                          max_tokens=call.request.max_new_tokens)
+                                          max_tokens=call.request.max_new_tokens *
+                                          call.request.n)
         except BaseException:
             discard(call.downloaded)
             raise

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from apbv.engine.logits_rules import MAX_PENALTY, MAX_REPETITION_PENALTY, LogitsRules
 from apbv.engine.sampling import MAX_SEED, MAX_TOP_LOGPROBS, Sampling
 from apbv.serve.policy import ClientError
 
@@ -53,6 +54,19 @@ class ChatBody(BaseModel):
     stream_options: dict[str, Any] | None = Field(
         None, description="{'include_usage': true}: usage in its own last event")
     stop: str | list[str] | None = Field(None, description="Texts that end the answer")
+    ignore_eos: bool | None = Field(None, description="Go on past EOS up to max_tokens")
+    min_tokens: int | None = Field(None, ge=0, description="EOS and stop texts wait for this "
+                                                           "many tokens")
+    repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY,
+                                             description="Answer tokens' logits divided (> 0) "
+                                                         "or multiplied by it")
+    presence_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                           description="Subtracted once per answer token")
+    frequency_penalty: float | None = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY,
+                                            description="Subtracted per occurrence in the "
+                                                        "answer")
+    logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias added "
+                                                                  "to its logit (-100 .. 100)")
     user: str | None = None
     mode: str | None = Field(None, description="Attention mode (spava, exact, ...)")
     fps: float | None = Field(None, ge=0, description="Frames sampled per second (of "
@@ -67,7 +81,16 @@ class ChatBody(BaseModel):
                                       description="Old name of choice_set")
     guided_choice: list[str] | None = Field(None, description="vLLM's name of choice_set")
     structured_outputs: dict[str, Any] | None = Field(
-        None, description="vLLM's {'choice': [...]}: choice_set")
+        None, description="vLLM's {'choice': [...]} (choice_set), or one of 'json' (a "
+                          "schema), 'regex', 'grammar' (Lark or GBNF), 'json_object': true")
+    response_format: dict[str, Any] | None = Field(
+        None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': "
+                          "{'name', 'schema'}}: the answer follows it")
+    guided_json: dict[str, Any] | str | None = Field(None, description="structured_outputs."
+                                                                       "json's old name")
+    guided_regex: str | None = Field(None, description="structured_outputs.regex's old name")
+    guided_grammar: str | None = Field(None, description="structured_outputs.grammar's old "
+                                                         "name")
     static_threshold: float | None = Field(
         None, ge=0, description="Temporal pruning: temporal patches that changed by less than "
                                 "this many levels (0-255) are dropped (0: off)")
@@ -141,8 +164,9 @@ def check_fields(body: dict) -> list[str]:
     return sorted(set(body) - set(ChatBody.model_fields))
 
 
-def sampling(body: dict) -> Sampling:
-    """The body's sampling and logprobs settings (a random seed when sampling without one)."""
+def sampling(body: dict, grammar: str | None = None) -> Sampling:
+    """The body's sampling and logprobs settings (a random seed when sampling without one),
+    its answer following ``grammar`` when given (structured output)."""
     temperature = body.get("temperature") or 0
     top_logprobs = body.get("top_logprobs")
     if top_logprobs is not None and body.get("logprobs") is not True:
@@ -154,11 +178,30 @@ def sampling(body: dict) -> Sampling:
         return Sampling(temperature=temperature,
                         top_p=1.0 if body.get("top_p") is None else body["top_p"],
                         top_k=body.get("top_k") or 0, seed=seed,
-                        logprobs=(top_logprobs or 0) if body.get("logprobs") else None)
+                        logprobs=(top_logprobs or 0) if body.get("logprobs") else None,
+                        rules=logits_rules(body, grammar))
     except ValueError as exc:  # the message begins with the field's name
-        field = str(exc).split()[0]
+        field = str(exc).split()[0].split("[")[0]
         raise ClientError(400, str(exc), param=field if field in ChatBody.model_fields
                           else None) from None
+
+
+def logits_rules(body: dict, grammar: str | None = None) -> LogitsRules:
+    """The body's ignore_eos, min_tokens, penalties and logit_bias, and ``grammar``
+    (ValueError naming the field; the token ids of logit_bias are checked against the
+    vocabulary later)."""
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be an object of token id -> bias, got {bias!r:.100}")
+    pairs = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) <= 9):
+            raise ValueError(f"logit_bias keys must be token ids (digits), got {key!r:.40}")
+        pairs.append((int(key), value))
+    given = {name: body[name] for name in ("ignore_eos", "min_tokens", "repetition_penalty",
+                                           "presence_penalty", "frequency_penalty")
+             if body.get(name) is not None}
+    return LogitsRules(logit_bias=tuple(sorted(pairs)), grammar=grammar, **given)
 
 
 def video_kwargs(body: dict, ignored: list[str]) -> dict[str, Any]:
@@ -190,12 +233,7 @@ def video_kwargs(body: dict, ignored: list[str]) -> dict[str, Any]:
 def choice_set(body: dict) -> list[str] | None:
     """The closed vocabulary, under any of its spellings (:data:`CHOICE_ALIASES`; given
     twice, they must agree); None without one."""
-    outputs = body.get("structured_outputs") or {}
-    others = sorted(set(outputs) - {"choice"})
-    if others:
-        raise ClientError(400, f"structured_outputs {others} are not supported: only "
-                               "{'choice': [...]} (a closed vocabulary)",
-                          param=f"structured_outputs.{others[0]}")
+    outputs = body.get("structured_outputs") or {}  # other keys: chat_fields.classify
     given = {name: body.get(name) for name in CHOICE_ALIASES[:3]}
     given["structured_outputs.choice"] = outputs.get("choice")
     choices = one_of(given)

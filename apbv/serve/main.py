@@ -83,6 +83,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protect-metrics", action="store_true",
                    help="/metrics asks for the API key too (default: open, as vLLM's; keep "
                         "the port behind a firewall)")
+    p.add_argument("--ignore-unsupported-fields", action="store_true",
+                   help="report chat fields that would change the answer and are not "
+                        "supported (tools, min_p, ...: docs/compatibility.md) as ignored "
+                        "instead of refusing the request (default: 400 naming the field)")
     p.add_argument("--vision-cache-gb", type=float,
                    help="per-rank vision-embedding cache in GiB (cache.vision_gb; 0 = off; "
                         "default: a share of a rank's memory left after the model and the "
@@ -354,7 +358,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                                args.max_downloads),
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
             read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics,
-            webhook_hosts=tuple(h.lower() for h in args.allow_webhook_host))
+            webhook_hosts=tuple(h.lower() for h in args.allow_webhook_host),
+            ignore_unsupported_fields=args.ignore_unsupported_fields)
         memory = _memory_budget(cfg, args, path, use_gpu, options.policy)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor, decode_s, memory)

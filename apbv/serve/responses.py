@@ -20,8 +20,8 @@ def completion_id() -> str:
 
 def usage(result: Result) -> dict[str, int]:
     prompt = result.context_len + result.query_len
-    return {"prompt_tokens": prompt, "completion_tokens": len(result.token_ids),
-            "total_tokens": prompt + len(result.token_ids)}
+    new = len(result.token_ids) + sum(len(o["token_ids"]) for o in result.others or ())
+    return {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new}
 
 
 def apbv_block(result: Result, queue_wait_s: float, replica: int = 0) -> dict[str, Any]:
@@ -54,17 +54,21 @@ def answer(model: str, cid: str, result: Result, queue_wait_s: float,
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
                      "finish_reason": result.finish_reason,
-                     "logprobs": logprobs(result, tokenizer)}],
+                     "logprobs": logprobs(result.logprobs, tokenizer)}] + [
+            {"index": i, "message": {"role": "assistant", "content": other["answer"]},
+             "finish_reason": other["finish_reason"],
+             "logprobs": logprobs(other["logprobs"], tokenizer)}
+            for i, other in enumerate(result.others or (), start=1)],
         "usage": usage(result),
         "apbv": apbv_block(result, queue_wait_s, replica),
     }
 
 
-def logprobs(result: Result, tokenizer: Tokenizer | None) -> dict[str, Any] | None:
+def logprobs(records: list[dict[str, Any]] | None,
+             tokenizer: Tokenizer | None) -> dict[str, Any] | None:
     """OpenAI's ``logprobs`` of a choice ({"content": [{"token", "logprob", "bytes",
-    "top_logprobs": [...]}, ...]}, one entry per generated token) from the result's records
+    "top_logprobs": [...]}, ...]}, one entry per generated token) from a result's records
     (:meth:`apbv.engine.sampling.Sampling.record`); None when none were asked for."""
-    records = result.logprobs
     if records is None or tokenizer is None:
         return None
 

@@ -1,5 +1,6 @@
 """Server-sent events of a streamed answer: OpenAI's ``chat.completion.chunk`` events as the
-tokens of a job arrive, then the last chunk (finish reason, logprobs, the ``apbv`` block), the
+tokens of a job arrive (each with its tokens' logprobs when asked), then the last chunk (finish
+reason, the logprobs not sent yet, the ``apbv`` block), the
 usage in its own event when asked, and ``[DONE]``.
 
 :func:`respond` is the response of one job admitted with ``sse`` (a chat request's or a live
@@ -58,10 +59,15 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
     waiter = asyncio.ensure_future(server.outcome(job, request))
     try:
         yield event(responses.chunk(model, cid, {"role": "assistant", "content": ""}))
+        records: list[dict | None] = []  # of the tokens read so far (None: not recorded)
+        given = 0  # records sent with the text
         try:
-            async for piece in deltas(job, waiter, tokenizer, stop_texts):
+            async for piece in deltas(job, waiter, tokenizer, stop_texts, records):
                 sent.append(piece)
-                yield event(responses.chunk(model, cid, {"content": piece}))
+                fresh = [r for r in records[given:] if r is not None]
+                given = len(records)
+                yield event(responses.chunk(model, cid, {"content": piece}, None,
+                                            responses.logprobs(fresh or None, tokenizer)))
             result, wait = await waiter
         except ClientError as exc:
             yield event(error_body(exc.status, exc.message, exc.param))
@@ -72,8 +78,10 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
         text = "".join(sent)
         if result.answer.startswith(text) and len(result.answer) > len(text):
             yield event(responses.chunk(model, cid, {"content": result.answer[len(text):]}))
+        sent_records = sum(r is not None for r in records[:given])
+        rest = None if result.logprobs is None else result.logprobs[sent_records:]
         yield event(responses.chunk(model, cid, {}, result.finish_reason,
-                                    responses.logprobs(result, tokenizer),
+                                    responses.logprobs(rest or None, tokenizer),
                                     apbv={**responses.apbv_block(result, wait,
                                                                  job.replica.index),
                                           **extra}))
@@ -100,10 +108,12 @@ def retrieve_later(future: asyncio.Future) -> None:
 
 
 async def deltas(job: Job, waiter: asyncio.Future, tokenizer: Tokenizer,
-                 stop_texts: tuple[str, ...]) -> AsyncIterator[str]:
+                 stop_texts: tuple[str, ...],
+                 records: list[dict | None] | None = None) -> AsyncIterator[str]:
     """New text as tokens arrive (:class:`~apbv.serve.detok.IncrementalText`: the same work
     per token however long the answer; held back while it ends inside a UTF-8 sequence or with
-    what could begin a stop text; nothing from the first stop text on)."""
+    what could begin a stop text; nothing from the first stop text on). ``records`` gets each
+    token's logprobs record as it is read (None for a token without one)."""
     text = IncrementalText(tokenizer, stop_texts)
     assert job.tokens is not None, "a job streams its tokens only when admitted with sse"
     while True:
@@ -117,10 +127,16 @@ async def deltas(job: Job, waiter: asyncio.Future, tokenizer: Tokenizer,
                 getter.cancel()
         if not got:
             while not job.tokens.empty():  # tokens put before the outcome was set
-                piece = text.add(job.tokens.get_nowait())
+                token = job.tokens.get_nowait()
+                if records is not None:
+                    records.append(getattr(token, "record", None))
+                piece = text.add(token)
                 if piece:
                     yield piece
             return
-        piece = text.add(getter.result())
+        token = getter.result()
+        if records is not None:
+            records.append(getattr(token, "record", None))
+        piece = text.add(token)
         if piece:
             yield piece

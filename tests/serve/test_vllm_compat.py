@@ -121,8 +121,8 @@ def test_requests_as_vllm_takes_them(server):
 
     # OpenAI's error shape, with the field at fault.
     with pytest.raises(openai.BadRequestError) as info:
-        _ask(base, url, n=2)
-    assert info.value.body["param"] == "n" and "n=2 is not supported" in info.value.message
+        _ask(base, url, n=9)
+    assert info.value.body["param"] == "n" and "over the limit of 8" in info.value.message
 
 
 def _png(frame) -> str:

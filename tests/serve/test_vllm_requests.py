@@ -50,10 +50,10 @@ def chat(tmp_path: Path):
 
 
 def test_unknown_fields_are_answered_and_reported_not_acted_on(chat):
-    call = chat(frequency_penalty=0.5, logit_bias={"1": 2}, max_tokens=3,
+    call = chat(user="u", foo=1, max_tokens=3,
                 stream_options={"include_usage": True, "continuous_usage_stats": True},
                 mm_processor_kwargs={"fps": 1, "min_pixels": 4})
-    assert call.ignored == ("frequency_penalty", "logit_bias",
+    assert call.ignored == ("foo", "user",
                             "stream_options.continuous_usage_stats",
                             "mm_processor_kwargs.min_pixels")
     assert call.include_usage is True and call.request.max_new_tokens == 3
@@ -72,7 +72,9 @@ def test_sampling_fields_make_the_request_sampling(chat):
 
 
 @pytest.mark.parametrize("fields, param, text", [
-    ({"n": 2}, "n", "n=2 is not supported"),
+    ({"n": 9}, "n", "n=9 is over the limit of 8 answers"),
+    ({"n": 2, "stream": True}, "n", "n=2 is not streamed"),
+    ({"n": 2, "choice_set": ["a", "b"]}, None, "n > 1 does not go with choices"),
     ({"temperature": 2.5}, "temperature", "temperature must be a number in 0 .. 2"),
     ({"top_p": 0}, "top_p", "top_p must be"),
     ({"top_k": -2}, "top_k", "top_k must be"),
@@ -81,7 +83,7 @@ def test_sampling_fields_make_the_request_sampling(chat):
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be"),
     ({"mm_processor_kwargs": {"fps": "2"}}, "mm_processor_kwargs.fps", "fps must be"),
     ({"fps": 1, "mm_processor_kwargs": {"fps": 2}}, "mm_processor_kwargs.fps", "differ"),
-    ({"structured_outputs": {"json": {}}}, "structured_outputs.json", "not supported"),
+    ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs.regex", "cannot be followed"),
     ({"choice_set": ["a", "b"], "guided_choice": ["a", "c"]}, "guided_choice", "differ"),
     ({"guided_choice": "a"}, "guided_choice", "non-empty list of strings"),
 ])
@@ -157,11 +159,11 @@ def test_openai_logprobs_shape():
             return "".join(chr(ord("a") + i) for i in ids)
 
     result = SimpleNamespace(logprobs=[{"id": 1, "logprob": -0.5, "top": [[1, -0.5], [0, -1]]}])
-    assert logprobs(result, Tok()) == {"content": [{
+    assert logprobs(result.logprobs, Tok()) == {"content": [{
         "token": "b", "logprob": -0.5, "bytes": [98],
         "top_logprobs": [{"token": "b", "logprob": -0.5, "bytes": [98]},
                          {"token": "a", "logprob": -1, "bytes": [97]}]}]}
-    assert logprobs(SimpleNamespace(logprobs=None), Tok()) is None
+    assert logprobs(None, Tok()) is None
 
 
 @pytest.fixture(scope="module")
