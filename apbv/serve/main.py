@@ -27,6 +27,8 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from apbv.serve import log_format
+from apbv.serve.metric_rules import DEFAULT_PREFIX, check_prefix
 from apbv.serve.policy import Limits, MediaPolicy
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's log on stderr: a line per finished request and per "
                         "replica event at info (default: %(default)s)")
+    p.add_argument("--log-format", default="text", choices=log_format.FORMATS,
+                   help="log lines as text, or one JSON object each (default: %(default)s)")
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, help="/metrics names are PREFIX:"
+                   "name (vllm: vLLM's dashboards read them; default: %(default)s)")
     p.add_argument("--address", help="join this Ray cluster, with token authentication and "
                                      "the token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
                                      "~/.ray/auth_token (default: start a private local one)")
@@ -231,6 +237,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     if not args.stream_end_after_s >= 0:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
     check_media_roots(args.media_root)
+    check_prefix(args.metrics_prefix)
     check_port_free(args.host, args.port)
     if not args.read_timeout_s > 0:
         raise ValueError(f"--read-timeout-s must be > 0, got {args.read_timeout_s}")
@@ -246,8 +253,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     from apbv.serve.group import RankGroup
     from apbv.serve.stream_time import server_pricing
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.configure(args.log_level, args.log_format)
     path = os.path.abspath(cfg.model.path)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
     if args.vision_cache_gb is not None:
@@ -293,7 +299,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                                int(args.max_download_mb * 2**20), args.download_timeout_s,
                                args.max_downloads),
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
-            read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics)
+            read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics,
+            metrics_prefix=args.metrics_prefix, log_format=args.log_format)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor, decode_s) for _ in groups])
         logging.getLogger("apbv.serve").info(
