@@ -186,3 +186,15 @@ def test_scrape_gauges_and_one_naming_style():
     assert _value(m, "vllm:kv_cache_usage_perc", model_name="tiny", engine="0") == 0
     names = [f.name for f in text_string_to_metric_families(generate_latest(m.registry).decode())]
     assert names and all(n.startswith("vllm:") and ":" not in n[5:] for n in names), names
+
+
+def test_every_metric_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    m = Metrics("m", "apbv")
+    names = {f.name.removeprefix("apbv:") + ("_total" if f.type == "counter" else "")
+             for f in m.registry.collect()}
+    assert len(names) >= 30, names
+    undocumented = sorted(n for n in names if f"| `{n}` |" not in doc)
+    assert not undocumented, f"not in docs/metrics.md's tables: {undocumented}"
