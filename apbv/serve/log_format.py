@@ -17,14 +17,14 @@ from datetime import UTC, datetime
 from apbv.serve import request_id
 
 FORMATS = ("text", "json")
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s%(request_tag)s %(name)s: %(message)s"
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
 
 class RequestIdFilter(logging.Filter):
     """Gives every record a ``request_id`` (its own ``extra``, else the request being handled,
-    else None) and the text format's ``request_tag`` (`` [request_id=ID]`` at the line's end,
-    or nothing)."""
+    else None) and the text format's ``request_tag`` (`` [request_id=ID]`` after the level, or
+    nothing)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         rid = getattr(record, "request_id", None) or request_id.current()

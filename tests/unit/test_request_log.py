@@ -109,14 +109,14 @@ def test_json_lines():
     assert "request_id" not in third
 
 
-def test_text_lines_name_the_request_at_the_end():
+def test_text_lines_name_the_request_after_the_level():
     handler = log_format.handler("text")
     out = io.StringIO()
     handler.setStream(out)  # type: ignore[attr-defined]
     handler.handle(_record("chatcmpl-1 on replica 0: ok", request_id="r-9"))
     handler.handle(_record("replica 0 ready"))
     tagged, plain = out.getvalue().splitlines()
-    assert tagged.endswith("INFO apbv.serve: chatcmpl-1 on replica 0: ok [request_id=r-9]")
+    assert tagged.endswith(" INFO [request_id=r-9] apbv.serve: chatcmpl-1 on replica 0: ok")
     assert plain.endswith("INFO apbv.serve: replica 0 ready")
     with pytest.raises(ValueError, match="--log-format must be one of text, json, got 'xml'"):
         log_format.handler("xml")
