@@ -107,6 +107,9 @@ def test_vllm_ttft_from_1_ms_moved_by_a_stream_ask(server, tiny_model_dir):
                 if rid in line and "generate on replica 0" in line)
     assert line["request_id"] == rid and line["logger"] == "apbv.serve", line
     assert _call("DELETE", url).status_code == 200
+    seconds = after[(ttft + "_sum", frozenset(ask.items()))]
+    print(f"stream ask: TTFT from admission {seconds * 1000:.1f} ms (count 0 -> 1, first "
+          f"bucket {bounds[0]} s), finished {reason!r}, the stream's KV {kv:.2e} of the budget")
 
 
 def test_request_ids_models_and_json_lines(server, tiny_model_dir):
