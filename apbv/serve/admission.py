@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from apbv.serve import request_id
 from apbv.serve.fair_order import next_job, run_order, take_turn
 from apbv.serve.ops import Generate, Op
 from apbv.serve.policy import ClientError
@@ -106,6 +107,8 @@ class Job:
     not sized, as a live stream's operation, whose memory is its stream's reservation)."""
     replica: Replica = field(init=False)
     """The replica whose queue holds it (set by the server once admitted)."""
+    request_id: str | None = field(default_factory=request_id.current)
+    """The id of the HTTP request that made it (:mod:`apbv.serve.request_id`), for the log."""
 
     @property
     def downloaded(self) -> Held | None:

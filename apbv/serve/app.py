@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -35,15 +36,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from apbv import package_version
 from apbv.model.families import family_of
-from apbv.serve import api, page, responses, sse
+from apbv.serve import api, log_format, page, responses, sse
 from apbv.serve.admission import Admission, Job
 from apbv.serve.bodies import check_content_type, decode_json
 from apbv.serve.chat_body import ChatBody
 from apbv.serve.download import Held, discard, fetch_media
 from apbv.serve.http_guard import HostRule, HttpGuard, error_body
 from apbv.serve.metrics import Metrics
+from apbv.serve.model_card import checkpoint_positions, max_model_len, model_card
 from apbv.serve.policy import ClientError, Limits, MediaPolicy
 from apbv.serve.replicas import Replica, overall_status, pick
+from apbv.serve.request_id import RequestIdMiddleware
 from apbv.serve.streams import StreamOptions, Streams
 
 if TYPE_CHECKING:
@@ -79,6 +82,11 @@ class ServerOptions:
     ignore_unsupported_fields: bool = False
     """Chat fields that would change the answer and are not supported are reported as
     ignored instead of refused (--ignore-unsupported-fields; :mod:`apbv.serve.chat_fields`)."""
+    metrics_prefix: str = "apbv"
+    """The metric names' prefix (--metrics-prefix): ``apbv:...``, or ``vllm:...``."""
+    log_format: str = "text"
+    """The log's format (--log-format, :mod:`apbv.serve.log_format`); ``json`` routes
+    uvicorn's own lines through it too."""
 
 
 class Server:
@@ -88,7 +96,12 @@ class Server:
                  options: ServerOptions,
                  admissions: list[Admission] | None = None):
         self.cfg, self.processor, self.opt = cfg, processor, options
-        self.metrics = Metrics(options.model_name)
+        self.started = int(time.time())
+        """The server's start (Unix seconds): ``created`` in ``/v1/models``."""
+        self.max_model_len = max_model_len(options.limits, checkpoint_positions(
+            None if cfg is None else cfg.model.path))
+        self.metrics = Metrics(options.model_name, options.metrics_prefix,
+                               cfg is not None and cfg.cache.vision_gb > 0, self.max_model_len)
         if admissions is None:
             admissions = [Admission(options.max_queue) for _ in groups]
         self.replicas = [Replica(i, g, a, self.metrics, self.observe)
@@ -114,6 +127,8 @@ class Server:
 
     @asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        if self.opt.log_format == "json":  # uvicorn configured its loggers as it started
+            log_format.adopt_uvicorn()
         self.workers = [asyncio.ensure_future(r.boot()) for r in self.replicas]
         if self.streams is not None:
             self.workers.append(asyncio.ensure_future(self.streams.registry.sweep()))
@@ -171,14 +186,12 @@ class Server:
         self.metrics.ttft.observe(result.ttft_s)
         for stage, seconds in result.seconds.items():
             self.metrics.stage.labels(stage).observe(seconds)
-        if getattr(result, "vision_cache_hit", False):
-            self.metrics.cache_hits.inc()
 
     def drop(self, job: Job) -> bool:
         """Drop a job still waiting (its download deleted); False if it already started."""
         if job.replica.admission.drop(job):
             discard(job.downloaded)
-            self.metrics.requests.labels("disconnected").inc()
+            self.metrics.finished(job, "disconnected")
             return True
         return False
 
@@ -250,7 +263,6 @@ class Server:
             response.headers.update(headers)
             return response
         result, wait = await self.outcome(job, request)
-        self.metrics.observe_request(job, result)
         return JSONResponse(responses.completion(call, cid, result, wait, replica.index,
                                            self.processor.tokenizer), headers=headers)
 
@@ -298,9 +310,9 @@ class Server:
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
             self.authorize(request)
-            return {"object": "list", "data": [{"id": self.opt.model_name, "object": "model",
-                                                "created": 0, "owned_by": "apbv",
-                                                "family": family_of(self.cfg.model.path).name}]}
+            return {"object": "list", "data": [model_card(
+                self.opt.model_name, self.started, self.max_model_len,
+                family_of(self.cfg.model.path).name)]}
 
         @app.get("/version")
         async def version() -> dict:
@@ -322,10 +334,11 @@ class Server:
         async def metrics(request: Request) -> Response:
             if self.opt.protect_metrics:
                 self.authorize(request)
-            self.metrics.count_load(self.replicas)
+            self.metrics.count_load(self.replicas, self.streams)
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 
+        app.add_middleware(RequestIdMiddleware)
         page.register(app, self)
         if self.streams is not None:
             self.streams.register(app)

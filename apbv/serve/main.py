@@ -27,6 +27,8 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from apbv.serve import log_format
+from apbv.serve.metric_rules import DEFAULT_PREFIX, check_prefix
 from apbv.serve.policy import Limits, MediaPolicy
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's log on stderr: a line per finished request and per "
                         "replica event at info (default: %(default)s)")
+    p.add_argument("--log-format", default="text", choices=log_format.FORMATS,
+                   help="log lines as text, or one JSON object each (default: %(default)s)")
+    p.add_argument("--metrics-prefix", default=DEFAULT_PREFIX, help="/metrics names are PREFIX:"
+                   "name (vllm: vLLM's dashboards read them; default: %(default)s)")
     p.add_argument("--address", help="join this Ray cluster, with token authentication and "
                                      "the token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
                                      "~/.ray/auth_token (default: start a private local one)")
@@ -293,6 +299,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     if not args.stream_end_after_s >= 0:
         raise ValueError(f"--stream-end-after-s must be >= 0, got {args.stream_end_after_s}")
     check_media_roots(args.media_root)
+    check_prefix(args.metrics_prefix)
     check_port_free(args.host, args.port)
     if not args.read_timeout_s > 0:
         raise ValueError(f"--read-timeout-s must be > 0, got {args.read_timeout_s}")
@@ -308,8 +315,7 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     from apbv.serve.group import RankGroup
     from apbv.serve.stream_time import server_pricing
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.configure(args.log_level, args.log_format)
     if getattr(args, "settings_note", None):  # apbv.cli.serve: --config-file, APBV_SERVE_*
         logging.getLogger("apbv.serve").info("%s", args.settings_note)
     path = os.path.abspath(cfg.model.path)
@@ -359,7 +365,8 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             api_key=args.api_key or None, max_queue=args.max_queue, hosts=hosts,
             read_timeout_s=args.read_timeout_s, protect_metrics=args.protect_metrics,
             webhook_hosts=tuple(h.lower() for h in args.allow_webhook_host),
-            ignore_unsupported_fields=args.ignore_unsupported_fields)
+            ignore_unsupported_fields=args.ignore_unsupported_fields,
+            metrics_prefix=args.metrics_prefix, log_format=args.log_format)
         memory = _memory_budget(cfg, args, path, use_gpu, options.policy)
         server = Server(cfg, groups, processor, options,
                         [Admission(args.max_queue, predictor, decode_s, memory)

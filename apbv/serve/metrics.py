@@ -1,93 +1,200 @@
-"""The server's Prometheus metrics: vLLM's names under an ``apbv:`` prefix with a
-``model_name`` label (a vLLM dashboard reads them), beside apbv's own per-stage and per-replica
-ones, in one registry per server (``GET /metrics`` writes it out)."""
+"""The server's Prometheus metrics, in one registry per server (``GET /metrics`` writes it out).
+
+Every name is ``PREFIX:name`` (``--metrics-prefix``, default ``apbv``; ``vllm`` makes vLLM's
+dashboards and benchmark tools read them unchanged): vLLM's metrics under vLLM's names and
+labels (``model_name``; the per-request ones add ``endpoint``: ``chat``, ``stream_ask`` or
+``watch``), beside apbv's own per-stage, per-replica, stream and watch ones. The bucket lists
+and labels are :mod:`apbv.serve.metric_rules`; ``docs/metrics.md`` lists every metric.
+
+A replica job's request metrics are observed once, as the replica finishes it
+(:meth:`Metrics.finished`): its times from its admission (``Job.enqueued``), its start on the
+ranks and its tokens' arrivals, whichever endpoint it came from.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from apbv.serve.metric_rules import (
+    DEFAULT_PREFIX,
+    ENDPOINTS,
+    FINISHED_REASONS,
+    ITL_BUCKETS,
+    REQUEST_BUCKETS,
+    TTFT_BUCKETS,
+    check_prefix,
+    endpoint_of,
+    finished_reason,
+    one_two_five,
+)
+
 if TYPE_CHECKING:
-    from apbv.engine.request import Result
     from apbv.serve.admission import Job
     from apbv.serve.replicas import Replica
 
-BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
-TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-"""Seconds between two generated tokens (vLLM's inter-token buckets, and longer ones)."""
+DEFAULT_MAX_MODEL_LEN = 131072
+"""The token-count histograms' last bound when the server's ``max_model_len`` is not given."""
+
 
 class Metrics:
-    """The registry and its metrics (seconds for times, tokens for counts)."""
+    """The registry and its metrics (seconds for times, tokens for counts), named
+    ``prefix:...`` with ``model_name`` on vLLM's; ``vision_cache``: the engine looks videos up
+    in its vision cache (the ``mm_cache`` counters count those lookups); ``max_model_len``: the
+    token-count histograms' last bound."""
 
-    def __init__(self, model_name: str = "apbv") -> None:
-        self.registry = CollectorRegistry()
-        self.model_name = model_name
-        r = self.registry
-        label = ["model_name"]
-        # vLLM's metrics, under apbv: (a chat request's, from its admission on)
-        self.request_ttft = Histogram("apbv:time_to_first_token_seconds", "Time to first "
-                                      "token, queue included", label, buckets=BUCKETS,
-                                      registry=r)
-        self.e2e = Histogram("apbv:e2e_request_latency_seconds", "Admission to the last token",
-                             label, buckets=BUCKETS, registry=r)
-        self.request_queue = Histogram("apbv:request_queue_time_seconds", "Time queued before "
-                                       "the ranks", label, buckets=BUCKETS, registry=r)
-        self.itl = Histogram("apbv:inter_token_latency_seconds", "Time between two generated "
-                             "tokens", label, buckets=TOKEN_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("apbv:prompt_tokens", "Prompt tokens of answered "
-                                     "requests", label, registry=r)
-        self.generation_tokens = Counter("apbv:generation_tokens", "Generated tokens", label,
-                                         registry=r)
-        self.num_running = Gauge("apbv:num_requests_running", "Requests on the ranks", label,
-                                 registry=r)
-        self.num_waiting = Gauge("apbv:num_requests_waiting", "Requests queued", label,
-                                 registry=r)
+    def __init__(self, model_name: str = "apbv", prefix: str = DEFAULT_PREFIX,
+                 vision_cache: bool = False, max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> None:
+        check_prefix(prefix)
+        self.registry = r = CollectorRegistry()
+        self.model_name, self.prefix, self.vision_cache = model_name, prefix, vision_cache
+        model, per_request = ["model_name"], ["model_name", "endpoint"]
+
+        def histogram(name: str, doc: str, labels: list[str], buckets: tuple) -> Histogram:
+            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=r)
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(f"{prefix}:{name}", doc, labels, registry=r)
+
+        def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=r)
+
+        # vLLM's metrics under vLLM's names
+        self.request_ttft = histogram("time_to_first_token_seconds", "Admission to the first "
+                                      "token (queue included)", per_request, TTFT_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Admission to the last token",
+                             per_request, REQUEST_BUCKETS)
+        self.request_queue = histogram("request_queue_time_seconds", "Time queued before the "
+                                       "ranks", per_request, REQUEST_BUCKETS)
+        self.prefill = histogram("request_prefill_time_seconds", "Start on the ranks to the "
+                                 "first token", per_request, REQUEST_BUCKETS)
+        self.decode = histogram("request_decode_time_seconds", "First token to the last",
+                                per_request, REQUEST_BUCKETS)
+        self.inference = histogram("request_inference_time_seconds", "Start on the ranks to "
+                                   "the last token", per_request, REQUEST_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between two generated "
+                             "tokens", per_request, ITL_BUCKETS)
+        tokens = one_two_five(max_model_len)
+        self.request_prompt = histogram("request_prompt_tokens", "Prompt tokens of a request "
+                                        "(video included)", per_request, tokens)
+        self.request_generation = histogram("request_generation_tokens", "Tokens generated "
+                                            "for a request", per_request, tokens)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of answered requests",
+                                     per_request)
+        self.generation_tokens = counter("generation_tokens", "Generated tokens", per_request)
+        self.success = counter("request_success", "Finished requests by finished_reason",
+                               [*per_request, "finished_reason"])
+        self.num_running = gauge("num_requests_running", "Requests on the ranks", model)
+        self.num_waiting = gauge("num_requests_waiting", "Requests queued", model)
+        self.kv_usage = gauge("kv_cache_usage_perc", "Live streams' KV reserved per rank / "
+                              "the stream budget (--stream-memory-gb), per replica (engine); "
+                              "1 is full", ["model_name", "engine"])
+        self.mm_queries = counter("mm_cache_queries", "Vision-cache lookups (one per chat "
+                                  "request while the cache is on)", model)
+        self.mm_hits = counter("mm_cache_hits", "Vision-cache lookups that found the video",
+                               model)
         # apbv's own
-        self.ttft = Histogram("apbv_ttft_seconds", "Time to first token", buckets=BUCKETS,
-                              registry=r)
-        self.queue_wait = Histogram("apbv_queue_wait_seconds", "Time queued before the ranks",
-                                    buckets=BUCKETS, registry=r)
-        self.stage = Histogram("apbv_stage_seconds", "Seconds per engine stage", ["stage"],
-                               buckets=BUCKETS, registry=r)
-        self.requests = Counter("apbv_requests", "Requests by outcome", ["outcome"], registry=r)
-        self.cache_hits = Counter("apbv_vision_cache_hits", "Vision-embedding cache hits",
-                                  registry=r)
-        self.rebuilds = Counter("apbv_group_rebuilds", "Rank-group rebuilds", registry=r)
-        self.queue_depth = Gauge("apbv_replica_queue_depth", "Requests waiting per replica",
-                                 ["replica"], registry=r)
-        self.running = Gauge("apbv_replica_running", "Requests running per replica (0 or 1)",
-                             ["replica"], registry=r)
-        self.replica_ready = Gauge("apbv_replica_ready", "1 while the replica is ready",
-                                   ["replica"], registry=r)
-        self.replica_stalled = Gauge("apbv_replica_stalled", "1 while a rank of the replica "
-                                     "does not answer (its job ran past its prediction)",
-                                     ["replica"], registry=r)
-        self.ttft_scale = Gauge("apbv_ttft_model_scale", "Measured / cost-model TTFT learned "
-                                "per replica (deadline admission's correction)", ["replica"],
-                                registry=r)
-        self.decode_s = Gauge("apbv_decode_token_seconds", "Seconds per generated token learned "
-                              "per replica (deadline admission's decode time)", ["replica"],
-                              registry=r)
+        self.ttft = histogram("engine_ttft_seconds", "The engine's time to first token (on "
+                              "the ranks, no queue)", [], TTFT_BUCKETS)
+        self.queue_wait = histogram("queue_wait_seconds", "A chat request's time queued "
+                                    "before the ranks", [], TTFT_BUCKETS)
+        self.stage = histogram("stage_seconds", "Seconds per engine stage", ["stage"],
+                               TTFT_BUCKETS)
+        self.requests = counter("requests", "Replica jobs and refusals by outcome", ["outcome"])
+        self.rebuilds = counter("group_rebuilds", "Rank-group rebuilds", [])
+        self.queue_depth = gauge("replica_queue_depth", "Requests waiting per replica",
+                                 ["replica"])
+        self.running = gauge("replica_running", "Requests running per replica (0 or 1)",
+                             ["replica"])
+        self.replica_ready = gauge("replica_ready", "1 while the replica is ready", ["replica"])
+        self.replica_stalled = gauge("replica_stalled", "1 while a rank of the replica does "
+                                     "not answer (its job ran past its prediction)", ["replica"])
+        self.ttft_scale = gauge("ttft_model_scale", "Measured / cost-model TTFT learned per "
+                                "replica (deadline admission's correction)", ["replica"])
+        self.decode_s = gauge("decode_token_seconds", "Seconds per generated token learned per "
+                              "replica (deadline admission's decode time)", ["replica"])
+        self.streams_open = gauge("streams_open", "Live streams open", model)
+        self.watches = gauge("watches", "Standing questions on the open streams", model)
+        self.watch_events = counter("events", "Standing questions' events",
+                                    model).labels(model_name)
+        self.capture_to_event = histogram("capture_to_event_seconds", "Arrival of the chunk "
+                                          "to its watch event", model,
+                                          TTFT_BUCKETS).labels(model_name)
+        self.watch_evaluations = counter("watch_evaluations", "Evaluations of standing "
+                                         "questions", model).labels(model_name)
+        self.watch_coalesced = counter("watch_coalesced", "Chunks folded into a later "
+                                       "evaluation", model).labels(model_name)
+        self.events_dropped = counter("events_dropped", "Events a full subscriber or webhook "
+                                      "queue dropped", model).labels(model_name)
+        self._zero_series()
 
-    def observe_request(self, job: Job, result: Result) -> None:
-        """A chat request's vLLM metrics, once it is answered: its times from its admission
-        (``job.enqueued``), the gaps between its tokens' arrivals, its token counts."""
-        name, now = self.model_name, time.monotonic()
+    def _zero_series(self) -> None:
+        """Every labelled series that does not depend on a replica exists from the start, at
+        0 (a dashboard's rate() reads 0, not "no data", before the first request)."""
+        name = self.model_name
+        metric: Any
+        for metric in (self.num_running, self.num_waiting, self.mm_queries, self.mm_hits,
+                       self.streams_open, self.watches):
+            metric.labels(name)
+        for endpoint in ENDPOINTS:
+            for metric in (self.request_ttft, self.e2e, self.request_queue, self.prefill,
+                           self.decode, self.inference, self.itl, self.request_prompt,
+                           self.request_generation, self.prompt_tokens,
+                           self.generation_tokens):
+                metric.labels(name, endpoint)
+            for reason in FINISHED_REASONS:
+                self.success.labels(name, endpoint, reason)
+
+    def finished(self, job: Job, outcome: str, result: Any = None) -> None:
+        """A replica job ended with ``outcome`` (and ``result``, None without one): counted
+        by outcome, and when it is a request (:func:`~apbv.serve.metric_rules.endpoint_of`)
+        by finished reason, its times and tokens observed under its endpoint."""
+        self.requests.labels(outcome).inc()
+        endpoint = endpoint_of(job)
+        if endpoint is None:
+            return
+        labels = (self.model_name, endpoint)
+        self.success.labels(*labels, finished_reason(outcome, result)).inc()
+        if result is None or not hasattr(result, "ttft_s"):
+            return
+        now = time.monotonic()
         started = job.started if job.started is not None else now
         times = job.token_times
         first = times[0] if times else started + result.ttft_s
-        self.request_queue.labels(name).observe(started - job.enqueued)
-        self.request_ttft.labels(name).observe(first - job.enqueued)
-        self.e2e.labels(name).observe(now - job.enqueued)
+        self.request_queue.labels(*labels).observe(started - job.enqueued)
+        self.request_ttft.labels(*labels).observe(first - job.enqueued)
+        self.e2e.labels(*labels).observe(now - job.enqueued)
+        self.prefill.labels(*labels).observe(first - started)
+        self.decode.labels(*labels).observe(max(0.0, now - first))
+        self.inference.labels(*labels).observe(now - started)
         for before, after in zip(times, times[1:], strict=False):
-            self.itl.labels(name).observe(after - before)
-        self.prompt_tokens.labels(name).inc(result.context_len + result.query_len)
-        self.generation_tokens.labels(name).inc(len(result.token_ids))
+            self.itl.labels(*labels).observe(after - before)
+        prompt, generated = result.context_len + result.query_len, len(result.token_ids)
+        self.request_prompt.labels(*labels).observe(prompt)
+        self.request_generation.labels(*labels).observe(generated)
+        self.prompt_tokens.labels(*labels).inc(prompt)
+        self.generation_tokens.labels(*labels).inc(generated)
+        if endpoint == "chat" and self.vision_cache:
+            self.mm_queries.labels(self.model_name).inc()
+            if getattr(result, "vision_cache_hit", False):
+                self.mm_hits.labels(self.model_name).inc()
 
-    def count_load(self, replicas: list[Replica]) -> None:
-        """Set the running and waiting gauges from the replicas' queues."""
-        self.num_running.labels(self.model_name).set(
+    def count_load(self, replicas: list[Replica], streams: Any = None) -> None:
+        """Set the gauges read at a scrape: requests running and waiting, and with live
+        ``streams`` (:class:`~apbv.serve.streams.Streams`, None: not served) the streams and
+        watches open and each replica's KV reserved against the stream budget."""
+        name = self.model_name
+        self.num_running.labels(name).set(
             sum(r.admission.running is not None for r in replicas))
-        self.num_waiting.labels(self.model_name).set(sum(len(r.admission) for r in replicas))
+        self.num_waiting.labels(name).set(sum(len(r.admission) for r in replicas))
+        registry = None if streams is None else streams.registry
+        budget = 0 if registry is None else registry.opt.budget_bytes
+        for replica in replicas:
+            held = 0 if registry is None else registry.held(replica)
+            self.kv_usage.labels(name, str(replica.index)).set(held / budget if budget else 0.0)
+        if registry is not None:
+            self.streams_open.labels(name).set(len(registry.live))
+            self.watches.labels(name).set(sum(len(sw.watches)
+                                              for sw in streams.watches.of.values()))

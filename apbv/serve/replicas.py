@@ -12,7 +12,7 @@ room first (:meth:`Replica.hand_over`): a rebuild reloads the model.
 A job that runs past :data:`STALL_FACTOR` times its prediction (and at least
 :data:`STALL_FLOOR_S`) makes the replica ping its ranks every :data:`STALL_POLL_S`; while one
 does not answer (a stopped or hung process), the replica's status is ``stalled``, naming the
-ranks (``/health``, ``apbv_replica_stalled``), and it takes no new requests while another
+ranks (``/health``, ``apbv:replica_stalled``), and it takes no new requests while another
 replica is ready. The job then fails when the ranks' collective timeout (``parallel.timeout_s``)
 ends it, with the ranks' ping naming who did not answer, and the group is rebuilt; if they
 answer again, the replica is ``ready`` again.
@@ -244,7 +244,7 @@ class Replica:
     def _finish(self, job: Job, outcome: str, wait: float, result: Outcome,
                 error: ClientError | None) -> None:
         """Count, log and answer a job (its result, or ``error``), and let the queue move."""
-        self.metrics.requests.labels(outcome).inc()
+        self.metrics.finished(job, outcome, result)
         _log_outcome(job, self.index, outcome, wait, result, error)
         if error is None:
             job.future.set_result((result, wait))
@@ -347,15 +347,15 @@ class Replica:
 def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outcome,
                  error: ClientError | None) -> None:
     """One line per finished job: its name, replica, outcome and, for an answer, what it took."""
-    head = f"{job.name} on replica {replica}: {outcome}"
+    head, extra = f"{job.name} on replica {replica}: {outcome}", {"request_id": job.request_id}
     if error is not None:
-        log.warning("%s (%d: %s)", head, error.status, error.message)
+        log.warning("%s (%d: %s)", head, error.status, error.message, extra=extra)
     elif job.call is None or not isinstance(result, Result):  # a live stream's operation
-        log.info("%s, queued %.3f s", head, wait)
+        log.info("%s, queued %.3f s", head, wait, extra=extra)
     else:
         log.info("%s, %d frames, %d prompt tokens, %d new, TTFT %.3f s, queued %.3f s%s", head,
                  result.frames, result.context_len + result.query_len, len(result.token_ids),
-                 result.ttft_s, wait, ", vision cache hit" if result.vision_cache_hit else "")
+                 result.ttft_s, wait, ", vision cache hit" * result.vision_cache_hit, extra=extra)
 
 
 def _loss_words(ranks: list[int], why: str) -> str:

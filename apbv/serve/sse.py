@@ -21,7 +21,6 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from apbv.serve import responses
-from apbv.serve.api import ChatCall
 from apbv.serve.detok import IncrementalText, Tokenizer
 from apbv.serve.http_guard import error_body
 from apbv.serve.policy import ClientError
@@ -73,8 +72,6 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
             yield event(error_body(exc.status, exc.message, exc.param))
             yield DONE
             return
-        if isinstance(job.call, ChatCall):
-            server.metrics.observe_request(job, result)
         text = "".join(sent)
         if result.answer.startswith(text) and len(result.answer) > len(text):
             yield event(responses.chunk(model, cid, {"content": result.answer[len(text):]}))

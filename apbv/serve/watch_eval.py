@@ -23,11 +23,10 @@ replica's queue runs it before other work (:mod:`apbv.serve.fair_order`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from typing import TYPE_CHECKING, Any
 
 from apbv.serve.events import EventHub
 from apbv.serve.ops import Generate
@@ -35,30 +34,22 @@ from apbv.serve.stream_registry import LiveStream, StreamRegistry
 from apbv.serve.watch_rules import observe, top_choice
 from apbv.serve.watch_state import StreamWatches, Watch
 
-log = logging.getLogger("apbv.serve")
+if TYPE_CHECKING:
+    from apbv.serve.metrics import Metrics
 
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+log = logging.getLogger("apbv.serve")
 
 
 class Evaluator:
     """Evaluates the watches of ``of`` (stream id -> its watches) on ``registry``'s streams;
-    events go to ``hub``; metrics to ``metrics`` labelled with ``model_name``."""
+    events go to ``hub``; figures to the server's ``metrics``."""
 
     def __init__(self, registry: StreamRegistry, of: dict[str, StreamWatches], hub: EventHub,
-                 metrics: CollectorRegistry, model_name: str):
+                 metrics: Metrics):
         self.registry, self.of, self.hub = registry, of, hub
-        r, label = metrics, ["model_name"]
-        self.events_total = Counter("apbv:events", "Standing questions' events", label,
-                                    registry=r).labels(model_name)
-        self.latency = Histogram("apbv:capture_to_event_seconds", "Arrival of the chunk to "
-                                 "its watch event", label, buckets=LATENCY_BUCKETS,
-                                 registry=r).labels(model_name)
-        self.evaluations = Counter("apbv:watch_evaluations", "Evaluations of standing "
-                                   "questions", label, registry=r).labels(model_name)
-        self.coalesced = Counter("apbv:watch_coalesced", "Chunks folded into a later "
-                                 "evaluation", label, registry=r).labels(model_name)
-        self.dropped = Counter("apbv:events_dropped", "Events a full subscriber or webhook "
-                               "queue dropped", label, registry=r).labels(model_name)
+        self.events_total, self.latency = metrics.watch_events, metrics.capture_to_event
+        self.evaluations, self.coalesced = metrics.watch_evaluations, metrics.watch_coalesced
+        self.dropped = metrics.events_dropped
 
     def appended(self, live: LiveStream, footage_ts: float, arrived: float,
                  chunk_s: float) -> None:
@@ -80,8 +71,9 @@ class Evaluator:
             self.coalesced.inc()
             arrived = sw.pending[1]
         sw.pending = (footage_ts, arrived)
-        if sw.task is None or sw.task.done():
-            sw.task = asyncio.ensure_future(self._evaluate(live, sw))
+        if sw.task is None or sw.task.done():  # in a context of its own: no request's id
+            sw.task = asyncio.get_running_loop().create_task(self._evaluate(live, sw),
+                                                             context=contextvars.Context())
 
     async def _evaluate(self, live: LiveStream, sw: StreamWatches) -> None:
         """Evaluate the due watches on the newest state, again while chunks came meanwhile."""

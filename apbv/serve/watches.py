@@ -49,8 +49,7 @@ class Watches:
         self.hub = EventHub()
         self.finishing: set[asyncio.Task] = set()
         """The webhook senders of watches whose stream ended (sending its last events)."""
-        self.evaluator = Evaluator(self.registry, self.of, self.hub,
-                                   self.server.metrics.registry, self.server.opt.model_name)
+        self.evaluator = Evaluator(self.registry, self.of, self.hub, self.server.metrics)
         self.registry.on_append = self.evaluator.appended
         self.registry.on_forget = self.forget
         self.registry.watch_load = self.replica_load

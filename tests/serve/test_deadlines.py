@@ -174,7 +174,7 @@ def test_a_job_whose_deadline_passed_while_queued_is_refused_at_dequeue():
         result, _ = await asyncio.wait_for(on_time.future, 5)
         assert result.token_ids == [1, 2, 3] and group.generated == 1
         assert replica.metrics.registry.get_sample_value(
-            "apbv_requests_total", {"outcome": "deadline_missed"}) == 2
+            "apbv:requests_total", {"outcome": "deadline_missed"}) == 2
         worker.cancel()
 
     asyncio.run(scenario())
@@ -204,7 +204,7 @@ def test_a_job_running_long_pings_its_ranks_and_the_replica_is_stalled(monkeypat
         described = replica.describe()
         assert described["stalled_ranks"] == [1] and described["running_s"] > 0.5
         assert described["predicted_s"] == pytest.approx(0.018)
-        assert metrics.registry.get_sample_value("apbv_replica_stalled", {"replica": "0"}) == 1
+        assert metrics.registry.get_sample_value("apbv:replica_stalled", {"replica": "0"}) == 1
         assert overall_status([replica]) == "stalled"
         assert overall_status([replica, spare]) == "ready"
         assert pick([replica, spare], _chat().request, affinity=False) is spare
@@ -225,7 +225,7 @@ def test_a_job_running_long_pings_its_ranks_and_the_replica_is_stalled(monkeypat
         _refused(exc, 503, "replica 0: rank(s) 1 of the engine group were lost (rank 1 did "
                            "not answer within 5 s)")
         assert replica.status == "degraded" and replica.stalled == []
-        assert metrics.registry.get_sample_value("apbv_replica_stalled", {"replica": "0"}) == 0
+        assert metrics.registry.get_sample_value("apbv:replica_stalled", {"replica": "0"}) == 0
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
 

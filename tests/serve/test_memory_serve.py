@@ -48,7 +48,7 @@ def _chat(server, url: str) -> httpx.Response:
 def _ran(server) -> float:
     """Jobs taken from a queue so far (each one reached the rank)."""
     text = httpx.get(server.base + "/metrics").text
-    match = re.search(r"^apbv_queue_wait_seconds_count ([0-9.e+]+)$", text, re.M)
+    match = re.search(r"^apbv:queue_wait_seconds_count ([0-9.e+]+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 
 

@@ -111,8 +111,8 @@ def test_two_replicas_serve_concurrently_and_repeats_follow_the_cache(server, me
     assert again["replica"] == 1 and again["vision_cache_hit"] is True
     assert again["token_ids"] == first[[b["replica"] for b in first].index(1)]["token_ids"]
     for replica in ("0", "1"):
-        assert _metric(base, "apbv_replica_queue_depth", f'{{replica="{replica}"}}') == 0
-        assert _metric(base, "apbv_replica_ready", f'{{replica="{replica}"}}') == 1
+        assert _metric(base, "apbv:replica_queue_depth", f'{{replica="{replica}"}}') == 0
+        assert _metric(base, "apbv:replica_ready", f'{{replica="{replica}"}}') == 1
 
 
 def test_remote_media(server, files, media):

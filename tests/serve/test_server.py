@@ -96,7 +96,7 @@ def test_completion_and_stream_equal_the_engine(server, media):
     base, _, (answer, token_ids), _ = server
     client = _client(base)
     url = (media / "clip.mp4").as_uri()
-    before = _metric(base, "apbv_requests_total", '{outcome="ok"}')
+    before = _metric(base, "apbv:requests_total", '{outcome="ok"}')
     out = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
                                          max_tokens=6, temperature=0)
     assert out.choices[0].message.content == answer
@@ -112,9 +112,9 @@ def test_completion_and_stream_equal_the_engine(server, media):
                                            max_tokens=6)
     assert extra["vision_cache_hit"] is False and again.model_extra["apbv"]["vision_cache_hit"]
     assert again.model_extra["apbv"]["token_ids"] == token_ids
-    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == before + 3
-    assert _metric(base, "apbv_ttft_seconds_count") >= 3
-    assert _metric(base, "apbv_vision_cache_hits_total") >= 1
+    assert _metric(base, "apbv:requests_total", '{outcome="ok"}') == before + 3
+    assert _metric(base, "apbv:engine_ttft_seconds_count") >= 3
+    assert _metric(base, "apbv:mm_cache_hits_total", '{model_name="tiny-qwen2.5-vl"}') >= 1
     # The server's log: a line per finished request, named by its completion id.
     line = f"apbv.serve: {again.id} on replica 0: ok, 12 frames, 905 prompt tokens, 6 new, TTFT "
     deadline = time.monotonic() + 10
@@ -124,7 +124,7 @@ def test_completion_and_stream_equal_the_engine(server, media):
     assert any(line in entry and entry.rstrip().endswith("vision cache hit")
                for entry in server[1].log), server[1].tail()
     # The finished requests that encoded the video taught deadline admission this machine.
-    scale = _metric(base, "apbv_ttft_model_scale", '{replica="0"}')
+    scale = _metric(base, "apbv:ttft_model_scale", '{replica="0"}')
     assert scale > 0 and scale != 1.0, scale
 
 
@@ -135,7 +135,7 @@ def test_a_client_gone_mid_answer_stops_the_decode(server, media):
     base, _, (answer, _), _ = server
     client = _client(base)
     url = (media / "clip.mp4").as_uri()
-    before = _metric(base, "apbv_requests_total", '{outcome="cancelled"}')
+    before = _metric(base, "apbv:requests_total", '{outcome="cancelled"}')
     stream = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
                                             max_tokens=1000, stream=True)
     pieces = 0
@@ -145,7 +145,7 @@ def test_a_client_gone_mid_answer_stops_the_decode(server, media):
             break
     stream.close()
     deadline = time.monotonic() + 60
-    while _metric(base, "apbv_requests_total", '{outcome="cancelled"}') == before:
+    while _metric(base, "apbv:requests_total", '{outcome="cancelled"}') == before:
         assert time.monotonic() < deadline, "the abandoned request was not cancelled"
         time.sleep(0.1)
     out = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
@@ -222,7 +222,7 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
     clip = (media / "clip.mp4").as_uri()
     outside = tmp_path / "other.mp4"
     shutil.copy(media / "clip.mp4", outside)
-    reached = _metric(base, "apbv_requests_total", '{outcome="ok"}')
+    reached = _metric(base, "apbv:requests_total", '{outcome="ok"}')
     cases = [
         (dict(messages=_messages(outside.as_uri())), 403, "outside the media roots"),
         (dict(messages=_messages(f"file://{media}/../{outside.parent.name}/other.mp4")), 400,
@@ -251,9 +251,9 @@ def test_refusals_never_reach_the_ranks(server, media, tmp_path):
     with pytest.raises(openai.AuthenticationError):
         _client(base, "wrong").chat.completions.create(model="tiny-qwen2.5-vl",
                                                        messages=_messages(clip))
-    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == reached
-    ran = reached + _metric(base, "apbv_requests_total", '{outcome="cancelled"}')
-    assert _metric(base, "apbv_queue_wait_seconds_count") == ran
+    assert _metric(base, "apbv:requests_total", '{outcome="ok"}') == reached
+    ran = reached + _metric(base, "apbv:requests_total", '{outcome="cancelled"}')
+    assert _metric(base, "apbv:queue_wait_seconds_count") == ran
 
 
 def test_killed_rank_fails_the_request_and_the_group_is_rebuilt(server, media):
@@ -279,14 +279,14 @@ def test_killed_rank_fails_the_request_and_the_group_is_rebuilt(server, media):
     assert queued["out"].model_extra["apbv"]["token_ids"] == reference[1]
     health = httpx.get(base + "/health").json()
     assert health["status"] == "ready" and pids[1] not in health["rank_pids"]
-    assert _metric(base, "apbv_group_rebuilds_total") == 1
+    assert _metric(base, "apbv:group_rebuilds_total") == 1
 
 
 def test_a_client_gone_while_queued_is_dropped(server, media):
     base = server[0]
     url = (media / "clip.mp4").as_uri()
     client = _client(base)
-    ok = _metric(base, "apbv_requests_total", '{outcome="ok"}')
+    ok = _metric(base, "apbv:requests_total", '{outcome="ok"}')
     stream = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
                                             max_tokens=150, stream=True)
     next(iter(stream))  # running now
@@ -295,13 +295,13 @@ def test_a_client_gone_while_queued_is_dropped(server, media):
         httpx.post(base + "/v1/chat/completions", json=body, timeout=1.0,
                    headers={"Authorization": f"Bearer {KEY}"})
     for _ in range(20):
-        if _metric(base, "apbv_requests_total", '{outcome="disconnected"}') == 1:
+        if _metric(base, "apbv:requests_total", '{outcome="disconnected"}') == 1:
             break
         time.sleep(0.25)
-    assert _metric(base, "apbv_requests_total", '{outcome="disconnected"}') == 1
+    assert _metric(base, "apbv:requests_total", '{outcome="disconnected"}') == 1
     assert httpx.get(base + "/health").json()["queued"] == 0
     assert sum(len(c.choices[0].delta.content or "") for c in stream if c.choices) > 0
-    assert _metric(base, "apbv_requests_total", '{outcome="ok"}') == ok + 1
+    assert _metric(base, "apbv:requests_total", '{outcome="ok"}') == ok + 1
 
 
 # --- live streams -------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_a_deadline_behind_two_long_answers_is_refused_never_answered_late(serve
         first.close()
         second.close()
     _idle(base)
-    assert _metric(base, "apbv_decode_token_seconds", '{replica="0"}') > 0
+    assert _metric(base, "apbv:decode_token_seconds", '{replica="0"}') > 0
 
 
 def test_a_stopped_rank_is_reported_stalled_then_named_in_the_failure(server):
@@ -111,7 +111,7 @@ def test_a_stopped_rank_is_reported_stalled_then_named_in_the_failure(server):
         assert response.status_code == 503 and health["status"] == "stalled", health
         assert replica["stalled_ranks"] == [1], health
         assert replica["running_s"] <= max(3 * replica["predicted_s"], 30), health
-        assert _metric(base, "apbv_replica_stalled", '{replica="0"}') == 1
+        assert _metric(base, "apbv:replica_stalled", '{replica="0"}') == 1
         with pytest.raises(openai.APIError, match=r"rank\(s\) 1 of the engine group were lost "
                                                   r"\(rank 1 did not answer within 5 s\)"):
             for _ in stream:
@@ -124,5 +124,5 @@ def test_a_stopped_rank_is_reported_stalled_then_named_in_the_failure(server):
             pass
     health = _idle(base, timeout_s=120)
     assert pids[1] not in health["rank_pids"] and "stalled_ranks" not in health["replicas"][0]
-    assert _metric(base, "apbv_replica_stalled", '{replica="0"}') == 0
-    assert _metric(base, "apbv_group_rebuilds_total") == 1
+    assert _metric(base, "apbv:replica_stalled", '{replica="0"}') == 0
+    assert _metric(base, "apbv:group_rebuilds_total") == 1

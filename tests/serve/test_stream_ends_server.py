@@ -185,7 +185,7 @@ def test_a_sigkilled_idle_rank_is_lost_without_a_request_and_its_stream_is_410(b
         assert time.monotonic() < deadline, health
         time.sleep(0.25)
     assert pid not in health["rank_pids"] and "lost" not in health["replicas"][0], health
-    assert _metric(base, "apbv_group_rebuilds_total") == 1
+    assert _metric(base, "apbv:group_rebuilds_total") == 1
     print(f"/health left ready {left_s:.3f} s after SIGKILL; the stream's subscribers had "
           f"stream.closed (lost) after {lost_s:.3f} s; rebuilt after "
           f"{time.monotonic() - killed:.1f} s")

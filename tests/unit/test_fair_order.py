@@ -122,9 +122,9 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
     from types import SimpleNamespace
 
     pytest.importorskip("prometheus_client")
-    from prometheus_client import CollectorRegistry
 
     from apbv.serve.events import EventHub
+    from apbv.serve.metrics import Metrics
     from apbv.serve.watch_eval import Evaluator
     from apbv.serve.watch_state import StreamWatches
     from tests.unit.test_watch_budget import _watch
@@ -144,7 +144,7 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
         sub = hub.subscribe(None, None)
         watch = _watch("s")
         of = {"s": StreamWatches({watch.id: watch})}
-        evaluator = Evaluator(registry, of, hub, CollectorRegistry(), "m")
+        evaluator = Evaluator(registry, of, hub, Metrics("m"))
         evaluator.appended(live, 1.0, 100.0, 1.0)
         await of["s"].task
         evaluator.appended(live, 2.0, 101.5, 1.0)
