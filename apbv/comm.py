@@ -246,7 +246,8 @@ def _stderr(line: str) -> None:
 
 def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
                     timeout_s: float, *, report_every_s: float = 30.0, poll_s: float = 0.1,
-                    log: Callable[[str], None] = _stderr, failed: str | None = None) -> None:
+                    log: Callable[[str], None] = _stderr, failed: str | None = None,
+                    ranks: list[int] | None = None) -> None:
     """Wait until every rank of ``world_size`` has reached the start-up point ``name`` (a key
     per rank in ``store``, the job's rendezvous store; ``name`` unique within the job).
 
@@ -258,11 +259,13 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
 
     ``failed`` (this rank's error, which the caller then raises): posted instead of arriving,
     so the waiting ranks raise :class:`StartupFailed` with it at once instead of waiting out
-    the timeout.
+    the timeout. ``ranks``: the (global) ranks that meet there (default all of
+    ``world_size``; a subgroup's, ``name`` unique to it).
     """
-    if world_size == 1:
+    members = list(range(world_size)) if ranks is None else ranks
+    if len(members) == 1:
         return
-    keys = [f"apbv/startup/{name}/{r}" for r in range(world_size)]
+    keys = {r: f"apbv/startup/{name}/{r}" for r in members}
     failure = f"apbv/startup/{name}/failed"
     if failed is not None:
         store.set(failure, f"rank {rank}: {failed}"[:1000])
@@ -270,13 +273,13 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
     store.set(keys[rank], "1")
     start = time.monotonic()
     next_report = start + report_every_s
-    while not store.check(keys):
+    while not store.check(list(keys.values())):
         if store.check([failure]):
             raise StartupFailed(f"rank {rank}: stopped waiting at the start-up point {name!r}: "
                                 f"{store.get(failure).decode()}")
         now = time.monotonic()
         if now - start >= timeout_s or now >= next_report:
-            late = [r for r in range(world_size) if not store.check([keys[r]])]
+            late = [r for r in members if not store.check([keys[r]])]
             if not late:  # they all arrived since the first check
                 return
             ranks = ", ".join(map(str, late))

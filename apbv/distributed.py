@@ -57,8 +57,8 @@ def _env_int(name: str, default: int) -> int:
 
 _startup: tuple[dist.Store, int, int, float] | None = None
 """(rendezvous store, rank, world size, start-up timeout in s) of this process's group."""
-_points = 0
-"""How many :func:`ranks_ready` points this process has passed in its group."""
+_points: dict[tuple[int, ...], int] = {}
+"""How many :func:`ranks_ready` points this process has passed, per set of ranks waited for."""
 
 LATE_RANK_ENV = "APBV_TEST_LATE_RANK"
 """Test-only: ``R:S`` makes rank R arrive S seconds late at each :func:`ranks_ready` point (a
@@ -114,13 +114,14 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 600.0,
     if world_size == 1:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
-        global _startup, _points
+        global _startup
         if backend == "nccl":
             _nccl_environment()
         if store is None:  # connecting waits for a late peer up to the start-up timeout
             store, rank, world_size = next(dist.rendezvous(
                 "env://", rank, world_size, timeout=timedelta(seconds=startup_timeout_s)))
-        _startup, _points = (store, rank, world_size, startup_timeout_s), 0
+        _startup = (store, rank, world_size, startup_timeout_s)
+        _points.clear()
         # Every rank is here before the group is made (NCCL's set-up is itself a collective).
         comm.startup_barrier(store, "joined", rank, world_size, startup_timeout_s)
         dist.init_process_group(
@@ -148,30 +149,40 @@ def _nccl_environment() -> None:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
-def ranks_ready(point: str, failed: BaseException | None = None) -> None:
-    """Wait, on every rank of this process's group, until each has reached ``point`` (e.g.
-    after loading the model: the first request's collectives then do not absorb the load
-    skew), bounded by the start-up timeout; the waiting ranks name the late ones every 30 s.
-    Call it on every rank alike; without a group it returns at once. A rank that failed on
-    the way passes its error as ``failed`` (and raises it afterwards): the others then raise
+def ranks_ready(point: str, failed: BaseException | None = None,
+                group: dist.ProcessGroup | None = None) -> None:
+    """Wait, on every rank of ``group`` (None: this process's whole group), until each has
+    reached ``point`` (e.g. after loading the model: the first request's collectives then do
+    not absorb the load skew), bounded by the start-up timeout; the waiting ranks name the late
+    ones every 30 s. Call it on every rank of ``group`` alike (a subgroup's ranks wait only for
+    each other: sequence-parallel groups of one job load their engines independently); without
+    a process group it returns at once. A rank that failed on the way passes its error as
+    ``failed`` (and raises it afterwards): the others then raise
     :class:`~apbv.comm.StartupFailed` naming it at once."""
-    global _points
     if _startup is None:
         return
     store, rank, world_size, timeout_s = _startup
+    members = (list(range(world_size)) if group is None
+               else sorted(dist.get_process_group_ranks(group)))
+    if len(members) == 1:
+        return
     late = os.environ.get(LATE_RANK_ENV)
     if late and failed is None:
         late_rank, _, seconds = late.partition(":")
         if int(late_rank) == rank:
             time.sleep(float(seconds))
-    _points += 1
-    comm.startup_barrier(store, f"{_points}-{point}", rank, world_size, timeout_s,
-                         failed=None if failed is None else f"{type(failed).__name__}: {failed}")
+    key = tuple(members)
+    _points[key] = _points.get(key, 0) + 1
+    where = "" if len(members) == world_size else "ranks " + ",".join(map(str, members)) + " "
+    comm.startup_barrier(store, f"{where}{_points[key]}-{point}", rank, world_size, timeout_s,
+                         failed=None if failed is None else f"{type(failed).__name__}: {failed}",
+                         ranks=members)
 
 
 def destroy_distributed() -> None:
     global _startup
     _startup = None
+    _points.clear()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -108,7 +108,7 @@ class Engine:
                                                  vision=cfg.vision)
         except Exception as exc:  # the other ranks stop waiting for this one (below)
             if info.world_size > 1:
-                ranks_ready("model loaded", failed=exc)
+                ranks_ready("model loaded", failed=exc, group=info.group)
             raise
         self.dims: ModelDims = model_dims(read_config(cfg.model.path))
         self.vision_cache = VisionCache(int(cfg.cache.vision_gb * 2**30))
@@ -116,7 +116,7 @@ class Engine:
         self.streams: dict[str, Stream] = {}
         """This rank's part of each open live stream, by id."""
         if info.world_size > 1:  # the first request's collectives then see no load skew
-            ranks_ready("model loaded")
+            ranks_ready("model loaded", group=info.group)
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Use the ``vision`` settings from the next request on (every rank alike): the tower's

@@ -302,8 +302,9 @@ def run_eval(
 ) -> dict[str, Any] | None:
     """Run the samples of ``spec`` not yet in its JSONL file; call on every rank alike.
 
-    ``make_engine`` is called (on every rank, before the first sample) only if a sample remains
-    to run on the engine in any group, so a finished run is only rescored. ``progress``: where
+    ``make_engine`` is called (on every rank of a group, at its first sample to run on the
+    engine; its start-up wait is the group's) only if a sample remains, so a finished run is
+    only rescored. ``progress``: where
     rank 0 writes its progress lines (the command line passes stderr; None: nowhere). Returns
     the results document on rank 0 (as written to ``spec.results_path``) and None on the other
     ranks. Raises ValueError on every
@@ -362,10 +363,7 @@ def run_eval(
                 print(f"[apbv eval] the cost model's ETA weights for {len(predicted)} "
                       f"sample(s) (scaled by the measured time as samples finish)",
                       file=progress, flush=True)
-        # Every rank makes its engine before the first round when any group has a sample to
-        # run: the engines' start-up barrier spans the world, so a group whose samples all
-        # lack their videos must reach it too.
-        engine = make_engine() if any(i not in missing for d in dealt for i in d) else None
+        engine = None
         for turn in range(max(len(d) for d in dealt)):
             row = None
             if turn < len(mine):
@@ -373,6 +371,7 @@ def run_eval(
                 if sample.id in missing:
                     row = failed_row(sample, spec, missing[sample.id])
                 else:
+                    engine = make_engine() if engine is None else engine
                     row = run_sample(engine, sample, spec)
             # one round: every group's row (from its query rank) meets on rank 0
             finished = [row] if spec.groups == 1 else comm.all_gather_object(

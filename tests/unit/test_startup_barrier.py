@@ -106,7 +106,7 @@ def test_ranks_ready_holds_the_named_rank_back_and_uses_fresh_keys(monkeypatch) 
     store = dist.HashStore()
     store.set("apbv/startup/1-model loaded/1", "1")  # rank 1 already there at the first point
     monkeypatch.setattr(distributed, "_startup", (store, 0, 2, 0.3))
-    monkeypatch.setattr(distributed, "_points", 0)
+    monkeypatch.setattr(distributed, "_points", {})
     monkeypatch.setenv(distributed.LATE_RANK_ENV, "0:0.4")
     start = time.monotonic()
     distributed.ranks_ready("model loaded")
@@ -121,7 +121,7 @@ def test_ranks_ready_holds_the_named_rank_back_and_uses_fresh_keys(monkeypatch) 
 def test_ranks_ready_posts_a_failure_without_waiting(monkeypatch) -> None:
     store = dist.HashStore()
     monkeypatch.setattr(distributed, "_startup", (store, 1, 2, 30.0))
-    monkeypatch.setattr(distributed, "_points", 0)
+    monkeypatch.setattr(distributed, "_points", {})
     monkeypatch.setenv(distributed.LATE_RANK_ENV, "1:30")  # no hold for a rank that failed
     start = time.monotonic()
     distributed.ranks_ready("model loaded", failed=MemoryError("out of memory"))
@@ -134,3 +134,31 @@ def test_startup_timeout_setting_is_checked(value: str) -> None:
     with pytest.raises(ValueError, match=r"parallel\.startup_timeout_s must be"):
         load_config("tiny_cpu", [f"parallel.startup_timeout_s={value}"])
     assert load_config("tiny_cpu").parallel.startup_timeout_s == 1800.0
+
+
+def test_subgroups_wait_only_for_their_own_ranks() -> None:
+    """Sequence-parallel groups of one job (eval --groups, tests' worlds of ranks [0, k)) load
+    their engines independently: ranks 1 and 3 meet while ranks 0 and 2 never come, and the
+    late one is named by its global rank."""
+    store = dist.HashStore()
+    logs: dict[int, list[str]] = {1: [], 3: []}
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            comm.startup_barrier(store, "ranks 1,3 1-loaded", rank, 4, 5.0, report_every_s=0.1,
+                                 poll_s=0.01, log=logs[rank].append, ranks=[1, 3])
+        except BaseException as exc:  # recorded for the test to check
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(1, 0.0)),
+               threading.Thread(target=rank_main, args=(3, 0.4))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "a subgroup waited for ranks outside it"
+    assert errors == {}, errors
+    assert logs[1] and all("waiting for rank(s) 3 at" in line for line in logs[1]), logs[1]
+    assert logs[3] == [], logs[3]
