@@ -5,6 +5,7 @@ and links into docs/, so those links must name pages that exist."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -47,3 +48,15 @@ def test_the_readme_links_to_docs_pages_that_exist():
     lines = text.count("\n")
     assert lines <= README_MAX_LINES, (
         f"the README has {lines} lines, over {README_MAX_LINES} (the reference goes in docs/)")
+
+
+def test_the_configuration_reference_follows_the_dataclasses_and_presets():
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "config_reference.py"), "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    from apbv.config import RuntimeConfig
+
+    for section in dataclasses.fields(RuntimeConfig):
+        for f in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+            assert f"`{section.name}.{f.name}`" in page, f"{section.name}.{f.name} is not listed"
