@@ -36,6 +36,13 @@ def test_the_docs_site_builds_strict_without_a_warning(tmp_path):
     built = [stem for stem in pages
              if (site / ("" if stem == "index" else stem) / "index.html").is_file()]
     assert built == pages, f"pages not built: {sorted(set(pages) - set(built))}"
+    # a table or list that Python-Markdown did not take as one (no blank line before it, a
+    # nested list indented by 2) is printed as a paragraph of pipes and dashes
+    unrendered = [(html.parent.name, m.group(1)[:80])
+                  for html in site.rglob("index.html")
+                  for m in re.finditer(r"<p>(.*?)</p>", html.read_text(), re.S)
+                  if re.search(r"\n(\| |- |\d+\. )", m.group(1))]
+    assert not unrendered, f"markdown left as text: {unrendered}"
 
 
 def test_the_readme_links_to_docs_pages_that_exist():
