@@ -1,5 +1,5 @@
-"""The real server (2 CPU rank actors, the trained tiny model with the README's serving flags,
-no cache flag) driven as a vLLM user would, with the official openai client: the README's
+"""The real server (2 CPU rank actors, the trained tiny model with docs/serving.md's flags,
+no cache flag) driven as a vLLM user would, with the official openai client: docs/serving.md's
 needle video answered right, seeded sampling (identical twice, every rank agreeing),
 logprobs, stream_options.include_usage, vLLM's mm_processor_kwargs and structured_outputs, a
 data: URL, an unknown field answered and reported; a video sent as frames (lmms-eval's request:
@@ -35,7 +35,7 @@ NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-
 
 @pytest.fixture(scope="module")
 def server(short_video: Path, tmp_path_factory: pytest.TempPathFactory):
-    """(base URL, the server process, the media directory), started as the README's serving
+    """(base URL, the server process, the media directory), started as docs/serving.md's serving
     section starts it (the trained tiny model, 56x56 frames), without --vision-cache-gb."""
     from apbv.synthetic.needle_video import write_needle_video
 

@@ -1,8 +1,9 @@
-"""The README's "Standing questions" example opens a stream whose frames the shipped model can
-see: its 56x56 frames stay 56x56 (the size ``needle-tiny`` was trained on), where the example
-used to leave them to the one-shot rule's default floor (336x336), and the model then answered
-"yes" to every chunk. The example's own body is read from the README, sized by the rule the
-server applies to it (the example was run against the server, its output pasted below it)."""
+"""The "Standing questions" example (docs/streams.md) opens a stream whose frames the
+shipped model can see: its 56x56 frames stay 56x56 (the size ``needle-tiny`` was trained on),
+where the example used to leave them to the one-shot rule's default floor (336x336), and the
+model then answered "yes" to every chunk. The example's own body is read from the docs page,
+sized by the rule the server applies to it (the example was run against the server, its
+output pasted below it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ NEEDLE_TINY = ROOT / "apbv" / "assets" / "needle-tiny"
 
 
 def _example_open_body() -> dict:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "streams.md").read_text()
     section = text[text.index("\n## Standing questions"):]
     block = section[section.index("```python"):]
     block = block[:block.index("\n```", 10)]
@@ -27,7 +28,7 @@ def _example_open_body() -> dict:
     return ast.literal_eval(found.group(1))
 
 
-def test_the_readme_watch_example_keeps_the_trained_frame_size():
+def test_the_docs_watch_example_keeps_the_trained_frame_size():
     body = _example_open_body()
     sizing = KVSizing.of_checkpoint(str(NEEDLE_TINY), 4, 2, 16)
     size = sizing.frame_size(body["height"], body["width"], min_pixels=body.get("min_pixels"),
