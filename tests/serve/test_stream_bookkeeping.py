@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +23,7 @@ from apbv.serve.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.replicas import Replica  # noqa: E402
 from apbv.serve.stream_registry import LiveStream, StreamOptions  # noqa: E402
 from apbv.serve.streams import Streams  # noqa: E402
+from tests.serve.hooks import webhook_receiver  # noqa: E402
 
 KIB = 1024
 
@@ -141,19 +140,6 @@ def test_a_stream_lost_with_its_ranks_is_410_then_forgotten():
     _refused(exc, 404, "no open stream 's'")
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    """A webhook receiver: keeps each posted JSON body."""
-
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802  # http.server's name
-        type(self).received.append(json.loads(self.rfile.read(
-            int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 async def _wire(wire) -> list[tuple[str, dict]]:
@@ -177,15 +163,13 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
     from apbv.serve.events import Webhook
     from apbv.serve.watch_state import StreamWatches, Watch
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
 
     async def scenario() -> dict:
         streams, replica = _streams(idle_s=30)
         registry, hub = streams.registry, streams.watches.hub
         live = {name: _add(streams, replica, name) for name in "abcd"}
         watch = Watch("w-b", "b", None, None, None,  # its question is never evaluated here
-                      webhook=Webhook(f"http://127.0.0.1:{httpd.server_address[1]}/hook",
+                      webhook=Webhook(hooks.url,
                                       hosts=("127.0.0.1",)))
         watch.sender = asyncio.ensure_future(watch.webhook.run())
         streams.watches.of["b"] = StreamWatches(watches={"w-b": watch})
@@ -216,10 +200,8 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
         return {"a": by_stream, "w-b": by_watch, "every": every, "refused": refused,
                 "subscribers": len(hub.subscribers)}
 
-    try:
+    with webhook_receiver() as hooks:
         seen = asyncio.run(scenario())
-    finally:
-        httpd.shutdown()
     assert [(name, data.get("reason")) for name, data in seen["a"]] == \
         [("watch", None), ("stream.closed", "closed")], seen["a"]
     assert [(name, data["stream"], data["reason"], data["watches"])
@@ -227,7 +209,7 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
     lost = seen["w-b"][0][1]["message"]
     assert lost == ("stream 'b' was lost: replica 0's ranks were lost (rank 1 killed by Ray's "
                     "out-of-memory monitor) and its group is rebuilt; open a new stream"), lost
-    assert _Receiver.received == [seen["w-b"][0][1]], _Receiver.received
+    assert hooks.received == [seen["w-b"][0][1]], hooks.received
     ends = [(data["stream"], data["reason"]) for name, data in seen["every"]
             if name == "stream.closed"]
     assert sorted(ends) == [("a", "closed"), ("b", "lost"), ("c", "idle"), ("d", "lost"),

@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 
+from tests.serve.hooks import webhook_receiver  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 from tests.serve.test_server import _metric  # noqa: E402
 
@@ -32,25 +32,12 @@ LEAVES_READY_S = 5.0
 2 s, and waits up to 5 s for a stopped rank; a dead one fails at once)."""
 
 
-class _Hooks(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802  # http.server's name
-        type(self).received.append(json.loads(self.rfile.read(
-            int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
-def hook_url():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/hook"
-    httpd.shutdown()
+def hooks():
+    with webhook_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +102,10 @@ class _Events:
             time.sleep(0.02)
 
 
-def test_delete_ends_the_event_streams_with_stream_closed(base, hook_url):
+def test_delete_ends_the_event_streams_with_stream_closed(base, hooks):
     url = _open(base)
     sid = url.rsplit("/", 1)[1]
-    made = _call("POST", url + "/watches", json={**WATCH, "webhook": hook_url})
+    made = _call("POST", url + "/watches", json={**WATCH, "webhook": hooks.url})
     assert made.status_code == 201, made.text
     watch = made.json()["id"]
     on_stream, on_watch, every = (_Events(url + "/events"),
@@ -136,10 +123,10 @@ def test_delete_ends_the_event_streams_with_stream_closed(base, hook_url):
     assert on_watch.events[0][1] == event and every.closed(sid) == event
     assert not every.ended  # an unfiltered subscriber goes on
     deadline = time.monotonic() + 10
-    while not [e for e in _Hooks.received if e.get("object") == "stream.closed"]:
-        assert time.monotonic() < deadline, _Hooks.received
+    while not [e for e in hooks.received if e.get("object") == "stream.closed"]:
+        assert time.monotonic() < deadline, hooks.received
         time.sleep(0.05)
-    assert [e for e in _Hooks.received if e.get("object") == "stream.closed"] == [event]
+    assert [e for e in hooks.received if e.get("object") == "stream.closed"] == [event]
     gone = _call("GET", url)
     assert gone.status_code == 404, gone.text
     assert gone.json()["error"]["message"] == f"no open stream {sid!r}: it was closed by its " \

@@ -13,7 +13,6 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 
 from apbv.synthetic.needles import COLOURS, FRAME_SIZE, PRESENCE_ANSWERS, QUESTIONS  # noqa: E402
+from tests.serve.hooks import webhook_receiver  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
@@ -37,26 +37,13 @@ OPEN = {"fps": 2.0, "width": FRAME_SIZE, "height": FRAME_SIZE, "min_pixels": 313
 WAIT_S = 60.0
 
 
-class _Hooks(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802  # http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
-def hook_url():
+def hooks():
     """A webhook receiver on 127.0.0.1 (the server allows that host, by IP)."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/hook"
-    httpd.shutdown()
+    with webhook_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +140,12 @@ class _Events:
         return self.events
 
 
-def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
+def test_an_event_within_one_chunk_of_a_flash_none_without(base, hooks):
     flashed, plain = _open(base), _open(base)
     sid = flashed.rsplit("/", 1)[1]
     for url in (flashed, plain):
         _push(url, _chunk(1))
-    change = _watch(flashed, webhook=hook_url)
+    change = _watch(flashed, webhook=hooks.url)
     held = _watch(flashed, rule="threshold", choice="yes", threshold=0.6, hysteresis=0.2,
                   hold=2)
     colour = _watch(flashed, QUESTION, CHOICES)  # its answer on noise wanders: no event claim
@@ -194,10 +181,10 @@ def test_an_event_within_one_chunk_of_a_flash_none_without(base, hook_url):
     assert quiet_now["id"] == quiet["id"] and quiet_now["events"] == 0 and \
         quiet_now["evaluations"] >= 3
     deadline = time.monotonic() + 10
-    while not _Hooks.received and time.monotonic() < deadline:
+    while not hooks.received and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [h["watch"] for h in _Hooks.received] == [change["id"]]
-    assert _Hooks.received[0]["answer"] == "yes"
+    assert [h["watch"] for h in hooks.received] == [change["id"]]
+    assert hooks.received[0]["answer"] == "yes"
     metrics = httpx.get(base + "/metrics").text
     assert 'apbv:events_total{model_name=' in metrics
     assert "apbv:capture_to_event_seconds_count" in metrics
