@@ -169,6 +169,15 @@ def ranks_ready(point: str, failed: BaseException | None = None) -> None:
                          failed=None if failed is None else f"{type(failed).__name__}: {failed}")
 
 
+def ranks_arrived(point: str) -> list[int] | None:
+    """The ranks that have reached the next :func:`ranks_ready` ``point`` so far (no waiting;
+    rank 0 counts them while it loads the model); None without a group."""
+    if _startup is None:
+        return None
+    store, _, world_size, _ = _startup
+    return comm.startup_arrived(store, f"{_points + 1}-{point}", world_size)
+
+
 def destroy_distributed() -> None:
     global _startup
     _startup = None
