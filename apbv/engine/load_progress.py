@@ -2,14 +2,16 @@
 loads, so a stuck load and a slow one look different.
 
 What is measured, and why this way: transformers 5 maps every safetensors shard into memory
-(``safe_open(..., backend="mmap")``) and copies the tensors out of the mappings one by one, so
-the bytes come in as page faults that no ``read()`` counter (``/proc/self/io`` ``rchar``) sees
-and no per-shard event marks. The pages of each shard this process has touched are its
-mapping's resident size in ``/proc/self/smaps``: a background thread reads that every 2 s
-and logs a line every ``every_s`` s (the largest size seen per shard counts, as the mappings go
-away when the load ends) against the shard sizes on disk (the index's ``weight_map``, no
-hub). A shard counts as read once 99% of its bytes were seen. Where ``/proc/self/smaps`` does
-not exist the lines give the elapsed time and the shard count alone.
+(``safe_open(..., backend="mmap")``) and copies the tensors out of the mappings, so the bytes
+come in as page faults that no ``read()`` counter (``/proc/self/io`` ``rchar``) sees, that no
+per-shard event marks, and whose pages safetensors does not keep mapped (``/proc/self/smaps``
+misses them). What does grow with every byte fetched from storage, whichever way it is read,
+is the shard file's share of the page cache: a background thread asks ``mincore`` for each
+shard every 2 s and logs a line every ``every_s`` s, against the shard sizes on disk (the
+index's ``weight_map``, no hub). The largest value seen counts; a shard counts as read at 99%.
+A checkpoint already in the page cache (read by another rank of the node, or a warm cache)
+shows as read at once: its load is then memory-bound, not storage-bound. Where ``mincore``
+cannot be asked the lines give the elapsed time and the shard count alone.
 
 Per-rank completion comes from the start-up barrier's keys in the rendezvous store
 (:func:`apbv.distributed.ranks_arrived`): each rank sets its key when it reaches
@@ -19,7 +21,9 @@ at that barrier, the barrier's own lines (every 30 s) name the late ranks.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import sys
 import threading
@@ -27,9 +31,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 READ_FRACTION = 0.99
-"""A shard counts as read once this fraction of its bytes were seen resident."""
+"""A shard counts as read once this fraction of its bytes were seen in the page cache."""
 
 MAX_NAMED = 8
 """At most this many waiting ranks are named in one line (then "...")."""
@@ -53,23 +58,49 @@ def checkpoint_shards(path: str | Path) -> dict[str, int]:
         return {}
 
 
-def mapped_resident(files: set[str], smaps: str = "/proc/self/smaps") -> dict[str, int] | None:
-    """Bytes of each of ``files`` resident in this process's memory mappings (pages touched
-    so far), from ``smaps``; None where it cannot be read (not Linux)."""
-    resident: dict[str, int] = {}
-    current: str | None = None
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    return libc
+
+
+def _cached(libc: Any, path: str) -> int:
+    """Bytes of the file ``path`` in the page cache (``mincore`` over a fresh mapping of it,
+    which reads nothing)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with open(smaps, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                if fields and "-" in fields[0] and not fields[0].endswith(":"):
-                    current = fields[5].rstrip("\n") if len(fields) == 6 else None
-                    current = current if current in files else None
-                elif current is not None and fields and fields[0] == "Rss:":
-                    resident[current] = resident.get(current, 0) + int(fields[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            pages = (ctypes.c_ubyte * ((size + _PAGE - 1) // _PAGE))()
+            if libc.mincore(ctypes.c_void_p(addr), size, pages) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return min(size, bytes(pages).count(1) * _PAGE)
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+
+
+def cached_bytes(files: set[str]) -> dict[str, int] | None:
+    """Bytes of each of ``files`` in the page cache so far (read from storage by some process
+    of this machine); None where that cannot be asked (no ``mincore``: not Linux or macOS)."""
+    try:
+        libc = _libc()
+        return {name: _cached(libc, name) for name in files}
+    except (OSError, AttributeError, ValueError):
         return None
-    return resident
 
 
 def _stderr(line: str) -> None:
@@ -95,7 +126,7 @@ class LoadProgress:
     every ``every_s`` seconds, else None) and :meth:`finish`, each with the time ``now`` (s).
 
     ``shards``: shard path -> size (:func:`checkpoint_shards`); ``resident``: the bytes seen of
-    each shard so far (:func:`mapped_resident`; None: unknown); ``arrived``: the ranks that
+    each shard so far (:func:`cached_bytes`; None: unknown); ``arrived``: the ranks that
     have loaded (None: a single rank, or no store)."""
 
     def __init__(self, rank: int, world_size: int, shards: dict[str, int], *,
@@ -109,7 +140,7 @@ class LoadProgress:
         self.arrived = arrived
         self.every_s = every_s
         self.seen: dict[str, int] = {}
-        """The largest resident size seen per shard."""
+        """The most bytes seen per shard (the page cache may drop some later)."""
         self.measured = False
         self.started = 0.0
         self.last = 0.0
@@ -145,8 +176,8 @@ class LoadProgress:
                 f"{_size(sum(self.shards.values()))}")
 
     def tick(self, now: float) -> str | None:
-        """Measure (the thread calls this every 2 s: a shard's pages are only seen while it
-        is mapped) and return a line if ``every_s`` has passed since the last one."""
+        """Measure (the thread calls this every 2 s) and return a line if ``every_s`` has
+        passed since the last one."""
         self._measure()
         if now - self.last < self.every_s:
             return None
@@ -155,9 +186,9 @@ class LoadProgress:
                 f"{now - self.started:.0f} s{self._ranks_suffix(False)}")
 
     def finish(self, now: float, failed: BaseException | None = None) -> str:
-        """The end line: after a load every shard was read (the mappings are gone by now, so
-        the total is stated, not measured); after a failure what was seen, and the error's
-        type (its message is the caller's to report)."""
+        """The end line: after a load the checkpoint's size (the model needs no more of it:
+        tied or unused tensors are never read, so the measure may stay short of it); after a
+        failure what was seen, and the error's type (its message is the caller's to report)."""
         if failed is not None:
             self._measure()
             return (f"rank {self.rank}: the model load failed after {now - self.started:.0f} s "
@@ -198,7 +229,7 @@ def load_progress(path: str | Path, rank: int, world_size: int, *, every_s: floa
             return ranks_arrived("model loaded")
     shards = checkpoint_shards(path)
     files = set(shards)
-    progress = LoadProgress(rank, world_size, shards, resident=lambda: mapped_resident(files),
+    progress = LoadProgress(rank, world_size, shards, resident=lambda: cached_bytes(files),
                             arrived=arrived, every_s=every_s)
     stop = threading.Event()
 
