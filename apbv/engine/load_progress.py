@@ -59,6 +59,8 @@ def checkpoint_shards(path: str | Path) -> dict[str, int]:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_IN_CORE = bytes(b & 1 for b in range(256))
+"""``mincore``'s byte per page -> 1 when the page is in memory (the low bit; macOS sets more)."""
 
 
 def _libc() -> Any:
@@ -86,7 +88,7 @@ def _cached(libc: Any, path: str) -> int:
             pages = (ctypes.c_ubyte * ((size + _PAGE - 1) // _PAGE))()
             if libc.mincore(ctypes.c_void_p(addr), size, pages) != 0:
                 raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            return min(size, bytes(pages).count(1) * _PAGE)
+            return min(size, bytes(pages).translate(_IN_CORE).count(1) * _PAGE)
         finally:
             libc.munmap(ctypes.c_void_p(addr), size)
     finally:
@@ -164,7 +166,10 @@ class LoadProgress:
                 f"{_size(sum(self.seen.values()))}/{_size(total)} read")
 
     def _ranks_suffix(self, loaded_self: bool) -> str:
-        arrived = self.arrived() if self.world_size > 1 else None
+        try:
+            arrived = self.arrived() if self.world_size > 1 else None
+        except Exception as exc:  # a store problem must not fail the load: the barrier reports
+            return f"; ranks loaded: unknown ({type(exc).__name__})"
         if arrived is None:
             return ""
         return "; " + ranks_text(sorted(set(arrived) | ({self.rank} if loaded_self else set())),
