@@ -127,18 +127,18 @@ class LoadProgress:
     """The lines of one load on rank ``rank``: :meth:`start`, :meth:`tick` (a line at most
     every ``every_s`` seconds, else None) and :meth:`finish`, each with the time ``now`` (s).
 
-    ``shards``: shard path -> size (:func:`checkpoint_shards`); ``resident``: the bytes seen of
+    ``shards``: shard path -> size (:func:`checkpoint_shards`); ``cached``: the bytes read of
     each shard so far (:func:`cached_bytes`; None: unknown); ``arrived``: the ranks that
     have loaded (None: a single rank, or no store)."""
 
     def __init__(self, rank: int, world_size: int, shards: dict[str, int], *,
-                 resident: Callable[[], dict[str, int] | None],
+                 cached: Callable[[], dict[str, int] | None],
                  arrived: Callable[[], list[int] | None] = lambda: None,
                  every_s: float = 5.0):
         self.rank = rank
         self.world_size = world_size
         self.shards = shards
-        self.resident = resident
+        self.cached = cached
         self.arrived = arrived
         self.every_s = every_s
         self.seen: dict[str, int] = {}
@@ -148,11 +148,11 @@ class LoadProgress:
         self.last = 0.0
 
     def _measure(self) -> None:
-        resident = self.resident()
-        if resident is None:
+        cached = self.cached()
+        if cached is None:
             return
         self.measured = True
-        for name, n in resident.items():
+        for name, n in cached.items():
             if name in self.shards:
                 self.seen[name] = max(self.seen.get(name, 0), min(n, self.shards[name]))
 
@@ -234,7 +234,7 @@ def load_progress(path: str | Path, rank: int, world_size: int, *, every_s: floa
             return ranks_arrived("model loaded")
     shards = checkpoint_shards(path)
     files = set(shards)
-    progress = LoadProgress(rank, world_size, shards, resident=lambda: cached_bytes(files),
+    progress = LoadProgress(rank, world_size, shards, cached=lambda: cached_bytes(files),
                             arrived=arrived, every_s=every_s)
     stop = threading.Event()
 

@@ -28,26 +28,26 @@ GB = 10**9
 
 def test_lines_from_a_fake_clock_bytes_and_ranks() -> None:
     shards = {"a": GB, "b": GB, "c": GB // 2}
-    resident: list[dict[str, int] | None] = [
+    cached: list[dict[str, int] | None] = [
         {"a": GB, "b": GB // 2},        # a read, b half
         {"a": 0, "b": GB // 2 + 10},   # a unmapped: its largest size seen still counts
         {"a": 0, "b": GB, "c": GB // 2},
     ]
     arrived = [[2], [1, 2], [1, 2]]
-    progress = LoadProgress(0, 4, shards, resident=lambda: resident.pop(0),
+    progress = LoadProgress(0, 4, shards, cached=lambda: cached.pop(0),
                             arrived=lambda: arrived.pop(0), every_s=5.0)
     assert progress.start(100.0) == "rank 0: loading the model: 3 safetensors shard(s), 2.50 GB"
     assert progress.tick(103.0) is None  # measured, not logged: under every_s since the start
     line = progress.tick(105.0)
     assert line == ("rank 0: loading the model: 1/3 shard(s), 1.50 GB/2.50 GB read, 5 s; "
                     "ranks loaded: 1/4 (waiting for 0, 1, 3)"), line
-    assert progress.tick(108.0) is None and not resident  # every tick measured
+    assert progress.tick(108.0) is None and not cached  # every tick measured
     assert progress.finish(112.25) == ("rank 0: model loaded in 12.2 s (3 shard(s), 2.50 GB); "
                                        "ranks loaded: 3/4 (waiting for 3)")
 
 
 def test_unmeasurable_bytes_single_rank_and_a_failure() -> None:
-    progress = LoadProgress(0, 1, {"a": 3 * 10**6}, resident=lambda: None,
+    progress = LoadProgress(0, 1, {"a": 3 * 10**6}, cached=lambda: None,
                             arrived=lambda: pytest.fail("a single rank asks no store"))
     progress.start(0.0)
     assert progress.tick(7.0) == ("rank 0: loading the model: 1 shard(s), 3.0 MB "
@@ -61,7 +61,7 @@ def test_a_store_error_does_not_fail_the_load() -> None:
     def arrived() -> list[int]:
         raise RuntimeError("store gone")
 
-    progress = LoadProgress(0, 2, {"a": 10}, resident=lambda: {"a": 10}, arrived=arrived)
+    progress = LoadProgress(0, 2, {"a": 10}, cached=lambda: {"a": 10}, arrived=arrived)
     progress.start(0.0)
     assert progress.finish(1.0).endswith("; ranks loaded: unknown (RuntimeError)")
 
