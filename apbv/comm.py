@@ -244,6 +244,16 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _startup_key(name: str, rank: int) -> str:
+    return f"apbv/startup/{name}/{rank}"
+
+
+def startup_arrived(store: dist.Store, name: str, ranks: list[int]) -> list[int]:
+    """The (global) ``ranks`` that have reached the start-up point ``name`` of
+    :func:`startup_barrier` so far (one store check per rank; no waiting)."""
+    return [r for r in ranks if store.check([_startup_key(name, r)])]
+
+
 def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
                     timeout_s: float, *, report_every_s: float = 30.0, poll_s: float = 0.1,
                     log: Callable[[str], None] = _stderr, failed: str | None = None,
@@ -265,7 +275,7 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
     members = list(range(world_size)) if ranks is None else ranks
     if len(members) == 1:
         return
-    keys = {r: f"apbv/startup/{name}/{r}" for r in members}
+    keys = {r: _startup_key(name, r) for r in members}
     failure = f"apbv/startup/{name}/failed"
     if failed is not None:
         store.set(failure, f"rank {rank}: {failed}"[:1000])
@@ -289,7 +299,8 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
                     f"within parallel.startup_timeout_s = {timeout_s:g} s (raise it with "
                     f"--set parallel.startup_timeout_s=SECONDS if loading is that slow)", late)
             log(f"rank {rank}: waiting for rank(s) {ranks} at the start-up point {name!r} "
-                f"({now - start:.0f} s so far; parallel.startup_timeout_s = {timeout_s:g} s)")
+                f"({len(members) - len(late)}/{len(members)} there, {now - start:.0f} s so far; "
+                f"parallel.startup_timeout_s = {timeout_s:g} s)")
             next_report = now + report_every_s
         time.sleep(poll_s)
 

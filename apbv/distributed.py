@@ -149,6 +149,17 @@ def _nccl_environment() -> None:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
+def _point(point: str, group: dist.ProcessGroup | None, count: int) -> tuple[list[int], str]:
+    """The (global) ranks of ``group`` (None: all) and the store name of their ``count``-th
+    start-up point ``point`` (a subgroup's names carry its ranks, so they are its own)."""
+    assert _startup is not None
+    world_size = _startup[2]
+    members = (list(range(world_size)) if group is None
+               else sorted(dist.get_process_group_ranks(group)))
+    where = "" if len(members) == world_size else "ranks " + ",".join(map(str, members)) + " "
+    return members, f"{where}{count}-{point}"
+
+
 def ranks_ready(point: str, failed: BaseException | None = None,
                 group: dist.ProcessGroup | None = None) -> None:
     """Wait, on every rank of ``group`` (None: this process's whole group), until each has
@@ -162,8 +173,7 @@ def ranks_ready(point: str, failed: BaseException | None = None,
     if _startup is None:
         return
     store, rank, world_size, timeout_s = _startup
-    members = (list(range(world_size)) if group is None
-               else sorted(dist.get_process_group_ranks(group)))
+    members, _ = _point(point, group, 0)
     if len(members) == 1:
         return
     late = os.environ.get(LATE_RANK_ENV)
@@ -173,10 +183,21 @@ def ranks_ready(point: str, failed: BaseException | None = None,
             time.sleep(float(seconds))
     key = tuple(members)
     _points[key] = _points.get(key, 0) + 1
-    where = "" if len(members) == world_size else "ranks " + ",".join(map(str, members)) + " "
-    comm.startup_barrier(store, f"{where}{_points[key]}-{point}", rank, world_size, timeout_s,
+    _, name = _point(point, group, _points[key])
+    comm.startup_barrier(store, name, rank, world_size, timeout_s,
                          failed=None if failed is None else f"{type(failed).__name__}: {failed}",
                          ranks=members)
+
+
+def ranks_arrived(point: str, group: dist.ProcessGroup | None = None) -> list[int] | None:
+    """The ranks of ``group`` (None: all; numbered within it) that have reached its next
+    :func:`ranks_ready` ``point`` so far (no waiting; the group's first rank counts them while
+    it loads the model); None without a process group."""
+    if _startup is None:
+        return None
+    members, _ = _point(point, group, 0)
+    _, name = _point(point, group, _points.get(tuple(members), 0) + 1)
+    return [members.index(r) for r in comm.startup_arrived(_startup[0], name, members)]
 
 
 def destroy_distributed() -> None:

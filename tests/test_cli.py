@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +138,7 @@ def test_nccl_without_cuda_exits_2(capsys, short_video, monkeypatch) -> None:
 
 
 def test_generate_under_torchrun(tiny_model_dir, short_video) -> None:
-    env = dict(os.environ, NPROC="2", PYTHON=sys.executable)
+    env = dict(os.environ, NPROC="2", PYTHON=sys.executable, LOG_RANK="all")  # both ranks' logs
     cmd = ["bash", "launch/generate.sh", "--model", str(tiny_model_dir), "--video",
            str(short_video), "--question", "What is shown?", "--max-new-tokens", "2", "--json"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -145,6 +146,14 @@ def test_generate_under_torchrun(tiny_model_dir, short_video) -> None:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["world_size"] == 2 and report["mode"] == "spava"
     assert 0 < report["embedding_bytes"] < report["allgather_bytes"]
+    # The model load's progress: on rank 0's stderr (start, end, ranks loaded), no other rank's.
+    lines = result.stderr.splitlines()
+    size = f"{(tiny_model_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB"
+    assert f"rank 0: loading the model: 1 safetensors shard(s), {size}" in lines, lines
+    end = [line for line in lines if line.startswith("rank 0: model loaded in ")]
+    assert len(end) == 1 and re.search(rf"\(1 shard\(s\), {re.escape(size)}\); "
+                                       r"ranks loaded: (2/2|1/2 \(waiting for 1\))$", end[0]), lines
+    assert not [line for line in lines if line.startswith("rank 1: ") and "load" in line], lines
 
 
 def test_pipeline_demo(capsys, tiny_model_dir, short_video) -> None:

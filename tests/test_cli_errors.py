@@ -18,8 +18,13 @@ def _generate(model: Path | str, video: Path, *flags: str) -> list[str]:
             "--question", "What is shown?", *flags]
 
 
+LOAD_LINES = ("rank 0: loading the model: ", "rank 0: model loaded in ")
+"""Rank 0's model-load progress (apbv.engine.load_progress), printed before a request's error."""
+
+
 def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not line.startswith(LOAD_LINES)]
     assert len(err) == 1 and err[0].startswith("error: "), err
     return err[0]
 

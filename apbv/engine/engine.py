@@ -46,6 +46,7 @@ from apbv.distributed import DistInfo, ranks_ready
 from apbv.engine.agree import agreement, cancelled_here, check_same
 from apbv.engine.decode import choice_token_ids, decode_reserve
 from apbv.engine.decode_graph import GraphSteps, resolve_graphs
+from apbv.engine.load_progress import load_progress
 from apbv.engine.pruned import Unpruned, agreed_keep, pruned_inputs, unpruned_share
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
 from apbv.engine.runner import check_context, run_prompt
@@ -103,9 +104,11 @@ class Engine:
         self.frame_device = None if cfg.video.resize_device == "cpu" else info.device
         """Where frames are resized and made into patch rows (None: the CPU)."""
         try:
-            self.qwen: VideoModel = load_adapter(cfg.model.path, device=info.device,
-                                                 dtype=_dtype(cfg.model.dtype, info.device),
-                                                 vision=cfg.vision)
+            with load_progress(cfg.model.path, info.rank, info.world_size,
+                               group=info.group):  # the group's rank 0 logs
+                self.qwen: VideoModel = load_adapter(
+                    cfg.model.path, device=info.device,
+                    dtype=_dtype(cfg.model.dtype, info.device), vision=cfg.vision)
         except Exception as exc:  # the other ranks stop waiting for this one (below)
             if info.world_size > 1:
                 ranks_ready("model loaded", failed=exc, group=info.group)
