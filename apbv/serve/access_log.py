@@ -1,10 +1,11 @@
 """One access log line per HTTP request, refusals included.
 
-:class:`AccessLog` gives each request an id (``req-`` and 12 hex digits), sent back in the
-``X-Request-Id`` header, and logs one line when the request ends, at INFO below 400 and WARNING
-from 400 on (logger ``apbv.access``)::
+:class:`AccessEntry` gives each request its id (the client's ``X-Request-Id`` when usable,
+else a new one: :mod:`apbv.serve.request_id`, whose middleware then uses the same id), sent
+back in the ``X-Request-Id`` header (one, whichever layer answers), and logs one line when the
+request ends, at INFO below 400 and WARNING from 400 on (logger ``apbv.access``)::
 
-    req-3f9a0c1d2e4b POST /v1/chat/completions 400 0.004 s: max_completion_tokens and ...
+    3f9a0c1d2e4b4c7e9a0b1c2d3e4f5a6b POST /v1/chat/completions 400 0.004 s: max_completion_...
 
 the reason being the JSON error's message of a refusal (:func:`apbv.serve.http_guard.error_body`),
 cut at :data:`REASON_CHARS`. What the client wrote (the path, a message quoting it) is logged
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from apbv.serve import request_id
 
 log = logging.getLogger("apbv.access")
 
@@ -44,7 +46,11 @@ class AccessEntry:
     refusal's reason), :meth:`done` logs it."""
 
     def __init__(self, scope: dict, send: Send) -> None:
-        self.id = "req-" + secrets.token_hex(6)
+        given = next((value for name, value in scope.get("headers", ())
+                      if name.lower() == request_id.HEADER.encode()), None)
+        self.id = request_id.accepted(None if given is None else given.decode("latin-1")) \
+            or request_id.new_id()
+        scope[request_id.SCOPE_KEY] = self.id  # the app's middleware keeps this id
         self.method = str(scope.get("method", "?"))[:16]
         self.path = str(scope.get("path", ""))
         self.started = time.monotonic()
@@ -56,8 +62,9 @@ class AccessEntry:
     async def send(self, message: dict) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
-            message = {**message, "headers": [*message.get("headers", []),
-                                              (b"x-request-id", self.id.encode())]}
+            header = request_id.HEADER.encode()
+            headers = [h for h in message.get("headers", []) if h[0].lower() != header]
+            message = {**message, "headers": [*headers, (header, self.id.encode())]}
         elif message["type"] == "http.response.body" and self.status is not None and \
                 self.status >= 400 and self.reason is None and len(self._error) < _BODY_READ:
             self._error += message.get("body", b"")[:_BODY_READ]

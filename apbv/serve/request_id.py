@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from typing import Any
 
 HEADER = "x-request-id"
+SCOPE_KEY = "apbv.request_id"
+"""Where an outer layer (the access log) puts the id it chose in the ASGI scope."""
 MAX_LENGTH = 128
 SAFE_CHARACTERS = "A-Z a-z 0-9 . _ - : = + / @"
 _SAFE = re.compile(rf"[A-Za-z0-9._\-:=+/@]{{1,{MAX_LENGTH}}}\Z")
@@ -38,9 +40,9 @@ def current() -> str | None:
 
 
 class RequestIdMiddleware:
-    """ASGI middleware: sets the request's id (the client's ``X-Request-Id`` when
-    :func:`accepted`, else :func:`new_id`) for its handling (:func:`current`) and adds it to
-    the response's headers, replacing any other."""
+    """ASGI middleware: sets the request's id (an outer layer's, :data:`SCOPE_KEY`; else the
+    client's ``X-Request-Id`` when :func:`accepted`, else :func:`new_id`) for its handling
+    (:func:`current`) and adds it to the response's headers, replacing any other."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -51,7 +53,8 @@ class RequestIdMiddleware:
             return
         given = next((value for name, value in scope.get("headers", ())
                       if name.lower() == HEADER.encode()), None)
-        rid = accepted(None if given is None else given.decode("latin-1")) or new_id()
+        rid = scope.get(SCOPE_KEY) or accepted(None if given is None else
+                                                given.decode("latin-1")) or new_id()
         header = (HEADER.encode(), rid.encode())
 
         async def send_with_id(message: dict) -> None:

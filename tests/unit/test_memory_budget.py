@@ -178,11 +178,11 @@ def test_the_native_size_comes_from_the_header_without_decoding(video_8k: Path) 
     assert check_native_size(VideoSpec(str(video_8k)), 8192**2, "x") == (8192, 8192)
     # The process's peak memory reset before each (clear_refs): reading the header raises it
     # by a few MB, where opening the file with a decoder decodes a frame (100 MB of yuv420p at
-    # this size, and more).
+    # this size; 64 MB of it was seen touched in a loaded worker, 150 MB alone).
     decord = pytest.importorskip("decord")
     header_mb = _growth_mb(lambda: header_size(VideoSpec(str(video_8k))))
     decoder_mb = _growth_mb(lambda: decord.VideoReader(str(video_8k), num_threads=1))
-    assert header_mb < 20 and decoder_mb > 80, (header_mb, decoder_mb)
+    assert header_mb < 20 and decoder_mb > 40, (header_mb, decoder_mb)
 
 
 def test_a_file_without_a_readable_header_is_left_to_the_decoders_checks(

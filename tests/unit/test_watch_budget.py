@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from prometheus_client import CollectorRegistry  # noqa: E402
 
 from apbv.engine.request import Request, StreamRef  # noqa: E402
+from apbv.serve.metrics import Metrics  # noqa: E402
 from apbv.serve.policy import ClientError  # noqa: E402
 from apbv.serve.watch_rules import Rule  # noqa: E402
 from apbv.serve.watch_state import StreamWatches, Watch, lag_s  # noqa: E402
@@ -24,8 +24,7 @@ from apbv.serve.watches import Watches  # noqa: E402
 def _watches(live: dict) -> Watches:
     registry = SimpleNamespace(live=live, on_append=None, on_forget=None,
                                appends=lambda replica: (0.0, 1.0))
-    server = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()),
-                             opt=SimpleNamespace(model_name="m"))
+    server = SimpleNamespace(metrics=Metrics("m"), opt=SimpleNamespace(model_name="m"))
     return Watches(SimpleNamespace(server=server, registry=registry))
 
 
