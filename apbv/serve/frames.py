@@ -37,25 +37,31 @@ class Push:
 
 def _image(index: int, item: object, limits: Limits) -> torch.Tensor:
     """uint8 (H, W, 3) of one base64 PNG/JPEG, or ClientError."""
-    from PIL import Image, UnidentifiedImageError
-
     if not isinstance(item, str) or not item:
         raise ClientError(400, f"frames[{index}] must be a base64 PNG or JPEG string")
     try:
         data = base64.b64decode(item, validate=True)
     except (binascii.Error, ValueError):
         raise ClientError(400, f"frames[{index}] is not valid base64") from None
+    return decode_image(data, f"frames[{index}]", limits)
+
+
+def decode_image(data: bytes, where: str, limits: Limits) -> torch.Tensor:
+    """uint8 (H, W, 3) RGB of one PNG or JPEG image, its pixel count checked from its header
+    before it is decoded (``--max-push-frame-pixels``); ClientError 400 naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
     try:
         image = Image.open(io.BytesIO(data))
         if image.format not in FORMATS:
-            raise ClientError(400, f"frames[{index}] is a {image.format} image; only "
+            raise ClientError(400, f"{where} is a {image.format} image; only "
                                    f"{' and '.join(FORMATS)} are accepted")
         width, height = image.size  # from the header: nothing decoded yet
         limits.check("frame pixels", width * height, limits.max_push_frame_pixels,
-                     "max-push-frame-pixels", f"frames[{index}]'s pixel count ({width}x{height})")
+                     "max-push-frame-pixels", f"{where}'s pixel count ({width}x{height})")
         pixels = image.convert("RGB").tobytes()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise ClientError(400, f"frames[{index}] is not a readable PNG or JPEG: {exc}") from None
+        raise ClientError(400, f"{where} is not a readable PNG or JPEG: {exc}") from None
     return torch.frombuffer(bytearray(pixels), dtype=torch.uint8).view(height, width, 3)
 
 

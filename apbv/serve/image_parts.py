@@ -21,12 +21,12 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import math
 import os
 
 import torch
 
+from apbv.serve.frames import decode_image
 from apbv.serve.policy import ClientError, Limits, MediaPolicy, resolve_media
 from apbv.video import TEMPORAL_PATCH_SIZE, DecodedVideo, VideoSpec
 
@@ -108,7 +108,7 @@ def _read(index: int, url: str, limits: Limits, policy: MediaPolicy) -> torch.Te
         except (binascii.Error, ValueError) as exc:
             raise ClientError(400, f"{where}: the data: URL's base64 payload is malformed: "
                                    f"{exc}") from None
-        return _decode(data, where, limits)
+        return decode_image(data, where, limits)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme in ("http", "https"):
         raise ClientError(400, f"{where}: remote image URLs are not fetched; send the image "
@@ -118,23 +118,4 @@ def _read(index: int, url: str, limits: Limits, policy: MediaPolicy) -> torch.Te
     limits.check("data", os.path.getsize(path), limits.max_data_bytes, "max-data-bytes",
                  f"{where}'s file")
     with open(path, "rb") as f:
-        return _decode(f.read(), where, limits)
-
-
-def _decode(data: bytes, where: str, limits: Limits) -> torch.Tensor:
-    """uint8 (H, W, 3) RGB of one PNG or JPEG image, its pixel count checked from its header
-    before it is decoded; ClientError 400 naming ``where``."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image = Image.open(io.BytesIO(data))
-        if image.format not in ("PNG", "JPEG"):
-            raise ClientError(400, f"{where} is a {image.format} image; only PNG and JPEG are "
-                                   "accepted")
-        width, height = image.size
-        limits.check("frame pixels", width * height, limits.max_push_frame_pixels,
-                     "max-push-frame-pixels", f"{where}'s pixel count ({width}x{height})")
-        pixels = image.convert("RGB").tobytes()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise ClientError(400, f"{where} is not a readable PNG or JPEG: {exc}") from None
-    return torch.frombuffer(bytearray(pixels), dtype=torch.uint8).view(height, width, 3)
+        return decode_image(f.read(), where, limits)
