@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from apbv.cli.common import add_config_args, config_from_args
+from apbv.cli.common import add_config_args, add_group_args, config_from_args
 
 
 def register(sub: Any) -> None:
@@ -20,12 +20,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-retry-failed", dest="retry_failed", action="store_false",
                    help="keep rows of an earlier run that failed with a server error (5xx) "
                         "instead of running them again (4xx rows are always kept)")
-    p.add_argument("--groups", type=int, default=1, metavar="G",
-                   help="run the world as G sequence-parallel groups of world/G ranks, each "
-                        "answering its share of the requests (default: 1)")
-    p.add_argument("--fail-on-error", action="store_true",
-                   help="exit 1 when a row failed (default: exit 0 once every row is written, "
-                        "failed rows included; the last line counts them)")
+    add_group_args(p, "requests")
     p.set_defaults(run=run)
 
 

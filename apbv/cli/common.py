@@ -40,6 +40,16 @@ def add_config_args(p: argparse.ArgumentParser, default_preset: str | None) -> N
     p.add_argument("--max-new-tokens", type=int, help="generate.max_new_tokens")
 
 
+def add_group_args(p: argparse.ArgumentParser, items: str) -> None:
+    """``--groups`` and ``--fail-on-error`` of the runs over many ``items`` (eval, batch)."""
+    p.add_argument("--groups", type=int, default=1, metavar="G",
+                   help="run the world as G sequence-parallel groups of world/G ranks, each "
+                        f"answering its share of the {items} (default: 1)")
+    p.add_argument("--fail-on-error", action="store_true",
+                   help="exit 1 when a row failed (default: exit 0 once every row is written, "
+                        "failed rows included; the last line counts them)")
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~apbv.config.RuntimeConfig` of ``--config`` with ``--set`` and the flags of
     :func:`add_config_args` applied (a flag wins over ``--set``)."""

@@ -7,7 +7,13 @@ import argparse
 import sys
 from typing import Any
 
-from apbv.cli.common import add_config_args, config_from_args, distributed, require_model
+from apbv.cli.common import (
+    add_config_args,
+    add_group_args,
+    config_from_args,
+    distributed,
+    require_model,
+)
 from apbv.eval.data import BENCHMARKS
 
 
@@ -34,16 +40,11 @@ def register(sub: Any) -> None:
     ev.add_argument("--skip-missing", action="store_true",
                     help="start even if video files are missing: record their samples as "
                          "failed (default: refuse, listing the missing files)")
-    ev.add_argument("--groups", type=int, default=1, metavar="G",
-                    help="run the world as G sequence-parallel groups of world/G ranks, each "
-                         "answering its share of the samples (default: 1)")
     ev.add_argument("--shard", metavar="K/N",
                     help="run only part K of N of the samples (default: from "
                          "SLURM_ARRAY_TASK_ID/_COUNT in a job array, else all); join the "
                          "parts with apbv eval merge")
-    ev.add_argument("--fail-on-error", action="store_true",
-                    help="exit 1 when a sample failed (default: exit 0 once every row is "
-                         "written, failed ones included)")
+    add_group_args(ev, "samples")
     ev.set_defaults(run=run)
 
     fixtures = sub.add_parser("make-eval-fixtures",
