@@ -4,7 +4,7 @@
     python benchmarks/bench_detok.py --lengths 100 1000 4000 --stop "</answer>"
 
 For each answer length, the same token ids (text of the tokenizer's own vocabulary, English,
-accents and CJK) go through :class:`apbv.serve.detok.IncrementalText` (what the server's SSE
+accents and CJK) go through :class:`apbv.openai.detok.IncrementalText` (what the server's SSE
 writer uses) and through the old way (decode every token so far, then cut at the stop texts),
 each the best of ``--repeats`` runs; the seconds per token are printed, and the ratio of the
 longest answer's per-token time to the shortest's (flat: about 1; the old way grows with the
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from apbv.engine.request import cut_at_stop
-from apbv.serve.detok import IncrementalText
+from apbv.openai.detok import IncrementalText
 
 ASSET = Path(__file__).resolve().parents[1] / "apbv" / "assets" / "needle-tiny"
 TEXT = ("The square in the video is magenta; it moves from the left edge to the centre. "

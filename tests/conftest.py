@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from apbv.config import RuntimeConfig, load_config
-from apbv.serve.ray_cluster import ENVIRONMENT as RAY_ENVIRONMENT
+from apbv.serve.ranks.ray_cluster import ENVIRONMENT as RAY_ENVIRONMENT
 
 
 @pytest.fixture(autouse=True)

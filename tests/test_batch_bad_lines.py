@@ -90,7 +90,7 @@ def test_three_bad_lines_are_three_error_rows_and_a_resume_runs_nothing(setup, t
 
 def test_a_failed_request_is_a_500_row_the_run_goes_on_and_a_resume_retries_it(
         setup, tmp_path, monkeypatch):
-    from apbv.serve import api
+    from apbv.openai import chat as api
 
     monkeypatch.setattr(api, "check_request", lambda *a, **k: {})
     path = tmp_path / "in.jsonl"

@@ -4,9 +4,9 @@
 :func:`read_requests` refuses the file before the model loads when a line is no request at
 all (not a JSON object, no ``custom_id``, a ``custom_id`` given twice, another method or URL):
 those cannot be answered. A line whose envelope is fine but whose body the server's strict
-reader refuses (:func:`apbv.serve.bodies.decode_json`: a lone surrogate, NaN, nesting past 64
+reader refuses (:func:`apbv.openai.bodies.decode_json`: a lone surrogate, NaN, nesting past 64
 levels, an integer of too many digits) is kept with its refusal (``"refused"``, a
-:class:`~apbv.serve.policy.ClientError`): the run answers it with that error row, as the
+:class:`~apbv.openai.policy.ClientError`): the run answers it with that error row, as the
 server would answer the body with a 400, and goes on. The envelope is scanned without
 descending into nested values (:func:`envelope`), so no line can exhaust the stack, however
 deep; every rank reads the same file the same way.
@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from apbv.serve.bodies import decode_json
-from apbv.serve.policy import ClientError
+from apbv.openai.bodies import decode_json
+from apbv.openai.policy import ClientError
 
 BATCH_URL = "/v1/chat/completions"
 

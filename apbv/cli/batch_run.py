@@ -5,7 +5,7 @@
 
 Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``
 (OpenAI's batch format); the body is read exactly as the server reads it
-(:mod:`apbv.cli.batch_lines`: the strict JSON reader, then :func:`apbv.serve.api.parse_chat`:
+(:mod:`apbv.cli.batch_lines`: the strict JSON reader, then :func:`apbv.openai.chat.parse_chat`:
 the same fields, limits and media policy: local ``file://`` videos under ``--media-root`` and
 ``data:`` videos; no downloads). Each output line is ``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``, the body a chat.completion or the error the
@@ -93,8 +93,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
     (:func:`apbv.distributed.rank_groups`); the requests are dealt to the groups in turn and
     each round's rows meet on rank 0 (the file is put back in input order at the end)."""
     from apbv.eval.store import OutputLock, ResultLog
-    from apbv.serve.download import MediaStore
-    from apbv.serve.policy import Limits, MediaPolicy
+    from apbv.openai.download import MediaStore
+    from apbv.openai.policy import Limits, MediaPolicy
 
     limits = limits or Limits()
     writer = info.rank == 0
@@ -167,10 +167,10 @@ def _answer(item: dict[str, Any], cfg: Any, ranks: Any, engine: Any, limits: Any
     reaches the same outcome: the line's checks end in an agreement (one rank's refusal is
     every rank's among ``ranks``, the engine's group), and the engine agrees on its own
     failures."""
-    from apbv.serve import api, responses
-    from apbv.serve.download import discard
-    from apbv.serve.http_guard import error_body
-    from apbv.serve.policy import ClientError
+    from apbv.openai import chat as api
+    from apbv.openai import responses
+    from apbv.openai.download import discard
+    from apbv.openai.policy import ClientError, error_body
 
     cid, call = item["custom_id"], None
     try:
@@ -276,7 +276,7 @@ def main(args: Any, cfg: Any) -> int:
 
     if not cfg.model.path:
         raise ValueError("no model: pass --model DIR or set model.path in the config")
-    from apbv.serve.policy import Limits
+    from apbv.openai.policy import Limits
 
     requests = read_requests(args.input)  # checked whole before the model loads
     roots = tuple(args.media_root) or (str(Path(args.input).resolve().parent),)

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from apbv.cli.common import distributed, require_model
-from apbv.serve.watch_rules import RULES
+from apbv.watch.rules import RULES
 
 
 def register(sub: Any) -> None:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from apbv.config import load_config
     from apbv.engine.agree import raise_if_any_failed
     from apbv.engine.engine import Engine
-    from apbv.serve.watch_rules import Rule
+    from apbv.watch.rules import Rule
 
     overrides = list(args.set)
     if args.model is not None:

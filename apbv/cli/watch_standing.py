@@ -1,6 +1,6 @@
 """``apbv watch --watch QUESTION --choices a,b``: a standing question re-asked as the video
 plays, printing an event when its answer changes (the server's rule,
-:mod:`apbv.serve.watch_rules`).
+:mod:`apbv.watch.rules`).
 
 After every appended batch of frames (or once every ``every_s`` seconds of video) every rank
 asks the question over the stream's held KV, alike (mode ``exact``, closed vocabulary); rank 0
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.serve.watch_rules import Rule, RuleState, observe, top_choice
 from apbv.validate import positive
+from apbv.watch.rules import Rule, RuleState, observe, top_choice
 
 
 def parse_choices(text: str) -> tuple[str, ...]:

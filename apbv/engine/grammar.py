@@ -1,5 +1,5 @@
 """Structured output: a grammar (llguidance's serialised form, built from a JSON schema, a regex
-or a Lark/GBNF grammar by :mod:`apbv.serve.structured`) masks the logits of each token so the
+or a Lark/GBNF grammar by :mod:`apbv.openai.structured`) masks the logits of each token so the
 answer can only be a text the grammar accepts.
 
 A :class:`Guide` follows the answer's tokens: :meth:`Guide.mask` first consumes the tokens of

@@ -1,7 +1,7 @@
 """Request bodies read strictly: JSON only as ``application/json``, nesting bounded, numbers
 finite and in range, text without lone surrogates, URLs without control characters.
 
-Every refusal is a :class:`apbv.serve.policy.ClientError` (415 or 400) naming the problem, the
+Every refusal is a :class:`apbv.openai.policy.ClientError` (415 or 400) naming the problem, the
 place in the body (``messages[0].content[1].text``) and the limit, before any work is spent:
 what a client sends is data, and nothing malformed gets as far as the tokenizer, a file name or
 a URL parser (where it used to surface as a plain-text 500).
@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 JSON_TYPE = "application/json"
 MAX_DEPTH = 64

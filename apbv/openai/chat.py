@@ -1,20 +1,20 @@
 """OpenAI chat-completions requests in, engine Requests out (the answers' shapes:
-:mod:`apbv.serve.responses`).
+:mod:`apbv.openai.responses`).
 
 :func:`parse_chat` reads one ``POST /v1/chat/completions`` body (a user message with one
 ``video_url`` part, or ``image_url`` parts that are the frames of one video
-(:mod:`apbv.serve.image_parts`), and text parts, at most one system message, whose text goes
+(:mod:`apbv.openai.image_parts`), and text parts, at most one system message, whose text goes
 into the chat template's system turn, ``max_tokens``, sampling (``temperature``, ``top_p``,
 ``top_k``, ``seed``), ``logprobs``/``top_logprobs``, ``stream`` and ``stream_options``, and
 apbv's own fields ``mode``, ``fps``/``nframes``, ``max_pixels``, ``choice_set``,
-``deadline_ms``, with vLLM's spellings of them: :class:`apbv.serve.chat_body.ChatBody` lists
+``deadline_ms``, with vLLM's spellings of them: :class:`apbv.openai.chat_body.ChatBody` lists
 them all and is the schema ``/docs`` shows) into a resolved
 :class:`apbv.engine.request.Request` (a remote video is named, then downloaded by the caller
 and put in with :func:`with_download`; a ``data:`` video is stored at once; image frames are
 decoded at once; every ``data:`` URL counts against ``--max-data-bytes``);
 :func:`check_request` applies the limits that need the file (duration, frames, pixels, prompt
 tokens, logit_bias's token ids) without decoding a frame. Every field is classed by
-:mod:`apbv.serve.chat_fields`: acted on; harmless, or unknown, and reported (the call's
+:mod:`apbv.openai.chat_fields`: acted on; harmless, or unknown, and reported (the call's
 ``ignored``, as vLLM tolerates unknown fields); or changing the answer where apbv cannot act on
 it, and refused naming it (400).
 """
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apbv.engine.request import MAX_ANSWERS, Request
-from apbv.serve import chat_body, chat_fields, image_parts, structured
-from apbv.serve.bodies import check_url
-from apbv.serve.download import Held, discard, store_data_url
-from apbv.serve.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
+from apbv.openai import chat_body, chat_fields, image_parts, structured
+from apbv.openai.bodies import check_url
+from apbv.openai.download import Held, discard, store_data_url
+from apbv.openai.policy import ClientError, Limits, MediaPolicy, remote_url, resolve_media
 from apbv.validate import pruning_settings
 from apbv.video import DecodedVideo, VideoSpec
 
@@ -139,7 +139,7 @@ def parse_chat(body: object, cfg: RuntimeConfig, limits: Limits, policy: MediaPo
     downloaded here (a remote video's URL is the call's ``remote``; a ``data:`` video is
     decoded and stored, the call holding it; image frames are decoded) and no file is read
     but a local video's path checks and ``file://`` images (call it off the event loop).
-    Each field is acted on, ignored and reported, or refused as :mod:`apbv.serve.chat_fields`
+    Each field is acted on, ignored and reported, or refused as :mod:`apbv.openai.chat_fields`
     classes it (``lenient``: the unsupported ones ignored and reported instead,
     ``--ignore-unsupported-fields``). ``body_bytes``: the body's size as sent, whose part
     outside its ``data:`` URLs must stay within --max-body-bytes (None: not checked, a body
@@ -269,7 +269,7 @@ def _image_request(cfg: RuntimeConfig, urls: list[str], question: str, system: s
                    body: dict, max_tokens: int | None, fps: float | None,
                    max_pixels: int | None, limits: Limits, policy: MediaPolicy) -> Request:
     """The request on the frames sent as the image URLs ``urls``
-    (:func:`apbv.serve.image_parts.image_video`, sized by the config's video pixel bounds, or
+    (:func:`apbv.openai.image_parts.image_video`, sized by the config's video pixel bounds, or
     the request's ``max_pixels``, and the checkpoint's patch size)."""
     spec = cfg.video.spec("<image frames>")
     patch = image_parts.patch_size(cfg.model.path) if cfg.model.path else None

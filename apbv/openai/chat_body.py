@@ -1,5 +1,5 @@
 """The chat request body as a typed model, and the readers of its fields that ``parse_chat``
-(:mod:`apbv.serve.api`) applies.
+(:mod:`apbv.openai.chat`) applies.
 
 :class:`ChatBody` lists OpenAI's fields, vLLM's spellings and apbv's own (the schema ``/docs``
 shows); :func:`check_fields` checks each scalar field by the model's own type and lower bound
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from apbv.engine.logits_rules import MAX_PENALTY, MAX_REPETITION_PENALTY, LogitsRules
 from apbv.engine.sampling import MAX_SEED, MAX_TOP_LOGPROBS, Sampling
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 
 class ChatBody(BaseModel):

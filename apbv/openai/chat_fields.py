@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 ACTED, IGNORED, UNSUPPORTED = "acted on", "ignored", "400"
 """The three classes (their spelling in the docs' table)."""

@@ -1,6 +1,6 @@
 """Remote media: http(s) videos from the hosts of ``--allow-media-domain``, fetched by the driver.
 
-:func:`fetch_media` downloads one URL whose host :func:`apbv.serve.policy.remote_url` allowed
+:func:`fetch_media` downloads one URL whose host :func:`apbv.openai.policy.remote_url` allowed
 into the server's private download directory (mode 0700), streaming, under a byte limit (413
 naming ``--max-download-mb`` once the declared length or the bytes received pass it) and a
 wall-clock deadline for the whole download, connect, headers and body (504 naming
@@ -17,7 +17,7 @@ whose download is still stored is asked for again conditionally (its ``ETag`` an
 ``Last-Modified``): a 304 reuses the stored file without fetching the bytes again. No file
 name holds client text: a download is written to ``part-<random>`` (removed on every
 failure, cancellation included) and stored as ``sha256-<hex>`` plus the URL's suffix only
-when it is a known video suffix (:data:`apbv.serve.policy.VIDEO_SUFFIXES`).
+when it is a known video suffix (:data:`apbv.openai.policy.VIDEO_SUFFIXES`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from apbv.serve.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy
+from apbv.openai.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy
 
 MAX_REDIRECTS = 3
 CHUNK = 1 << 16
@@ -52,7 +52,7 @@ def _limit_error(size: float, policy: MediaPolicy, what: str) -> ClientError:
 
 def stored_suffix(url: str) -> str:
     """The suffix a download of ``url`` is stored with: its path's extension, lower case, when
-    it is one of :data:`~apbv.serve.policy.VIDEO_SUFFIXES`, else none (the decoders read a
+    it is one of :data:`~apbv.openai.policy.VIDEO_SUFFIXES`, else none (the decoders read a
     file's content, not its name)."""
     suffix = os.path.splitext(urlsplit(url).path)[1].lower()
     return suffix if suffix in VIDEO_SUFFIXES else ""

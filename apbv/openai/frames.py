@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from apbv.engine.stream_plan import check_timestamps
-from apbv.serve.policy import ClientError, Limits
+from apbv.openai.policy import ClientError, Limits
 from apbv.video.load import resize_frames
 
 FORMATS = ("PNG", "JPEG")

@@ -26,8 +26,8 @@ import os
 
 import torch
 
-from apbv.serve.frames import decode_image
-from apbv.serve.policy import ClientError, Limits, MediaPolicy, resolve_media
+from apbv.openai.frames import decode_image
+from apbv.openai.policy import ClientError, Limits, MediaPolicy, resolve_media
 from apbv.video import TEMPORAL_PATCH_SIZE, DecodedVideo, VideoSpec
 
 DEFAULT_FPS = 2.0
@@ -53,7 +53,7 @@ def image_video(urls: list[str], spec: VideoSpec, fps: float | None, limits: Lim
     """The video of the frames sent as the image URLs ``urls`` (in order; the count checked
     against ``--max-frames`` before any is decoded), sized by ``spec``'s pixel bounds and
     patch size, at ``fps`` (None: :data:`DEFAULT_FPS`); ClientError naming the part at fault."""
-    from apbv.serve.frames import resize_to
+    from apbv.openai.frames import resize_to
     from apbv.video.frames import frames_size
 
     if fps is None:

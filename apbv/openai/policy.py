@@ -1,7 +1,7 @@
 """Media policy and request limits of the server: pure checks, default deny.
 
 Nothing here touches a rank. :func:`remote_url` decides whether an http(s) URL may be
-downloaded (:mod:`apbv.serve.download` does that), :func:`resolve_media` turns a client's
+downloaded (:mod:`apbv.openai.download` does that), :func:`resolve_media` turns a client's
 ``file://`` URL into a local path or refuses it; :class:`Limits` holds the numbers a request
 must stay within, each with a default and a ``serve`` flag. Every refusal is a
 :class:`ClientError` (an HTTP status and a message that names the problem, the limit and the
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from apbv.serve.download import MediaStore
+    from apbv.openai.download import MediaStore
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
 """File name suffixes taken for videos: the media listing's, and the only ones a download is
@@ -88,7 +88,7 @@ def _amount(value: float, size: bool) -> str:
 class MediaPolicy:
     """Which videos a request may name: local files under ``roots`` (real paths), and http(s)
     URLs of the hosts in ``allow_domains``, downloaded into ``store``
-    (:class:`apbv.serve.download.MediaStore`) under ``max_download_bytes`` and
+    (:class:`apbv.openai.download.MediaStore`) under ``max_download_bytes`` and
     ``download_timeout_s``, at most ``max_downloads`` at once."""
 
     roots: tuple[str, ...] = ()
@@ -111,7 +111,7 @@ def _under(path: str, root: str) -> bool:
 def remote_url(url: object, policy: MediaPolicy) -> str | None:
     """``url`` when it is an http(s) URL of an allowed host (to download), None when it is not
     an http(s) URL; ClientError for an http(s) URL of any other host (or with no host). A
-    client's URL comes here after :func:`apbv.serve.bodies.check_url` refused control
+    client's URL comes here after :func:`apbv.openai.bodies.check_url` refused control
     characters (which ``urlsplit`` would drop silently)."""
     if not isinstance(url, str) or not url:
         raise ClientError(400, f"video_url.url must be a non-empty string, got {url!r}")
@@ -175,3 +175,10 @@ def resolve_media(url: object, policy: MediaPolicy, *, directory: bool = False) 
         raise ClientError(404, f"no video file{' or segment directory' if directory else ''} "
                                f"at {path[:200]!r}")
     return real
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON error every refusal answers with (OpenAI's shape; ``param``: the request
+    field at fault, or None)."""
+    return {"error": {"message": message, "type": "invalid_request" if status < 500
+                      else "server_error", "param": param, "code": status}}

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from apbv.engine.request import Result
-    from apbv.serve.api import ChatCall
-    from apbv.serve.detok import Tokenizer
+    from apbv.openai.chat import ChatCall
+    from apbv.openai.detok import Tokenizer
 
 
 def completion_id() -> str:

@@ -5,9 +5,9 @@ OpenAI's ``response_format`` (``json_object``, ``json_schema``; ``text`` is free
 vLLM's ``structured_outputs`` keys ``json`` / ``regex`` / ``grammar`` / ``json_object`` and
 their older ``guided_json`` / ``guided_regex`` / ``guided_grammar`` spellings each give one
 grammar; at most one of them may be given (the closed vocabulary, ``structured_outputs.choice``
-and its spellings, is scored exactly instead: :func:`apbv.serve.chat_body.choice_set`).
+and its spellings, is scored exactly instead: :func:`apbv.openai.chat_body.choice_set`).
 Every refusal is a ClientError(400) naming the field; whether the grammar fits the model's
-tokenizer is checked with the request's other limits (:func:`apbv.serve.api.check_request`).
+tokenizer is checked with the request's other limits (:func:`apbv.openai.chat.check_request`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 GRAMMAR_FIELDS = ("response_format", "structured_outputs.json", "structured_outputs.regex",
                   "structured_outputs.grammar", "structured_outputs.json_object",

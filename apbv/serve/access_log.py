@@ -1,13 +1,13 @@
 """One access log line per HTTP request, refusals included.
 
 :class:`AccessEntry` gives each request its id (the client's ``X-Request-Id`` when usable,
-else a new one: :mod:`apbv.serve.request_id`, whose middleware then uses the same id), sent
+else a new one: :mod:`apbv.openai.request_id`, whose middleware then uses the same id), sent
 back in the ``X-Request-Id`` header (one, whichever layer answers), and logs one line when the
 request ends, at INFO below 400 and WARNING from 400 on (logger ``apbv.access``)::
 
     3f9a0c1d2e4b4c7e9a0b1c2d3e4f5a6b POST /v1/chat/completions 400 0.004 s: max_completion_...
 
-the reason being the JSON error's message of a refusal (:func:`apbv.serve.http_guard.error_body`),
+the reason being the JSON error's message of a refusal (:func:`apbv.openai.policy.error_body`),
 cut at :data:`REASON_CHARS`. What the client wrote (the path, a message quoting it) is logged
 escaped (no control character reaches the log), and an answer that never started (the client
 left, the handler failed) is logged with status ``-``.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from apbv.serve import request_id
+from apbv.openai import request_id
 
 log = logging.getLogger("apbv.access")
 

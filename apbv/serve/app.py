@@ -2,12 +2,12 @@
 
 The metrics (:mod:`apbv.serve.metrics`) are served at ``/metrics``, open (as vLLM's and
 SGLang's: keep it behind the network's firewall) unless ``protect_metrics``; a request body is
-read as :mod:`apbv.serve.api` parses it, the answer shaped by :mod:`apbv.serve.responses`, or
+read as :mod:`apbv.openai.chat` parses it, the answer shaped by :mod:`apbv.openai.responses`, or
 streamed by :mod:`apbv.serve.sse`.
 
-One :class:`Server` owns the replicas (:mod:`apbv.serve.replicas`: R rank groups, each with a
-bounded queue and one worker): requests are validated here (media policy, limits; remote media
-downloaded on the event loop, the files probed on the server's own request threads, which no
+One :class:`Server` owns the replicas (:mod:`apbv.serve.scheduler.replicas`: R rank groups, each
+with a bounded queue and one worker): requests are validated here (media policy, limits; remote
+media downloaded on the event loop, the files probed on the server's own request threads, which no
 download occupies) before anything reaches a rank, routed to a replica (the one whose vision cache
 holds the video, else the least loaded), wait in its queue (FIFO; earliest deadline first for
 those with ``deadline_ms``), and its worker hands them to its group one at a time. A lost rank
@@ -36,23 +36,25 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from apbv import package_version
 from apbv.model.families import family_of
-from apbv.serve import api, log_format, page, responses, sse
-from apbv.serve.admission import Admission, Job
-from apbv.serve.bodies import check_content_type, decode_json
-from apbv.serve.chat_body import ChatBody
-from apbv.serve.download import Held, discard, fetch_media
-from apbv.serve.http_guard import HostRule, HttpGuard, error_body
+from apbv.openai import chat as api
+from apbv.openai import responses
+from apbv.openai.bodies import check_content_type, decode_json
+from apbv.openai.chat_body import ChatBody
+from apbv.openai.download import Held, discard, fetch_media
+from apbv.openai.policy import ClientError, Limits, MediaPolicy, error_body
+from apbv.openai.request_id import RequestIdMiddleware
+from apbv.serve import log_format, page, sse
+from apbv.serve.http_guard import HostRule, HttpGuard
 from apbv.serve.metrics import Metrics
 from apbv.serve.model_card import checkpoint_positions, max_model_len, model_card
-from apbv.serve.policy import ClientError, Limits, MediaPolicy
-from apbv.serve.replicas import Replica, overall_status, pick
-from apbv.serve.request_id import RequestIdMiddleware
-from apbv.serve.streams import StreamOptions, Streams
+from apbv.serve.scheduler.admission import Admission, Job
+from apbv.serve.scheduler.replicas import Replica, overall_status, pick
+from apbv.serve.streams.routes import StreamOptions, Streams
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
     from apbv.engine.request import Result
-    from apbv.serve.group import RankGroup
+    from apbv.serve.ranks.group import RankGroup
 P = ParamSpec("P")
 T = TypeVar("T")
 log = logging.getLogger("apbv.serve")
@@ -81,7 +83,7 @@ class ServerOptions:
     """The hosts watches may post events to (--allow-webhook-host; none: webhooks off)."""
     ignore_unsupported_fields: bool = False
     """Chat fields that would change the answer and are not supported are reported as
-    ignored instead of refused (--ignore-unsupported-fields; :mod:`apbv.serve.chat_fields`)."""
+    ignored instead of refused (--ignore-unsupported-fields; :mod:`apbv.openai.chat_fields`)."""
     metrics_prefix: str = "apbv"
     """The metric names' prefix (--metrics-prefix): ``apbv:...``, or ``vllm:...``."""
     log_format: str = "text"
@@ -211,13 +213,13 @@ class Server:
                                    "set with --api-key or APBV_API_KEY)")
 
     async def read_json(self, request: Request) -> Any:
-        """The request's JSON body (:mod:`apbv.serve.bodies`: application/json only, strictly
+        """The request's JSON body (:mod:`apbv.openai.bodies`: application/json only, strictly
         decoded), within --max-body-bytes."""
         return decode_json(await self.read_body(request))
 
     async def read_body(self, request: Request, data: bool = False) -> bytes:
         """The request's body bytes if it is JSON, within --max-body-bytes; with ``data`` (a
-        chat body, whose ``data:`` URLs :func:`apbv.serve.api.parse_chat` bounds by
+        chat body, whose ``data:`` URLs :func:`apbv.openai.chat.parse_chat` bounds by
         --max-data-bytes and the rest by --max-body-bytes), within both limits' sum."""
         check_content_type(request.headers.get("content-type"))
         limits = self.opt.limits

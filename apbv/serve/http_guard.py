@@ -13,7 +13,7 @@ connection is closed. Every request gets one access log line (:mod:`apbv.serve.a
 The head's deadline cannot be ASGI middleware (the app is called once the head has arrived),
 so :class:`TimedH11Protocol` subclasses uvicorn's h11 protocol, which is not uvicorn's public
 API: ``pyproject.toml`` caps uvicorn at the minor series tested, and
-``tests/serve/test_head_deadline.py`` checks the class against the installed uvicorn in a
+``tests/serve/scheduler/test_head_deadline.py`` checks the class against the installed uvicorn in a
 second (docs/deployment.md).
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from apbv.openai.policy import ClientError, error_body
 from apbv.serve.access_log import AccessEntry
-from apbv.serve.policy import ClientError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -40,13 +40,6 @@ SHUTDOWN_MESSAGE = "the server is shutting down; retry on its next start"
 EVENTS_END_S = 1.0
 """At shutdown, seconds an event stream already sending may take to end by itself."""
 log = logging.getLogger("apbv.serve")
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """The JSON error every refusal answers with (OpenAI's shape; ``param``: the request
-    field at fault, or None)."""
-    return {"error": {"message": message, "type": "invalid_request" if status < 500
-                      else "server_error", "param": param, "code": status}}
 
 
 def split_host(value: str) -> tuple[str, int | None]:

@@ -1,7 +1,7 @@
 """The server's log lines on stderr (``--log-format``): ``text``, one readable line per record,
 or ``json``, one JSON object per line with the standard fields ``timestamp`` (UTC, ISO 8601,
 milliseconds), ``level``, ``logger``, ``message``, ``process``, and when there is one
-``request_id`` (:mod:`apbv.serve.request_id`), ``exception`` (the formatted traceback).
+``request_id`` (:mod:`apbv.openai.request_id`), ``exception`` (the formatted traceback).
 
 A record logged while an HTTP request is handled names that request's id; one logged elsewhere
 about a request (a replica finishing its job) names it through ``extra={"request_id": ...}``.
@@ -14,7 +14,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from apbv.serve import request_id
+from apbv.openai import request_id
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s%(request_tag)s %(name)s: %(message)s"

@@ -9,7 +9,7 @@ group, and Ray is shut down (or, with ``--address``, disconnected from); nothing
 running.
 
 Ray's own ports run code for whoever can call them, so Ray's token authentication is never
-turned off (:mod:`apbv.serve.ray_cluster`): the local cluster, always a new one, gets a token
+turned off (:mod:`apbv.serve.ranks.ray_cluster`): the local cluster, always a new one, gets a token
 made at each start (in the environment Ray's processes and the rank actors inherit) and binds
 every port to 127.0.0.1 whatever ``--host`` is, since it is one host; ``--address`` joins with
 the operator's token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``).
@@ -27,9 +27,9 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from apbv.openai.policy import Limits, MediaPolicy
 from apbv.serve import log_format
 from apbv.serve.metric_rules import DEFAULT_PREFIX, check_prefix
-from apbv.serve.policy import Limits, MediaPolicy
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
@@ -140,8 +140,8 @@ def _limits(args: argparse.Namespace) -> Limits:
 
 def _stream_options(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use_gpu: bool,
                     limits: Limits) -> Any:
-    from apbv.serve.stream_budget import GIB, KVSizing, default_budget_gb
-    from apbv.serve.streams import StreamOptions
+    from apbv.serve.streams.budget import GIB, KVSizing, default_budget_gb
+    from apbv.serve.streams.routes import StreamOptions
 
     dtype = cfg.model.dtype
     dtype_bytes = 4 if dtype == "float32" or (dtype == "auto" and not use_gpu) else 2
@@ -157,12 +157,12 @@ def _stream_options(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use
 
 def _memory_budget(cfg: RuntimeConfig, args: argparse.Namespace, path: str, use_gpu: bool,
                    policy: MediaPolicy) -> Any:
-    """The server's :class:`apbv.serve.memory_budget.MemoryBudget` (None with ``--address``
-    and no ``--host-memory-budget-gb``), with the vision cache (CPU ranks) and the downloads
-    (a download directory on a tmpfs) among its parts; its size is logged."""
+    """The server's :class:`apbv.serve.scheduler.memory_budget.MemoryBudget` (None with
+    ``--address`` and no ``--host-memory-budget-gb``), with the vision cache (CPU ranks) and the
+    downloads (a download directory on a tmpfs) among its parts; its size is logged."""
     from apbv import cost
     from apbv.cost.memory import RUNTIME_BYTES
-    from apbv.serve import memory_budget as mb
+    from apbv.serve.scheduler import memory_budget as mb
 
     log = logging.getLogger("apbv.serve")
     ranks = args.world_size * args.replicas
@@ -242,7 +242,7 @@ def _check_decode_graphs(cfg: RuntimeConfig, gpus_per_rank: float, backend: str 
                          world_size: int) -> None:
     """ValueError, before any rank starts, for ``decode.graphs=on`` where the ranks could not
     capture a decode step (CPU ranks, gloo between ranks; ``backend`` as
-    :func:`apbv.serve.placement.group_backend` gives it)."""
+    :func:`apbv.serve.ranks.placement.group_backend` gives it)."""
     import torch
 
     from apbv.engine.decode_graph import resolve_graphs
@@ -267,8 +267,8 @@ def _gpus_per_rank(cfg: RuntimeConfig, args: argparse.Namespace, cluster_gpus: f
 
 def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     from apbv.serve.http_guard import HostRule, serve
-    from apbv.serve.placement import check_gpus_per_rank, group_backend
-    from apbv.serve.ray_cluster import init_ray, prepare_ray_env
+    from apbv.serve.ranks.placement import check_gpus_per_rank, group_backend
+    from apbv.serve.ranks.ray_cluster import init_ray, prepare_ray_env
 
     if args.world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {args.world_size}")
@@ -309,11 +309,11 @@ def run_server(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     import ray
     from transformers import AutoProcessor
 
-    from apbv.serve.admission import Admission, cost_decode_prior, cost_predictor
+    from apbv.openai.download import MediaStore
     from apbv.serve.app import Server, ServerOptions
-    from apbv.serve.download import MediaStore
-    from apbv.serve.group import RankGroup
-    from apbv.serve.stream_time import server_pricing
+    from apbv.serve.ranks.group import RankGroup
+    from apbv.serve.scheduler.admission import Admission, cost_decode_prior, cost_predictor
+    from apbv.serve.streams.pricing import server_pricing
 
     log_format.configure(args.log_level, args.log_format)
     if getattr(args, "settings_note", None):  # apbv.cli.serve: --config-file, APBV_SERVE_*

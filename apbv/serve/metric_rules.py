@@ -67,7 +67,8 @@ def one_two_five(most: int) -> tuple[int, ...]:
 
 
 def endpoint_of(job: Any) -> str | None:
-    """The :data:`ENDPOINTS` value of a finished replica job (:class:`~apbv.serve.admission.
+    """The :data:`ENDPOINTS` value of a finished replica job
+    (:class:`~apbv.serve.scheduler.admission.
     Job`): ``chat`` for a chat request's, ``watch`` for a standing question's evaluation,
     ``stream_ask`` for another question on a live stream; None for a stream's other
     operations (open, append, describe, close), which are not requests."""

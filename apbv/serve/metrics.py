@@ -32,8 +32,8 @@ from apbv.serve.metric_rules import (
 )
 
 if TYPE_CHECKING:
-    from apbv.serve.admission import Job
-    from apbv.serve.replicas import Replica
+    from apbv.serve.scheduler.admission import Job
+    from apbv.serve.scheduler.replicas import Replica
 
 DEFAULT_MAX_MODEL_LEN = 131072
 """The token-count histograms' last bound when the server's ``max_model_len`` is not given."""
@@ -183,7 +183,7 @@ class Metrics:
 
     def count_load(self, replicas: list[Replica], streams: Any = None) -> None:
         """Set the gauges read at a scrape: requests running and waiting, and with live
-        ``streams`` (:class:`~apbv.serve.streams.Streams`, None: not served) the streams and
+        ``streams`` (:class:`~apbv.serve.streams.routes.Streams`, None: not served) the streams and
         watches open and each replica's KV reserved against the stream budget."""
         name = self.model_name
         self.num_running.labels(name).set(

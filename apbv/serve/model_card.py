@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from apbv.serve.policy import Limits
+from apbv.openai.policy import Limits
 
 
 def checkpoint_positions(model_dir: str | None) -> int | None:

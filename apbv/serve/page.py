@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from apbv.serve.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy, resolve_media
+from apbv.openai.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy, resolve_media
 
 if TYPE_CHECKING:
     from apbv.serve.app import Server

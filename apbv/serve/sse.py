@@ -4,7 +4,7 @@ reason, the logprobs not sent yet, the ``apbv`` block), the
 usage in its own event when asked, and ``[DONE]``.
 
 :func:`respond` is the response of one job admitted with ``sse`` (a chat request's or a live
-stream's ask); the text of each event comes from :class:`~apbv.serve.detok.IncrementalText`,
+stream's ask); the text of each event comes from :class:`~apbv.openai.detok.IncrementalText`,
 so each token costs the same however long the answer already is. A client that leaves ends the
 events: its job is dropped while it waits or cancelled while it runs, and nothing is raised
 past the generator (no asyncio error in the log).
@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from apbv.serve import responses
-from apbv.serve.detok import IncrementalText, Tokenizer
-from apbv.serve.http_guard import error_body
-from apbv.serve.policy import ClientError
+from apbv.openai import responses
+from apbv.openai.detok import IncrementalText, Tokenizer
+from apbv.openai.policy import ClientError, error_body
 
 if TYPE_CHECKING:
-    from apbv.serve.admission import Job
     from apbv.serve.app import Server
+    from apbv.serve.scheduler.admission import Job
 
 DONE = b"data: [DONE]\n\n"
 
@@ -107,7 +106,7 @@ def retrieve_later(future: asyncio.Future) -> None:
 async def deltas(job: Job, waiter: asyncio.Future, tokenizer: Tokenizer,
                  stop_texts: tuple[str, ...],
                  records: list[dict | None] | None = None) -> AsyncIterator[str]:
-    """New text as tokens arrive (:class:`~apbv.serve.detok.IncrementalText`: the same work
+    """New text as tokens arrive (:class:`~apbv.openai.detok.IncrementalText`: the same work
     per token however long the answer; held back while it ends inside a UTF-8 sequence or with
     what could begin a stop text; nothing from the first stop text on). ``records`` gets each
     token's logprobs record as it is read (None for a token without one)."""

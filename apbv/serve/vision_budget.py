@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
-    from apbv.serve.policy import Limits
+    from apbv.openai.policy import Limits
 
 FREE_SHARE = 0.25
 """The share of a rank's spare memory the default vision cache takes."""
@@ -28,7 +28,7 @@ QUERY_TOKENS = 64
 def default_vision_gb(cfg: RuntimeConfig, limits: Limits, world_size: int, ranks_on_host: int,
                       use_gpu: bool) -> tuple[float, str]:
     """(GiB per rank, the sentence that says how it was chosen) for ``cfg``'s model under
-    ``limits`` (:class:`apbv.serve.policy.Limits`) on ``world_size`` ranks per replica."""
+    ``limits`` (:class:`apbv.openai.policy.Limits`) on ``world_size`` ranks per replica."""
     from apbv.engine.engine import _available_host_bytes
 
     if use_gpu:

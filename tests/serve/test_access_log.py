@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from apbv.openai.policy import ClientError  # noqa: E402
 from apbv.serve.http_guard import HostRule, HttpGuard  # noqa: E402
-from apbv.serve.policy import ClientError  # noqa: E402
 
 
 def _scope(path: str = "/v1/chat/completions", host: str = "127.0.0.1:8000") -> dict:
@@ -78,8 +78,8 @@ def test_a_client_gone_before_its_first_token_leaves_no_unretrieved_error():
     retrieved")."""
     from types import SimpleNamespace
 
-    from apbv.serve.admission import Job
     from apbv.serve.app import Server
+    from apbv.serve.scheduler.admission import Job
     from apbv.serve.sse import _events
 
     errors: list[dict] = []

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from apbv.openai.policy import MediaPolicy  # noqa: E402
 from apbv.serve.page import list_media  # noqa: E402
-from apbv.serve.policy import MediaPolicy  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 KEY = "page-key-456"

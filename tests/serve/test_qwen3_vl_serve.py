@@ -142,7 +142,7 @@ def test_a_live_stream_over_http_answers_as_transformers_on_its_frames(server, q
     assert asked.status_code == 200, asked.text
     apbv = asked.json()["apbv"]
     assert apbv["mode"] == "exact", apbv
-    from apbv.serve.frames import resize_to
+    from apbv.openai.frames import resize_to
 
     frames = resize_to(native, (32, 64))  # the server's resize of the pushed frames
     assert apbv["token_ids"] == _generate_frames(qwen3_dir, frames, FPS), apbv

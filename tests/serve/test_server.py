@@ -207,8 +207,8 @@ def test_a_clients_local_video_is_opened_without_following_links(media):
     """The checked real path goes to the ranks with follow_symlinks off, so a directory or
     file swapped for a link after the check is refused there instead of read."""
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
-    from apbv.serve.policy import Limits, MediaPolicy
+    from apbv.openai.chat import parse_chat
+    from apbv.openai.policy import Limits, MediaPolicy
 
     call = parse_chat(dict(messages=_messages((media / "clip.mp4").as_uri())),
                       load_config("tiny_cpu"), Limits(), MediaPolicy((str(media),)), "m")

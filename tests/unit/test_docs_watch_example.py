@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from apbv.serve.stream_budget import KVSizing
+from apbv.serve.streams.budget import KVSizing
 from apbv.synthetic.needles import FRAME_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]

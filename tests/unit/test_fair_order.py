@@ -1,6 +1,6 @@
-"""The order a replica's queue runs its jobs in (:mod:`apbv.serve.fair_order`, a pure rule):
-deadlines first, then standing questions' evaluations oldest chunk first, then round robin over
-streams and the chat requests, each lane in arrival order."""
+"""The order a replica's queue runs its jobs in (:mod:`apbv.serve.scheduler.fair_order`, a pure
+rule): deadlines first, then standing questions' evaluations oldest chunk first, then round robin
+over streams and the chat requests, each lane in arrival order."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from apbv.serve.fair_order import MAX_LANES, next_job, run_order, take_turn
+from apbv.serve.scheduler.fair_order import MAX_LANES, next_job, run_order, take_turn
 
 
 @dataclass
@@ -70,8 +70,8 @@ def test_next_job_indexes_the_waiting_list_and_turns_are_bounded():
 def test_the_replica_queue_takes_its_jobs_in_that_order():
     import asyncio
 
-    from apbv.serve.admission import Admission
-    from apbv.serve.ops import CloseStream
+    from apbv.serve.ranks.ops import CloseStream
+    from apbv.serve.scheduler.admission import Admission
 
     async def main() -> list[str]:
         adm = Admission(16)
@@ -95,8 +95,8 @@ def test_the_replica_queue_takes_its_jobs_in_that_order():
 def test_the_replica_queue_serves_a_burst_round_robin():
     import asyncio
 
-    from apbv.serve.admission import Admission
-    from apbv.serve.ops import CloseStream
+    from apbv.serve.ranks.ops import CloseStream
+    from apbv.serve.scheduler.admission import Admission
 
     async def main() -> list[str]:
         adm = Admission(16)
@@ -123,10 +123,10 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
 
     pytest.importorskip("prometheus_client")
 
-    from apbv.serve.events import EventHub
     from apbv.serve.metrics import Metrics
-    from apbv.serve.watch_eval import Evaluator
-    from apbv.serve.watch_state import StreamWatches
+    from apbv.serve.watches.evaluator import Evaluator
+    from apbv.serve.watches.events import EventHub
+    from apbv.serve.watches.state import StreamWatches
     from tests.unit.test_watch_budget import _watch
 
     async def main() -> tuple[list, list]:

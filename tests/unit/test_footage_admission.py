@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from apbv import cost
-from apbv.serve import admission
+from apbv.serve.scheduler import admission
 from apbv.video import VideoMeta
 from apbv.video.gop import decode_work, frame_split, rank_walks, walk, walked_frames
 from apbv.video.sampling import Sampling

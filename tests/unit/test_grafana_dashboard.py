@@ -17,9 +17,9 @@ pytest.importorskip("prometheus_client")
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from apbv.serve.admission import Admission  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.replicas import Replica  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica  # noqa: E402
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "apbv.json"
 QUERIED = re.compile(r"\$\{prefix\}:([A-Za-z_][A-Za-z0-9_]*)")

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from apbv.engine.grammar import Guide, grammar_error  # noqa: E402
 from apbv.engine.logits_rules import LogitsRules  # noqa: E402
 from apbv.engine.sampling import Sampling  # noqa: E402
-from apbv.serve.structured import json_grammar  # noqa: E402
+from apbv.openai.structured import json_grammar  # noqa: E402
 
 ASSET = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["magenta", "red"]},

@@ -14,10 +14,10 @@ import pytest
 
 from apbv import cost
 from apbv.cost.memory import DECODE_CHUNK_ELEMENTS, NATIVE_CHUNK_BYTES, NATIVE_FRAME_BYTES
+from apbv.openai.policy import ClientError
 from apbv.plan import make_plan
-from apbv.serve import memory_budget as mb
-from apbv.serve.admission import Admission
-from apbv.serve.policy import ClientError
+from apbv.serve.scheduler import memory_budget as mb
+from apbv.serve.scheduler.admission import Admission
 from apbv.video import VideoSpec
 from apbv.video.header import check_native_size, header_size
 from tests.native_video import write_large_frame_video
@@ -214,15 +214,15 @@ def test_serve_refuses_a_budget_that_is_not_positive_before_ray_starts(monkeypat
 
 def test_check_request_refuses_large_native_frames_for_the_server_and_batch(
         tiny_model_dir: Path, video_8k: Path, short_video: Path) -> None:
-    """:func:`apbv.serve.api.check_request`, which the server and ``apbv batch`` run on every
+    """:func:`apbv.openai.chat.check_request`, which the server and ``apbv batch`` run on every
     request before the ranks: a 400 naming the size and the limit, the default limit or one
     set lower; a video within it is measured as before."""
     from transformers import AutoProcessor
 
     from apbv.config import load_config
     from apbv.engine.request import Request
-    from apbv.serve.api import check_request
-    from apbv.serve.policy import Limits
+    from apbv.openai.chat import check_request
+    from apbv.openai.policy import Limits
 
     cfg = load_config("tiny_cpu", [f"model.path={str(tiny_model_dir)!r}"])
     processor = AutoProcessor.from_pretrained(tiny_model_dir, local_files_only=True)

@@ -25,7 +25,7 @@ from apbv.serve.metric_rules import (  # noqa: E402
     one_two_five,
 )
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.ops import Append, Generate  # noqa: E402
+from apbv.serve.ranks.ops import Append, Generate  # noqa: E402
 
 VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
              7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]

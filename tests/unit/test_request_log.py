@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-from apbv.serve import log_format, request_id
+from apbv.openai import request_id
+from apbv.openai.policy import Limits
+from apbv.serve import log_format
 from apbv.serve.model_card import checkpoint_positions, max_model_len, model_card
-from apbv.serve.policy import Limits
 
 NEW_ID = re.compile(r"[0-9a-f]{32}\Z")
 

@@ -4,7 +4,7 @@ and in the server's ``apbv`` block; absent from the block with exact sampling.""
 from __future__ import annotations
 
 from apbv.engine.request import Result
-from apbv.serve.responses import apbv_block
+from apbv.openai.responses import apbv_block
 
 
 def _result(**extra: object) -> Result:

@@ -1,5 +1,5 @@
 """A served stream's frame size and KV reservation follow the served family
-(apbv.serve.stream_budget.KVSizing, from the checkpoint's config): frame sides are multiples of
+(apbv.serve.streams.budget.KVSizing, from the checkpoint's config): frame sides are multiples of
 patch x merge (28 for Qwen2.5-VL and InternVL3, 32 for Qwen3-VL), a unit's tokens one per
 merged patch of the family, and ``keep_vision`` reserves each kept token's tower row with its
 DeepStack levels (Qwen3-VL: 4 x hidden)."""
@@ -14,7 +14,7 @@ import pytest
 
 from apbv import cost
 from apbv.cost.qwen3_vl import released_qwen3_vl_8b
-from apbv.serve.stream_budget import KVSizing
+from apbv.serve.streams.budget import KVSizing
 from apbv.video.sampling import stream_frame_size
 
 NATIVE = [(1080, 1920), (480, 640), (48, 64), (720, 720)]

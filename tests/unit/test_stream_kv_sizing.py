@@ -1,4 +1,4 @@
-"""A live stream's KV reservation follows the model family (apbv.serve.stream_budget):
+"""A live stream's KV reservation follows the model family (apbv.serve.streams.budget):
 InternVL3 adds one fixed tile's rows per frame (256 video tokens and the ``FrameN: <img>``
 text, whatever the frame size), Qwen2.5-VL one token per 28x28 pixels per two frames."""
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from apbv.cost.internvl import INTERNVL_UNIT_TEXT, released_internvl3
-from apbv.serve.stream_budget import KVSizing
+from apbv.serve.streams.budget import KVSizing
 
 
 def test_internvl_streams_reserve_a_tile_per_frame(tmp_path: Path) -> None:

@@ -125,8 +125,8 @@ def media(tmp_path: Path, short_video: Path) -> Path:
 
 def _parse(media: Path, *system_messages: dict):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
-    from apbv.serve.policy import Limits, MediaPolicy
+    from apbv.openai.chat import parse_chat
+    from apbv.openai.policy import Limits, MediaPolicy
 
     user = {"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": (media / "clip.mp4").as_uri()}},
@@ -136,7 +136,7 @@ def _parse(media: Path, *system_messages: dict):
 
 
 def test_server_takes_the_system_message(media: Path) -> None:
-    from apbv.serve.policy import ClientError
+    from apbv.openai.policy import ClientError
 
     assert _parse(media).request.system is None
     assert _parse(media, {"role": "system", "content": INJECTION}).request.system == INJECTION

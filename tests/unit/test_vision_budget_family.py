@@ -10,7 +10,7 @@ import pytest
 
 from apbv import cost
 from apbv.config import RuntimeConfig
-from apbv.serve.policy import Limits
+from apbv.openai.policy import Limits
 from apbv.serve.vision_budget import largest_request_bytes
 
 

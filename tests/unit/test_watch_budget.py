@@ -1,4 +1,4 @@
-"""The watches' budget and coalescing, without a server (:class:`apbv.serve.watches.Watches`
+"""The watches' budget and coalescing, without a server (:class:`apbv.serve.watches.routes.Watches`
 over stand-in streams): a watch the replica cannot sustain is refused with the figures, a
 chunk landing while an evaluation runs is folded into the next one and counted, and the lag
 counts the running round."""
@@ -14,11 +14,11 @@ pytest.importorskip("fastapi")
 
 
 from apbv.engine.request import Request, StreamRef  # noqa: E402
+from apbv.openai.policy import ClientError  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.policy import ClientError  # noqa: E402
-from apbv.serve.watch_rules import Rule  # noqa: E402
-from apbv.serve.watch_state import StreamWatches, Watch, lag_s  # noqa: E402
-from apbv.serve.watches import Watches  # noqa: E402
+from apbv.serve.watches.routes import Watches  # noqa: E402
+from apbv.serve.watches.state import StreamWatches, Watch, lag_s  # noqa: E402
+from apbv.watch.rules import Rule  # noqa: E402
 
 
 def _watches(live: dict) -> Watches:

@@ -1,4 +1,4 @@
-"""Where watch events go, without a server (:mod:`apbv.serve.events`): subscribers take what
+"""Where watch events go, without a server (:mod:`apbv.serve.watches.events`): subscribers take what
 their filter takes, a full queue drops and counts, the event stream's wire format; a webhook
 retries a failing receiver and counts what it could not queue."""
 
@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from apbv.serve import events  # noqa: E402
-from apbv.serve.events import EventHub, Webhook  # noqa: E402
+from apbv.serve.watches import events  # noqa: E402
+from apbv.serve.watches.events import EventHub, Webhook  # noqa: E402
 
 
 def _event(i: int, stream: str = "s1", watch: str = "w1") -> dict:
@@ -38,7 +38,7 @@ def test_subscribers_take_what_their_filter_takes_and_count_drops():
 
 
 def test_event_streams_open_at_once_are_bounded():
-    from apbv.serve.policy import ClientError
+    from apbv.openai.policy import ClientError
 
     hub = EventHub()
     subs = [hub.subscribe() for _ in range(events.MAX_SUBSCRIBERS)]

@@ -1,4 +1,4 @@
-"""The event rule of a standing question (:mod:`apbv.serve.watch_rules`), without a server:
+"""The event rule of a standing question (:mod:`apbv.watch.rules`), without a server:
 the baseline is no event, a change of the top choice, the minimum hold, the threshold with
 hysteresis, and bad rules refused with the field and its range named."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from apbv.serve.watch_rules import Change, Rule, RuleState, observe
+from apbv.watch.rules import Change, Rule, RuleState, observe
 
 CHOICES = ("yes", "no")
 

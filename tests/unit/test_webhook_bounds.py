@@ -1,4 +1,4 @@
-"""A webhook POST is bounded (:mod:`apbv.serve.webhook`), tested on the sender itself with a
+"""A webhook POST is bounded (:mod:`apbv.serve.watches.webhook`), tested on the sender itself with a
 local receiver thread: a receiver trickling its answer is cut at the deadline, one answering
 100 MB costs the server no memory (its peak RSS measured around the POST), hosts come from
 their own allow list and resolve to internal addresses only when listed by IP; one client
@@ -15,9 +15,9 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from apbv.serve.events import MAX_SUBSCRIBERS_PER_CLIENT, EventHub  # noqa: E402
-from apbv.serve.policy import ClientError  # noqa: E402
-from apbv.serve.webhook import READ_BYTES, check_addresses, post_event, webhook_url  # noqa: E402
+from apbv.openai.policy import ClientError  # noqa: E402
+from apbv.serve.watches.events import MAX_SUBSCRIBERS_PER_CLIENT, EventHub  # noqa: E402
+from apbv.serve.watches.webhook import READ_BYTES, check_addresses, post_event, webhook_url  # noqa: E402
 
 HUGE_MB = 100
 LOCAL = ("127.0.0.1",)

@@ -1,12 +1,13 @@
 """The H engine ranks as Ray actors in one placement group, one torch.distributed group.
 
 :class:`RankGroup` reserves a placement group for H ranks (1 CPU and ``gpus_per_rank`` GPUs each;
-one node when one holds them all, else whole nodes in rank order: :mod:`apbv.serve.placement`),
+one node when one holds them all, else whole nodes in rank order:
+:mod:`apbv.serve.ranks.placement`),
 starts one :class:`RankActor` per rank, and has every actor join the process group (rank 0's
 node and a free port rank 0 picks) and load the engine once. A GPU actor runs on the device Ray
 gave it (``cuda:0`` of its own visible set), made the current device in every thread that
 runs engine work. :meth:`RankGroup.submit` hands the same
-operation (:mod:`apbv.serve.ops`) to every actor and returns rank 0's outcome; for an answer,
+operation (:mod:`apbv.serve.ranks.ops`) to every actor and returns rank 0's outcome; for an answer,
 rank 0 streams each token id as soon as it is known (a Ray streaming generator fed by the
 engine's ``on_token`` hook). A request whose
 ``cancel`` event is set (its client went away) is stopped at its next decode step: rank 0, the
@@ -41,8 +42,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from apbv.engine.request import RequestCancelled, Result
-from apbv.serve.ops import Op, apply
-from apbv.serve.placement import group_layout, rank_device
+from apbv.serve.ranks.ops import Op, apply
+from apbv.serve.ranks.placement import group_layout, rank_device
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
@@ -154,7 +155,7 @@ class RankActor:
 
     def run(self, op: Op, ticket: int | None = None,
             on_token: Callable[[int], None] | None = None) -> Any:
-        """``op``'s outcome on this rank (:func:`apbv.serve.ops.apply`); ``ticket``: the
+        """``op``'s outcome on this rank (:func:`apbv.serve.ranks.ops.apply`); ``ticket``: the
         request :meth:`cancel` may name (its ``stop``)."""
         self._use_device()
         assert self.engine is not None, "setup() loads the engine first"

@@ -36,7 +36,7 @@ class ReplicaLoad:
     busy: float
     """Seconds its open streams' appends and watch evaluations take on its ranks per second
     of footage, summed over them (as last measured; predicted by the cost model, or 0 without
-    one, for what was not yet measured: :mod:`apbv.serve.stream_time`)."""
+    one, for what was not yet measured: :mod:`apbv.serve.streams.pricing`)."""
     held: int
     """KV bytes per rank its open streams reserve."""
     queued: int

@@ -1,10 +1,10 @@
 """Admission: a bounded queue, earliest deadline first for requests with ``deadline_ms``, then
 the evaluations of standing questions, oldest chunk first, then round robin over lanes (each
 live stream's operations, the chat requests together; each lane in arrival order):
-:mod:`apbv.serve.fair_order`. A request whose predicted TTFT (the cost model, plus the work
-queued ahead of it) already misses its deadline is refused at once (503 with the prediction),
-and one whose deadline can no longer be met when it reaches the ranks is refused then (504,
-:meth:`expired`) without running.
+:mod:`apbv.serve.scheduler.fair_order`. A request whose predicted TTFT (the cost model, plus
+the work queued ahead of it) already misses its deadline is refused at once (503 with the
+prediction), and one whose deadline can no longer be met when it reaches the ranks is refused
+then (504, :meth:`expired`) without running.
 
 The work ahead of a request is every job that runs before it: each one's TTFT and its decode
 (``max_tokens`` x the replica's learned seconds per token), and the running job's remaining
@@ -19,9 +19,9 @@ generated token are learned the same way, from each answer's (total time - TTFT)
 1), starting from a prior (:func:`apbv.cost.decode_token_s` on the hardware preset, or
 :data:`DECODE_PRIOR_S`).
 
-With a :class:`apbv.serve.memory_budget.MemoryBudget`, a chat request is also sized in host
-memory before it is queued, and refused (503 or 429, with the figures) when it would take the
-server's work past the budget.
+With a :class:`apbv.serve.scheduler.memory_budget.MemoryBudget`, a chat request is also sized in
+host memory before it is queued, and refused (503 or 429, with the figures) when it would
+take the server's work past the budget.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from apbv.serve import request_id
-from apbv.serve.fair_order import next_job, run_order, take_turn
-from apbv.serve.ops import Generate, Op
-from apbv.serve.policy import ClientError
+from apbv.openai import request_id
+from apbv.openai.policy import ClientError
+from apbv.serve.ranks.ops import Generate, Op
+from apbv.serve.scheduler.fair_order import next_job, run_order, take_turn
 
 if TYPE_CHECKING:
-    from apbv.serve.api import ChatCall
-    from apbv.serve.download import Held
-    from apbv.serve.memory_budget import MemoryBudget
-    from apbv.serve.replicas import Replica
+    from apbv.openai.chat import ChatCall
+    from apbv.openai.download import Held
+    from apbv.serve.scheduler.memory_budget import MemoryBudget
+    from apbv.serve.scheduler.replicas import Replica
 
 Predictor = Callable[["ChatCall", dict[str, int]], float]
 """(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
@@ -71,7 +71,7 @@ place in arrival order there (:meth:`Admission.take`)."""
 class Job:
     op: Op
     """What every rank of the replica runs: a chat request's Generate, or a live stream's
-    operation (:mod:`apbv.serve.ops`)."""
+    operation (:mod:`apbv.serve.ranks.ops`)."""
     call: ChatCall | None
     """The chat request it answers (deadline, download, video); None for a live stream's
     operation."""
@@ -101,14 +101,14 @@ class Job:
     """The replica's generation (rebuilds) whose ranks hold ``stream_id``."""
     evaluates: float | None = None
     """An evaluation of a standing question: the arrival (monotonic s) of the oldest chunk
-    it is the first to see (:mod:`apbv.serve.fair_order` runs it before other work)."""
+    it is the first to see (:mod:`apbv.serve.scheduler.fair_order` runs it before other work)."""
     host_bytes: int = 0
-    """Host memory its ranks hold for it (:class:`apbv.serve.memory_budget.MemoryBudget`; 0:
-    not sized, as a live stream's operation, whose memory is its stream's reservation)."""
+    """Host memory its ranks hold for it (:class:`apbv.serve.scheduler.memory_budget.MemoryBudget`;
+    0: not sized, as a live stream's operation, whose memory is its stream's reservation)."""
     replica: Replica = field(init=False)
     """The replica whose queue holds it (set by the server once admitted)."""
     request_id: str | None = field(default_factory=request_id.current)
-    """The id of the HTTP request that made it (:mod:`apbv.serve.request_id`), for the log."""
+    """The id of the HTTP request that made it (:mod:`apbv.openai.request_id`), for the log."""
 
     @property
     def downloaded(self) -> Held | None:
@@ -117,8 +117,8 @@ class Job:
 
 
 class Admission:
-    """The waiting requests, taken in the order of :func:`apbv.serve.fair_order.next_job`; one
-    runs at a time."""
+    """The waiting requests, taken in the order of
+    :func:`apbv.serve.scheduler.fair_order.next_job`; one runs at a time."""
 
     def __init__(self, max_queue: int, predictor: Predictor | None = None,
                  decode_s: float = DECODE_PRIOR_S, memory: MemoryBudget | None = None):
@@ -138,7 +138,7 @@ class Admission:
         """Seconds per generated token: the prior, then learned (see :meth:`learn_decode`)."""
         self.decoded = 0
         self.turns: dict[str, int] = {}
-        """Lane -> its last turn (:func:`apbv.serve.fair_order.take_turn`)."""
+        """Lane -> its last turn (:func:`apbv.serve.scheduler.fair_order.take_turn`)."""
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -166,7 +166,7 @@ class Admission:
         a standing question's evaluation, see :attr:`Job.evaluates`), or
         ClientError (429: full; 503: its deadline cannot be met; 400: a deadline that is not a
         finite number >= 0; with a memory budget, 503 or 429: its host memory does not fit,
-        see :meth:`apbv.serve.memory_budget.MemoryBudget.admit`)."""
+        see :meth:`apbv.serve.scheduler.memory_budget.MemoryBudget.admit`)."""
         if op is None:
             assert call is not None, "a job runs a chat call's request or an op"
             op = Generate(call.request)
@@ -305,7 +305,7 @@ def walked_frames(mode: str, world_size: int,
 def cost_predictor(model_path: str, world_size: int, hardware: str) -> Predictor:
     """TTFT predicted by :func:`apbv.cost.predict` on a hardware preset (or calibration),
     with the decode work of the file's keyframe layout (:func:`walked_frames`) and its
-    decoded frame size where :func:`apbv.serve.api.check_request` measured them."""
+    decoded frame size where :func:`apbv.openai.chat.check_request` measured them."""
     from apbv import cost
 
     dims = cost.checkpoint_dims(model_path)

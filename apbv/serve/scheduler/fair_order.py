@@ -6,7 +6,7 @@
    is the first to see): oldest chunk first, before any other work, so the answer on a chunk
    comes right after its append and not behind the appends of other cameras that arrived
    meanwhile. Each stream has at most one evaluation waiting per watch (they are coalesced,
-   :mod:`apbv.serve.watch_eval`), so they cannot starve the rest.
+   :mod:`apbv.serve.watches.evaluator`), so they cannot starve the rest.
 3. Everything else round robin over lanes (each live stream's operations are one lane, the chat
    requests together another): the oldest job of the lane served least recently (a lane never
    served first; ties to the older job), so a camera pushing in bursts, or many chat requests,
@@ -30,7 +30,7 @@ forgotten counts as never served, which the least recently served are anyway).""
 
 
 class Queued(Protocol):
-    """What the rule reads of a waiting job (:class:`apbv.serve.admission.Job`)."""
+    """What the rule reads of a waiting job (:class:`apbv.serve.scheduler.admission.Job`)."""
 
     key: tuple[float, int]
     """(deadline, monotonic s; inf without one; arrival number)."""

@@ -9,7 +9,7 @@ memory): what requests, streams, the vision cache and downloads may add. ``serve
 --host-memory-budget-gb`` sets it instead (a cluster joined with ``--address`` has no default:
 this host's memory does not describe its nodes).
 
-:class:`MemoryBudget` counts, at admission (:meth:`apbv.serve.admission.Admission.admit`):
+:class:`MemoryBudget` counts, at admission (:meth:`apbv.serve.scheduler.admission.Admission.admit`):
 
 - each replica's largest chat request queued or running: its ranks' host bytes by
   :func:`request_host_bytes` (the cost model's peak, with the decoding chunk at the file's
@@ -30,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 if TYPE_CHECKING:
     from apbv.cost.work import ModelDims
-    from apbv.serve.admission import Admission
-    from apbv.serve.api import ChatCall
+    from apbv.openai.chat import ChatCall
+    from apbv.serve.scheduler.admission import Admission
 
 GIB = 1 << 30
 RAY_KILL_FRACTION = 0.95
@@ -117,7 +117,7 @@ def request_host_bytes(dims: ModelDims, measured: dict[str, int], *, mode: str,
                        world_size: int, dtype_bytes: int, max_tokens: int, on_gpu: bool,
                        anchor_len: int | None = None, passing_len: int | None = None) -> int:
     """Host bytes one request adds on its replica's ``world_size`` ranks, from what
-    :func:`apbv.serve.api.check_request` ``measured`` (frames, resized height and width, the
+    :func:`apbv.openai.chat.check_request` ``measured`` (frames, resized height and width, the
     prompt's context and query lengths, the native frame's ``source_pixels``): each rank's
     peak phase by :func:`apbv.cost.request_memory`, every rank at the largest share of the
     temporal patches (all of them where the mode does not split the vision work; one rank

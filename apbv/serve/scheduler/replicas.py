@@ -2,8 +2,8 @@
 
 A :class:`Replica` is one rank group (H actors in its own placement group) with its own bounded
 queue and one worker task that runs one request at a time on it (chat requests and live-stream
-operations alike, :mod:`apbv.serve.ops`, so a stream's append never interleaves with a request's
-collectives); a lost rank fails that replica's in-flight request, the replica rebuilds its
+operations alike, :mod:`apbv.serve.ranks.ops`, so a stream's append never interleaves with a
+request's collectives); a lost rank fails that replica's in-flight request, the replica rebuilds its
 group (status ``degraded``, no new requests while another replica is ready; ``generation``
 counts the rebuilds, since the streams the old ranks held are gone) and then serves its queue
 again. The chat requests waiting in its queue move to the least loaded ready replicas with
@@ -20,10 +20,10 @@ answer again, the replica is ``ready`` again.
 An idle replica (no job running or waiting) pings its ranks every :data:`LIVENESS_POLL_S`, and
 ``/health`` checks that the processes of the ranks on this node still exist
 (:meth:`Replica.check_pids`): a rank that is gone (killed by Ray's out-of-memory monitor or the
-kernel's, SIGKILL, crashed: any Ray error of its ping, :func:`apbv.serve.group.lost_cause`)
+kernel's, SIGKILL, crashed: any Ray error of its ping, :func:`apbv.serve.ranks.group.lost_cause`)
 makes the replica ``degraded`` at once, naming why (``lost``), and its group is rebuilt without
 waiting for a request; the hooks in :attr:`Replica.on_lost` hear of it first (the streams it
-held end, :mod:`apbv.serve.stream_registry`). A rank that is alive but does not answer the
+held end, :mod:`apbv.serve.streams.registry`). A rank that is alive but does not answer the
 idle ping makes it ``stalled`` until it answers again.
 
 :func:`pick` routes a request: to a ready replica that answered the same video recently (its
@@ -44,10 +44,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from apbv.engine.request import Request, RequestCancelled, Result
-from apbv.serve.admission import Admission, Job
-from apbv.serve.download import discard
-from apbv.serve.group import NO_ANSWER, RankGroup, RankLost, brief, describe_lost
-from apbv.serve.policy import ClientError
+from apbv.openai.download import discard
+from apbv.openai.policy import ClientError
+from apbv.serve.ranks.group import NO_ANSWER, RankGroup, RankLost, brief, describe_lost
+from apbv.serve.scheduler.admission import Admission, Job
 from apbv.video import video_identity
 
 log = logging.getLogger("apbv.serve")
@@ -64,9 +64,9 @@ LIVENESS_POLL_S = 2.0
 """Seconds between the pings of an idle replica's ranks (a dead rank is found unasked)."""
 
 if TYPE_CHECKING:
-    from apbv.serve.api import ChatCall
+    from apbv.openai.chat import ChatCall
     from apbv.serve.metrics import Metrics
-    from apbv.serve.ops import Outcome
+    from apbv.serve.ranks.ops import Outcome
 
 
 class Replica:
@@ -196,7 +196,7 @@ class Replica:
         """The next job, or None after :data:`LIVENESS_POLL_S` with none (the ranks were
         pinged meanwhile: :meth:`_probe`). A job waiting is taken at once, before any other
         task runs (one that is about to queue its next job, e.g. a watch's next evaluation of
-        a round, must not go ahead of what waits: :mod:`apbv.serve.fair_order`)."""
+        a round, must not go ahead of what waits: :mod:`apbv.serve.scheduler.fair_order`)."""
         if len(self.admission):
             return await self.admission.next()  # returns without suspending
         waiter = asyncio.ensure_future(self.admission.next())
@@ -359,7 +359,7 @@ def _log_outcome(job: Job, replica: int, outcome: str, wait: float, result: Outc
 
 
 def _loss_words(ranks: list[int], why: str) -> str:
-    """Lost ``ranks`` and ``why`` (:func:`~apbv.serve.group.describe_lost`) in words that name
+    """Lost ``ranks`` and ``why`` (:func:`~apbv.serve.ranks.group.describe_lost`) in words that name
     the ranks: ``rank 1 killed by Ray's out-of-memory monitor``, ``rank(s) 0, 1: actor died``."""
     return why if why.startswith("rank ") else f"rank(s) {', '.join(map(str, ranks))}: {why}"
 

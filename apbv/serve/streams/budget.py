@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 from apbv.video.sampling import stream_frame_size
 
 GIB = 1024**3

@@ -17,10 +17,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 if TYPE_CHECKING:
-    from apbv.serve.replicas import Replica
+    from apbv.serve.scheduler.replicas import Replica
 
 REASONS = ("closed", "idle", "lost", "server shutdown")
 """Why a stream ended, as its ``stream.closed`` event says."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apbv.serve import stream_budget, stream_time
+from apbv.serve.streams import budget as stream_budget
+from apbv.serve.streams import pricing as stream_time
 
 
 @dataclass
@@ -31,6 +32,6 @@ class StreamOptions:
 
     def frame_size(self, height: int, width: int, min_pixels: int | None,
                    max_pixels: int | None) -> tuple[int, int]:
-        """:meth:`~apbv.serve.stream_budget.KVSizing.frame_size` of the served family."""
+        """:meth:`~apbv.serve.streams.budget.KVSizing.frame_size` of the served family."""
         return self.family.frame_size(height, width, min_pixels=min_pixels,
                                       max_pixels=max_pixels)

@@ -3,7 +3,7 @@ with the figures) when the replica's streams would need more than its whole time
 
 A replica's load is seconds on its ranks per second of footage, summed over its open streams'
 appends and their watches' evaluations
-(:meth:`apbv.serve.stream_registry.StreamRegistry.time_share`).
+(:meth:`apbv.serve.streams.registry.StreamRegistry.time_share`).
 Each figure is measured where it exists (a stream's last append, a watch's last evaluation) and
 predicted otherwise, by the cost model (:func:`apbv.cost.stream.stream_seconds`) on the
 server's ``--hardware`` preset, as deadline admission prices one-shot requests
@@ -31,8 +31,8 @@ from apbv.cost.hardware import Hardware
 from apbv.cost.stream import StreamCost, stream_seconds
 from apbv.cost.work import ModelDims
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve.policy import ClientError
-from apbv.serve.stream_budget import KVSizing
+from apbv.openai.policy import ClientError
+from apbv.serve.streams.budget import KVSizing
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """The open live streams of one server: where each lives, its memory budget, its queue of
 operations on the ranks, its capture feeder and its idle clock (the HTTP routes are
-:mod:`apbv.serve.streams`).
+:mod:`apbv.serve.streams.routes`).
 
 Each open stream lives on one replica (the ready one with room in its budget whose streams'
-appends and watches take the least of its time, :func:`apbv.serve.placement.place_stream`);
+appends and watches take the least of its time, :func:`apbv.serve.ranks.placement.place_stream`);
 its ranks' engines hold their part of it under the stream's id.
-Every operation that touches the ranks (:mod:`apbv.serve.ops`) is a job in that replica's
+Every operation that touches the ranks (:mod:`apbv.serve.ranks.ops`) is a job in that replica's
 queue (:meth:`StreamRegistry.admit`), so it runs alone on the group, in turn with chat
 requests. A stream ends when its replica's ranks are found lost (the group is rebuilt), or,
 no client having touched it for ``--stream-idle-s``, is closed (:meth:`StreamRegistry.sweep`;
 its idle clock counts only while none of its operations is queued or running); how it ended is
-told and remembered (:mod:`apbv.serve.stream_end`). A stream with a ``source`` is fed by a
+told and remembered (:mod:`apbv.serve.streams.end`). A stream with a ``source`` is fed by a
 task that takes frames from its :class:`apbv.capture.Capture` (:meth:`StreamRegistry.feed`).
 """
 
@@ -28,14 +28,15 @@ import torch
 from apbv.capture import Capture, Source
 from apbv.cost.stream import StreamCost
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve import stream_budget, stream_time
-from apbv.serve.admission import Job
-from apbv.serve.ops import Append, CloseStream, Op, OpenStream
-from apbv.serve.placement import ReplicaLoad, place_stream
-from apbv.serve.policy import ClientError, Limits
-from apbv.serve.replicas import Replica
-from apbv.serve.stream_end import EndedStreams, Ending, ending, lost_detail
-from apbv.serve.stream_options import StreamOptions
+from apbv.openai.policy import ClientError, Limits
+from apbv.serve.ranks.ops import Append, CloseStream, Op, OpenStream
+from apbv.serve.ranks.placement import ReplicaLoad, place_stream
+from apbv.serve.scheduler.admission import Job
+from apbv.serve.scheduler.replicas import Replica
+from apbv.serve.streams import budget as stream_budget
+from apbv.serve.streams import pricing as stream_time
+from apbv.serve.streams.end import EndedStreams, Ending, ending, lost_detail
+from apbv.serve.streams.options import StreamOptions
 
 __all__ = ["LiveStream", "StreamOptions", "StreamRegistry", "start_capture"]
 
@@ -73,7 +74,7 @@ class LiveStream:
     append_load: float = 0.0
     """Its last append's seconds on the ranks per second of footage it held."""
     predicted: StreamCost | None = None
-    """The cost model's figures for it (:mod:`apbv.serve.stream_time`; None: not priced)."""
+    """The cost model's figures for it (:mod:`apbv.serve.streams.pricing`; None: not priced)."""
     error: str | None = None
     closing: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -126,7 +127,7 @@ class StreamRegistry:
 
     def forget(self, live: LiveStream, reason: str | None = None, detail: str = "") -> None:
         """Drop ``live`` (its place, budget, feeder); ``reason`` (:data:`stream_end.REASONS
-        <apbv.serve.stream_end.REASONS>`): how it ended, told and remembered (None: it was
+        <apbv.serve.streams.end.REASONS>`): how it ended, told and remembered (None: it was
         never handed to a client)."""
         known = self.live.get(live.id) is live
         if known:
@@ -145,8 +146,8 @@ class StreamRegistry:
               evaluates: float | None = None) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
         there; ``sse``: the job's token queue gets the answer's ids as they come; ``evaluates``:
-        a standing question's evaluation (:attr:`apbv.serve.admission.Job.evaluates`). A job that
-        fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
+        a standing question's evaluation (:attr:`apbv.serve.scheduler.admission.Job.evaluates`). A
+        job that fails because the replica's ranks were rebuilt meanwhile forgets the stream (its
         place and memory budget), whoever awaits it."""
         replica, generation = live.replica, live.generation
 
@@ -188,7 +189,7 @@ class StreamRegistry:
 
     def price(self, spec: StreamSpec, sized: bool, max_pixels: int | None, question: str = "",
               choices: tuple[str, ...] = ()) -> StreamCost | None:
-        """:meth:`~apbv.serve.stream_time.StreamPricing.cost` of a stream (and an ask on it);
+        """:meth:`~apbv.serve.streams.pricing.StreamPricing.cost` of a stream (and an ask on it);
         None without a cost model."""
         pricing, sizing = self.opt.pricing, self.opt.sizing
         if pricing is None or sizing is None:
@@ -200,7 +201,7 @@ class StreamRegistry:
               pixels: int = 0) -> Replica:
         """The replica a new stream reserving ``need`` bytes per rank goes to; ClientError 429
         when it is full, or the stream's predicted ``cost`` (of ``spec``, ``pixels`` per frame)
-        would take it past its whole time (:func:`apbv.serve.stream_time.check_stream`)."""
+        would take it past its whole time (:func:`apbv.serve.streams.pricing.check_stream`)."""
         if len(self.live) >= self.opt.max_streams:
             raise ClientError(429, f"{len(self.live)} streams are open, the limit is "
                                    f"{self.opt.max_streams} (--max-streams): close one first")
@@ -221,7 +222,7 @@ class StreamRegistry:
 
     def appends(self, replica: Replica) -> tuple[float, float]:
         """(seconds ``replica``'s open streams' appends take on its ranks per second of
-        footage, the scale on its predictions): :func:`apbv.serve.stream_time.combined_load`."""
+        footage, the scale on its predictions): :func:`apbv.serve.streams.pricing.combined_load`."""
         return stream_time.combined_load(
             (None if s.append_s is None and s.predicted else s.append_load,
              None if s.predicted is None else s.predicted.append_load)

@@ -1,9 +1,10 @@
 """Live streams over HTTP: open, push frames, ask, stats, close (``/v1/streams``).
 
 Everything a client sends is checked here first (fields, limits, images, timestamps, the
-memory budget of :mod:`apbv.serve.stream_budget`), and the engine checks again on every rank
+memory budget of :mod:`apbv.serve.streams.budget`), and the engine checks again on every rank
 alike; the open streams, their queue of operations on the ranks, their capture feeders and
-idle clocks are :mod:`apbv.serve.stream_registry`. An ask is a :class:`~apbv.serve.ops.Generate`
+idle clocks are :mod:`apbv.serve.streams.registry`. An ask is a
+:class:`~apbv.serve.ranks.ops.Generate`
 of a request whose video is the stream (:class:`~apbv.engine.request.StreamRef`), built and
 checked as a chat request's is.
 
@@ -31,18 +32,18 @@ from apbv.capture import Source, local_source
 from apbv.engine.request import Request as EngineRequest
 from apbv.engine.request import StreamRef
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve import chat_body, responses
-from apbv.serve.bodies import check_url
-from apbv.serve.frames import parse_push, resize_to
-from apbv.serve.ops import DescribeStream, Generate, OpenStream
-from apbv.serve.policy import ClientError, resolve_media
-from apbv.serve.stream_registry import (
+from apbv.openai import chat_body, responses
+from apbv.openai.bodies import check_url
+from apbv.openai.frames import parse_push, resize_to
+from apbv.openai.policy import ClientError, resolve_media
+from apbv.serve.ranks.ops import DescribeStream, Generate, OpenStream
+from apbv.serve.streams.registry import (
     LiveStream,
     StreamOptions,
     StreamRegistry,
     start_capture,
 )
-from apbv.serve.watches import Watches
+from apbv.serve.watches.routes import Watches
 
 if TYPE_CHECKING:
     from apbv.serve.app import Server

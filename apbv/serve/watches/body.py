@@ -8,13 +8,13 @@ from typing import Any
 
 from apbv.engine.request import Request as EngineRequest
 from apbv.engine.request import StreamRef
-from apbv.serve import chat_body
-from apbv.serve.bodies import check_url
-from apbv.serve.events import Webhook
-from apbv.serve.policy import ClientError
-from apbv.serve.watch_rules import Rule
-from apbv.serve.watch_state import Watch
-from apbv.serve.webhook import webhook_url
+from apbv.openai import chat_body
+from apbv.openai.bodies import check_url
+from apbv.openai.policy import ClientError
+from apbv.serve.watches.events import Webhook
+from apbv.serve.watches.state import Watch
+from apbv.serve.watches.webhook import webhook_url
+from apbv.watch.rules import Rule
 
 WATCH_FIELDS = {"question", "choices", "every_s", "rule", "choice", "threshold", "hysteresis",
                 "hold", "webhook"}
@@ -62,7 +62,7 @@ def parse_watch(server: Any, stream_id: str, body: object) -> Watch:
 
 
 def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
-    """``body[name]`` checked by :func:`apbv.serve.chat_body.typed_field`; ``default`` when absent
+    """``body[name]`` checked by :func:`apbv.openai.chat_body.typed_field`; ``default`` when absent
     (only then: a 0 given is kept, for the rule to refuse or take)."""
     value = chat_body.typed_field(body, name, kinds)
     return default if value is None else value

@@ -1,10 +1,10 @@
-"""The evaluation of standing questions (:mod:`apbv.serve.watches`) as footage arrives.
+"""The evaluation of standing questions (:mod:`apbv.serve.watches.routes`) as footage arrives.
 
-A watch is asked again over the stream's held KV (a :class:`~apbv.serve.ops.Generate` of its
+A watch is asked again over the stream's held KV (a :class:`~apbv.serve.ranks.ops.Generate` of its
 ``StreamRef`` request in mode ``exact``, through the replica's queue like any stream
 operation) after every appended chunk, or once every ``every_s`` seconds of footage; its event
-rule (:mod:`apbv.serve.watch_rules`) turns the choices' probabilities into events, published to
-the event streams (:class:`apbv.serve.events.EventHub`), the watch's webhook, the server log
+rule (:mod:`apbv.watch.rules`) turns the choices' probabilities into events, published to
+the event streams (:class:`apbv.serve.watches.events.EventHub`), the watch's webhook, the server log
 and Prometheus.
 
 One task per stream evaluates its watches, one evaluation at a time: a chunk that lands while
@@ -17,7 +17,7 @@ ranks) and the evaluation's (the same), the rest being the wait for the stream's
 evaluations (``coalesced`` chunks) and the round's other watches.
 
 An evaluation's job carries the arrival of its oldest chunk (``Job.evaluates``): the
-replica's queue runs it before other work (:mod:`apbv.serve.fair_order`).
+replica's queue runs it before other work (:mod:`apbv.serve.scheduler.fair_order`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from apbv.serve.events import EventHub
-from apbv.serve.ops import Generate
-from apbv.serve.stream_registry import LiveStream, StreamRegistry
-from apbv.serve.watch_rules import observe, top_choice
-from apbv.serve.watch_state import StreamWatches, Watch
+from apbv.serve.ranks.ops import Generate
+from apbv.serve.streams.registry import LiveStream, StreamRegistry
+from apbv.serve.watches.events import EventHub
+from apbv.serve.watches.state import StreamWatches, Watch
+from apbv.watch.rules import observe, top_choice
 
 if TYPE_CHECKING:
     from apbv.serve.metrics import Metrics

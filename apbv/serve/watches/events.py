@@ -4,12 +4,12 @@
 every subscriber whose filter takes it; a subscriber's queue is bounded (``queue_size``
 events): an event that does not fit is dropped for that subscriber and counted (its
 ``dropped``, and the hub's). A stream's end is a ``stream.closed`` event
-(:mod:`apbv.serve.stream_end`, naming the watches that ended with it): the last event of every
+(:mod:`apbv.serve.streams.end`, naming the watches that ended with it): the last event of every
 subscriber filtered to that stream or one of its watches, whose event stream then ends (never
 dropped: it waits behind the queued ones); an unfiltered subscriber sees it and goes on.
 :class:`Webhook` posts each event of one watch as JSON to its URL (a host of
-``--allow-webhook-host``, :mod:`apbv.serve.webhook`), one at a time, each POST bounded in time
-and in what it reads, with retries; its queue is bounded too, drops counted. One client
+``--allow-webhook-host``, :mod:`apbv.serve.watches.webhook`), one at a time, each POST bounded in
+time and in what it reads, with retries; its queue is bounded too, drops counted. One client
 (address) holds at most :data:`MAX_SUBSCRIBERS_PER_CLIENT` event streams.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.serve.policy import ClientError
-from apbv.serve.webhook import post_event
+from apbv.openai.policy import ClientError
+from apbv.serve.watches.webhook import post_event
 
 log = logging.getLogger("apbv.serve")
 
@@ -36,7 +36,7 @@ KEEPALIVE_S = 15.0
 MAX_SUBSCRIBERS_PER_CLIENT = 8
 """Event streams one client (address) holds open at once; one more is a 429."""
 WEBHOOK_TIMEOUT_S = 5.0
-"""Wall-clock seconds of one webhook POST (:func:`apbv.serve.webhook.post_event`)."""
+"""Wall-clock seconds of one webhook POST (:func:`apbv.serve.watches.webhook.post_event`)."""
 WEBHOOK_RETRIES = 3
 """Tries of one webhook POST after the first failed (1 s, 2 s, 4 s apart)."""
 
@@ -153,7 +153,7 @@ def _sse(event: dict[str, Any]) -> bytes:
 @dataclass(eq=False)
 class Webhook:
     """Posts one watch's events to ``url`` in order (:meth:`run`, a task per watch), each POST
-    bounded (:func:`apbv.serve.webhook.post_event`: ``hosts`` the --allow-webhook-host list
+    bounded (:func:`apbv.serve.watches.webhook.post_event`: ``hosts`` the --allow-webhook-host list
     its addresses are checked against, ``timeout_s`` its wall-clock deadline)."""
 
     url: str

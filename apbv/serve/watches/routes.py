@@ -2,14 +2,14 @@
 (``/v1/events``, ``/v1/streams/{id}/events``): the routes, the replica's budget of watches and
 a stream's watch figures.
 
-A watch's body is checked by :mod:`apbv.serve.watch_body`, what is held of it is
-:mod:`apbv.serve.watch_state`, its evaluation as footage arrives (coalesced, its events
-published) is :mod:`apbv.serve.watch_eval`.
+A watch's body is checked by :mod:`apbv.serve.watches.body`, what is held of it is
+:mod:`apbv.serve.watches.state`, its evaluation as footage arrives (coalesced, its events
+published) is :mod:`apbv.serve.watches.evaluator`.
 
 A new watch is refused (429) when the replica's streams would need more than its whole time:
 each watch costs its evaluation seconds per its stream's footage seconds between evaluations
 (:meth:`Watches.load`), measured once evaluated, predicted by the cost model before
-(:mod:`apbv.serve.stream_time`), on top of the streams' appends; the figures are in the
+(:mod:`apbv.serve.streams.pricing`), on top of the streams' appends; the figures are in the
 message.
 """
 
@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from apbv.serve.events import EventHub
-from apbv.serve.policy import ClientError
-from apbv.serve.stream_end import Ending, closed_event
-from apbv.serve.stream_registry import LiveStream
-from apbv.serve.watch_body import parse_watch
-from apbv.serve.watch_eval import Evaluator
-from apbv.serve.watch_state import MAX_WATCHES, StreamWatches, Watch, lag_s, share
+from apbv.openai.policy import ClientError
+from apbv.serve.streams.end import Ending, closed_event
+from apbv.serve.streams.registry import LiveStream
+from apbv.serve.watches.body import parse_watch
+from apbv.serve.watches.evaluator import Evaluator
+from apbv.serve.watches.events import EventHub
+from apbv.serve.watches.state import MAX_WATCHES, StreamWatches, Watch, lag_s, share
 
 if TYPE_CHECKING:
-    from apbv.serve.streams import Streams
+    from apbv.serve.streams.routes import Streams
 
 __all__ = ["MAX_WATCHES", "StreamWatches", "Watch", "Watches", "lag_s"]
 
@@ -189,7 +189,7 @@ class Watches:
 
     async def finished(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the webhooks still sending (their streams' last
-        events, :meth:`Watch.finish <apbv.serve.watch_state.Watch.finish>`)."""
+        events, :meth:`Watch.finish <apbv.serve.watches.state.Watch.finish>`)."""
         if self.finishing:
             await asyncio.wait(list(self.finishing), timeout=timeout_s)
 

@@ -1,4 +1,4 @@
-"""What the server holds of standing questions (:mod:`apbv.serve.watches`): a
+"""What the server holds of standing questions (:mod:`apbv.serve.watches.routes`): a
 :class:`Watch` (its question as a held-KV request, its rule's state, its counters) and a
 stream's :class:`StreamWatches` (its watches, the chunks no evaluation saw yet, its
 evaluation task), and the figures read from them: the lag of a stream's evaluation behind
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apbv.engine.request import Request as EngineRequest
-from apbv.serve.events import Webhook
-from apbv.serve.watch_rules import Rule, RuleState
+from apbv.serve.watches.events import Webhook
+from apbv.watch.rules import Rule, RuleState
 
 MAX_WATCHES = 8
 """Watches one stream may hold."""
@@ -45,7 +45,7 @@ class Watch:
     """Seconds of its last evaluation (queue wait excluded)."""
     predicted: tuple[float, float] | None = None
     """(Seconds of one evaluation as the cost model predicts it, scaled as
-    :mod:`apbv.serve.stream_time` says; footage seconds between evaluations before its stream
+    :mod:`apbv.serve.streams.pricing` says; footage seconds between evaluations before its stream
     measured a chunk); None: not priced."""
 
     def due(self, footage_ts: float) -> bool:

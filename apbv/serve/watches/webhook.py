@@ -23,7 +23,7 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
 
 READ_BYTES = 4096
 """Bytes of a receiver's answer read at most (its status decides; the body is discarded)."""

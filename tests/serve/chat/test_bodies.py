@@ -12,14 +12,14 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from apbv.serve.bodies import (  # noqa: E402
+from apbv.openai.bodies import (  # noqa: E402
     MAX_DEPTH,
     check_content_type,
     check_url,
     decode_json,
 )
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 from apbv.serve.http_guard import SHUTDOWN_MESSAGE, HostRule, HttpGuard  # noqa: E402
-from apbv.serve.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 
 
 def _refused(fn, *args, status: int = 400, **kwargs) -> str:
@@ -95,7 +95,7 @@ def test_control_characters_in_a_url_are_a_400():
 @pytest.fixture
 def chat(tmp_path: Path):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
+    from apbv.openai.chat import parse_chat
 
     (tmp_path / "clip.mp4").write_bytes(b"x")  # parse_chat does not open it
     url = (tmp_path / "clip.mp4").as_uri()
@@ -232,7 +232,7 @@ def _json_of(sent: list[dict]) -> tuple[int, dict, dict]:
 
 
 async def _echo_body(scope: dict, receive, send) -> None:
-    from apbv.serve.policy import ClientError
+    from apbv.openai.policy import ClientError
 
     try:
         while (await receive()).get("more_body"):
@@ -295,7 +295,7 @@ def test_a_stream_window_whose_frame_count_overflows_is_a_400():
     from types import SimpleNamespace
 
     from apbv.serve.metrics import Metrics
-    from apbv.serve.streams import StreamOptions, Streams
+    from apbv.serve.streams.routes import StreamOptions, Streams
 
     streams = Streams(SimpleNamespace(replicas=[],
                                       opt=SimpleNamespace(limits=Limits(), model_name="m"),

@@ -1,4 +1,4 @@
-"""The chat field table (:mod:`apbv.serve.chat_fields`), without a server: docs/compatibility.md
+"""The chat field table (:mod:`apbv.openai.chat_fields`), without a server: docs/compatibility.md
 lists exactly its rows and classes; every row is walked through ``parse_chat`` (a 400 naming
 each unsupported field unless lenient, a harmless one reported, a neutral value accepted as
 absent); the acted-on fields are the typed body's."""
@@ -12,17 +12,17 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from apbv.serve.chat_body import ChatBody  # noqa: E402
-from apbv.serve.chat_fields import _ABSENT, ACTED, FIELDS, IGNORED, UNSUPPORTED  # noqa: E402
-from apbv.serve.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.openai.chat_body import ChatBody  # noqa: E402
+from apbv.openai.chat_fields import _ABSENT, ACTED, FIELDS, IGNORED, UNSUPPORTED  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "compatibility.md"
 
 
 @pytest.fixture
 def chat(tmp_path: Path):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
+    from apbv.openai.chat import parse_chat
 
     (tmp_path / "clip.mp4").write_bytes(b"x")  # parse_chat does not open it
     cfg = load_config("tiny_cpu")

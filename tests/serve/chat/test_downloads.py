@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from apbv.serve.download import MediaStore, discard, fetch_media, stored_suffix  # noqa: E402
-from apbv.serve.policy import ClientError, MediaPolicy  # noqa: E402
+from apbv.openai.download import MediaStore, discard, fetch_media, stored_suffix  # noqa: E402
+from apbv.openai.policy import ClientError, MediaPolicy  # noqa: E402
 from tests.serve.origin import TRICKLE_BODY, TRICKLE_HEADERS, serving_origin  # noqa: E402
 
 STORED = re.compile(r"sha256-[0-9a-f]{64}(\.mp4|\.mkv|\.webm|\.mov|\.avi|\.m4v)?")
@@ -106,7 +106,7 @@ def test_one_stored_file_per_content_with_a_known_suffix_only(tmp_path, short_vi
                                  "\thttp://127.0.0.1:9/a.mp4"])
 def test_a_url_with_control_characters_is_refused_before_anything_is_made(tmp_path, url):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
+    from apbv.openai.chat import parse_chat
 
     body = {"messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "q"}]}]}
@@ -118,6 +118,6 @@ def test_a_url_with_control_characters_is_refused_before_anything_is_made(tmp_pa
 
 
 def _limits():
-    from apbv.serve.policy import Limits
+    from apbv.openai.policy import Limits
 
     return Limits()

@@ -18,12 +18,12 @@ pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from apbv.serve.chat_fields import FIELDS, UNSUPPORTED  # noqa: E402
+from apbv.openai.chat_fields import FIELDS, UNSUPPORTED  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 KEY = "fields-key"
 MODEL = "needle-tiny"
-NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
+NEEDLE_TINY = Path(__file__).resolve().parents[3] / "apbv" / "assets" / "needle-tiny"
 
 
 @pytest.fixture(scope="module")

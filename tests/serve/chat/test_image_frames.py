@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("fastapi")
 
-from apbv.serve.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 
 QUESTION = "What colour is the flash?"
 
@@ -51,7 +51,7 @@ def _body(urls: list[str], **fields) -> dict:
 @pytest.fixture
 def parse(tmp_path: Path):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
+    from apbv.openai.chat import parse_chat
 
     cfg = load_config("tiny_cpu", ["video.min_pixels=3136", "video.max_pixels=3136"])
     policy = MediaPolicy((str(tmp_path),))
@@ -69,7 +69,7 @@ def _refused(fn, *args, status: int = 400, **kwargs) -> ClientError:
 
 
 def test_png_frames_are_the_video_at_the_default_or_given_fps(parse):
-    from apbv.serve.image_parts import DEFAULT_FPS
+    from apbv.openai.image_parts import DEFAULT_FPS
     from apbv.video import DecodedVideo
 
     frames = _frames(8)

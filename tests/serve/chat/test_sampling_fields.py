@@ -15,15 +15,15 @@ import torch
 pytest.importorskip("fastapi")
 
 from apbv.engine.sampling import MAX_SEED, MIN_TEMPERATURE, MIN_TOP_P, Sampling  # noqa: E402
-from apbv.serve.bodies import decode_json  # noqa: E402
-from apbv.serve.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.openai.bodies import decode_json  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 
 
 @pytest.fixture
 def chat(tmp_path: Path):
     """parse_chat of the JSON text of a body with ``fields`` (read by the server's reader)."""
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
+    from apbv.openai.chat import parse_chat
 
     (tmp_path / "clip.mp4").write_bytes(b"x")  # parse_chat does not open it
     cfg, policy = load_config("tiny_cpu"), MediaPolicy((str(tmp_path),))

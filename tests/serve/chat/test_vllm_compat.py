@@ -30,7 +30,7 @@ from tests.serve.server import serving  # noqa: E402
 KEY = "vllm-key"
 MODEL = "needle-tiny"
 QUESTION = "What colour is the flash?"
-NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
+NEEDLE_TINY = Path(__file__).resolve().parents[3] / "apbv" / "assets" / "needle-tiny"
 
 
 @pytest.fixture(scope="module")

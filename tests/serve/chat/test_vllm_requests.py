@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("fastapi")
 
 from apbv.engine.sampling import GREEDY, Sampling  # noqa: E402
-from apbv.serve.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
 
-ASSET = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
+ASSET = Path(__file__).resolve().parents[3] / "apbv" / "assets" / "needle-tiny"
 
 
 def _refused(fn, *args, status: int = 400, **kwargs) -> ClientError:
@@ -29,8 +29,8 @@ def _refused(fn, *args, status: int = 400, **kwargs) -> ClientError:
 @pytest.fixture
 def chat(tmp_path: Path):
     from apbv.config import load_config
-    from apbv.serve.api import parse_chat
-    from apbv.serve.download import MediaStore
+    from apbv.openai.chat import parse_chat
+    from apbv.openai.download import MediaStore
 
     (tmp_path / "clip.mp4").write_bytes(b"x")  # parse_chat does not open it
     url = (tmp_path / "clip.mp4").as_uri()
@@ -93,7 +93,7 @@ def test_refusals_name_the_field_as_openai_param(chat, fields: dict, param: str,
 
 
 def test_error_body_has_openai_param():
-    from apbv.serve.http_guard import error_body
+    from apbv.openai.policy import error_body
 
     assert error_body(400, "bad", "n")["error"] == {"message": "bad", "type": "invalid_request",
                                                     "param": "n", "code": 400}
@@ -152,7 +152,7 @@ def test_record_is_the_log_softmax_and_its_top():
 def test_openai_logprobs_shape():
     from types import SimpleNamespace
 
-    from apbv.serve.responses import logprobs
+    from apbv.openai.responses import logprobs
 
     class Tok:
         def decode(self, ids):
@@ -178,7 +178,7 @@ TEXT = "A magenta square, then 日本語 and émigré: done. STOP here, and more
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_incremental_text_equals_the_whole_decode(tokenizer, fast: bool):
-    from apbv.serve import detok
+    from apbv.openai import detok
 
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     text = detok.IncrementalText(tokenizer)

@@ -1,4 +1,4 @@
-"""apbv.serve.ops: each typed operation reaches the engine method it names, with its fields;
+"""apbv.serve.ranks.ops: each typed operation reaches the engine method it names, with its fields;
 only an answer (Generate) streams tokens and takes a stop; anything else is refused naming the
 operations there are."""
 
@@ -9,7 +9,7 @@ import torch
 
 from apbv.engine.request import Request, StreamRef
 from apbv.engine.stream_plan import StreamSpec
-from apbv.serve.ops import Append, CloseStream, DescribeStream, Generate, OpenStream, apply
+from apbv.serve.ranks.ops import Append, CloseStream, DescribeStream, Generate, OpenStream, apply
 
 
 class _Engine:

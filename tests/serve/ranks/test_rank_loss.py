@@ -25,13 +25,13 @@ from ray.exceptions import (  # noqa: E402
     OutOfMemoryError,
 )
 
-from apbv.serve import group as group_module  # noqa: E402
-from apbv.serve import replicas as replicas_module  # noqa: E402
-from apbv.serve.admission import Admission  # noqa: E402
-from apbv.serve.group import RankGroup, RankLost, _tagged, brief  # noqa: E402
+from apbv.openai.policy import ClientError  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.policy import ClientError  # noqa: E402
-from apbv.serve.replicas import Replica, overall_status  # noqa: E402
+from apbv.serve.ranks import group as group_module  # noqa: E402
+from apbv.serve.ranks.group import RankGroup, RankLost, _tagged, brief  # noqa: E402
+from apbv.serve.scheduler import replicas as replicas_module  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica, overall_status  # noqa: E402
 
 RAY_TEXT = "1 worker(s) were killed due to the node running low on memory.\n" + "x" * 5000
 """The shape of Ray's own message: a first line, then KBs."""

@@ -13,9 +13,9 @@ import pytest
 import ray
 import torch
 
-from apbv.serve.group import RankActor, RankGroup
-from apbv.serve.ops import Generate
-from apbv.serve.placement import check_gpus_per_rank, group_backend, group_layout, rank_device
+from apbv.serve.ranks.group import RankActor, RankGroup
+from apbv.serve.ranks.ops import Generate
+from apbv.serve.ranks.placement import check_gpus_per_rank, group_backend, group_layout, rank_device
 
 # --- the pure functions -----------------------------------------------------------------------
 

@@ -177,7 +177,7 @@ def test_no_port_listens_beyond_loopback(server):
 def ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """A clean Ray environment (no RAY_* variables, HOME without a token file); what
     prepare_ray_env sets is undone afterwards."""
-    from apbv.serve.ray_cluster import ENVIRONMENT as touched
+    from apbv.serve.ranks.ray_cluster import ENVIRONMENT as touched
 
     for name in {*touched, *(n for n in os.environ if n.startswith("RAY_"))}:
         monkeypatch.setenv(name, "")  # recorded, so the undo restores (or removes) it
@@ -187,7 +187,7 @@ def ray_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPat
 
 
 def test_a_local_cluster_gets_a_new_token_and_loopback_every_start(ray_env):
-    from apbv.serve.ray_cluster import prepare_ray_env
+    from apbv.serve.ranks.ray_cluster import prepare_ray_env
 
     ray_env.setenv("RAY_AUTH_MODE", "disabled")
     ray_env.setenv("RAY_AUTH_TOKEN_PATH", "/nonexistent")
@@ -204,7 +204,7 @@ def test_a_local_cluster_gets_a_new_token_and_loopback_every_start(ray_env):
 
 
 def test_joining_a_cluster_needs_token_auth_and_a_token(ray_env, tmp_path: Path):
-    from apbv.serve.ray_cluster import prepare_ray_env
+    from apbv.serve.ranks.ray_cluster import prepare_ray_env
 
     ray_env.setenv("RAY_AUTH_TOKEN", "a" * 64)
     ray_env.setenv("RAY_AUTH_MODE", "disabled")

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from apbv.serve.admission import Admission
-from apbv.serve.policy import ClientError
+from apbv.openai.policy import ClientError
+from apbv.serve.scheduler.admission import Admission
 
 
 def _call(deadline_ms: float | None = None) -> SimpleNamespace:

@@ -17,13 +17,13 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("ray")
 
-from apbv.serve import replicas as replicas_module  # noqa: E402
-from apbv.serve.admission import DECODE_BOUNDS, LEARN_RATE, Admission  # noqa: E402
-from apbv.serve.chat_body import typed_field  # noqa: E402
-from apbv.serve.group import RankGroup, RankLost, describe_lost  # noqa: E402
+from apbv.openai.chat_body import typed_field  # noqa: E402
+from apbv.openai.policy import ClientError  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.policy import ClientError  # noqa: E402
-from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
+from apbv.serve.ranks.group import RankGroup, RankLost, describe_lost  # noqa: E402
+from apbv.serve.scheduler import replicas as replicas_module  # noqa: E402
+from apbv.serve.scheduler.admission import DECODE_BOUNDS, LEARN_RATE, Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica, overall_status, pick  # noqa: E402
 
 
 def _call(deadline_ms: float | None = None) -> SimpleNamespace:

@@ -158,7 +158,7 @@ def _part(directory: Path, name: str, data: bytes) -> Path:
 
 
 def test_media_store_keeps_content_under_its_budget_and_never_a_held_file(tmp_path):
-    from apbv.serve.download import MediaStore, discard
+    from apbv.openai.download import MediaStore, discard
 
     def download(name: str, data: bytes, store: MediaStore):
         return store.admit(str(_part(tmp_path, name, data)), hashlib.sha256(data).hexdigest(),

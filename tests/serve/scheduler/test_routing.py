@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from apbv.serve.admission import Admission  # noqa: E402
+from apbv.openai.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
-from apbv.serve.replicas import Replica, overall_status, pick  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica, overall_status, pick  # noqa: E402
 from apbv.video import (
     VideoSpec,  # noqa: E402
     video_identity,  # noqa: E402
@@ -57,7 +57,7 @@ def test_cache_affinity_then_least_loaded_then_degraded(tmp_path: Path):
 
 
 def test_a_rebuilding_replica_hands_its_waiting_chat_requests_to_ready_ones():
-    from apbv.serve.ops import DescribeStream
+    from apbv.serve.ranks.ops import DescribeStream
 
     async def scenario() -> None:
         a, b, c = replicas = _replicas(3)

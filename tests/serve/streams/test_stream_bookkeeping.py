@@ -16,13 +16,13 @@ pytest.importorskip("fastapi")
 
 from apbv.engine.request import Request, StreamRef  # noqa: E402
 from apbv.engine.stream_plan import StreamSpec  # noqa: E402
-from apbv.serve.admission import Admission  # noqa: E402
+from apbv.openai.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.ops import Generate  # noqa: E402
-from apbv.serve.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.replicas import Replica  # noqa: E402
-from apbv.serve.stream_registry import LiveStream, StreamOptions  # noqa: E402
-from apbv.serve.streams import Streams  # noqa: E402
+from apbv.serve.ranks.ops import Generate  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica  # noqa: E402
+from apbv.serve.streams.registry import LiveStream, StreamOptions  # noqa: E402
+from apbv.serve.streams.routes import Streams  # noqa: E402
 from tests.serve.hooks import webhook_receiver  # noqa: E402
 
 KIB = 1024
@@ -160,8 +160,8 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
     event streams (by stream, by watch) end with its ``stream.closed``, an unfiltered one sees
     every end and goes on until the server stops; the watch's webhook gets the same event and
     its sender ends; later requests on each stream are answered with why it ended."""
-    from apbv.serve.events import Webhook
-    from apbv.serve.watch_state import StreamWatches, Watch
+    from apbv.serve.watches.events import Webhook
+    from apbv.serve.watches.state import StreamWatches, Watch
 
 
     async def scenario() -> dict:

@@ -15,10 +15,10 @@ pytest.importorskip("fastapi")
 
 from apbv import cost  # noqa: E402
 from apbv.capture import UrlSource  # noqa: E402
-from apbv.serve.stream_budget import KVSizing  # noqa: E402
-from apbv.serve.stream_registry import start_capture  # noqa: E402
+from apbv.serve.streams.budget import KVSizing  # noqa: E402
+from apbv.serve.streams.registry import start_capture  # noqa: E402
 from apbv.synthetic.videos import write_test_video  # noqa: E402
-from tests.serve.test_stream_bookkeeping import _streams  # noqa: E402
+from tests.serve.streams.test_stream_bookkeeping import _streams  # noqa: E402
 
 
 def _sizing(preset: str) -> KVSizing:

@@ -19,11 +19,11 @@ pytest.importorskip("fastapi")
 
 from apbv.capture import Capture, Source  # noqa: E402
 from apbv.engine.stream_plan import MAX_TIMESTAMP_GAP_S, check_timestamps  # noqa: E402
-from apbv.serve.admission import Admission  # noqa: E402
-from apbv.serve.frames import parse_push  # noqa: E402
-from apbv.serve.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.stream_budget import KVSizing  # noqa: E402
-from tests.serve.test_stream_bookkeeping import _add, _asked, _streams  # noqa: E402
+from apbv.openai.frames import parse_push  # noqa: E402
+from apbv.openai.policy import ClientError, Limits  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.streams.budget import KVSizing  # noqa: E402
+from tests.serve.streams.test_stream_bookkeeping import _add, _asked, _streams  # noqa: E402
 
 
 async def _kept_while(streams, name: str, seconds: float) -> bool:

@@ -1,4 +1,4 @@
-"""Which replica a new live stream goes to (:func:`apbv.serve.placement.place_stream`, and the
+"""Which replica a new live stream goes to (:func:`apbv.serve.ranks.placement.place_stream`, and the
 registry over two stand-in replicas, no ranks): the one whose streams' appends and watches take
 the least of its time, among those whose memory budget holds it; ties to the fewest bytes
 held; none holding it is the 507 with the figures."""
@@ -12,15 +12,15 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
-from apbv.serve.admission import Admission  # noqa: E402
+from apbv.openai.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.placement import ReplicaLoad, place_stream  # noqa: E402
-from apbv.serve.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.replicas import Replica  # noqa: E402
-from apbv.serve.stream_registry import StreamOptions  # noqa: E402
-from apbv.serve.streams import Streams  # noqa: E402
-from apbv.serve.watch_state import StreamWatches, Watch  # noqa: E402
-from tests.serve.test_stream_bookkeeping import KIB, _add  # noqa: E402
+from apbv.serve.ranks.placement import ReplicaLoad, place_stream  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica  # noqa: E402
+from apbv.serve.streams.registry import StreamOptions  # noqa: E402
+from apbv.serve.streams.routes import Streams  # noqa: E402
+from apbv.serve.watches.state import StreamWatches, Watch  # noqa: E402
+from tests.serve.streams.test_stream_bookkeeping import KIB, _add  # noqa: E402
 from tests.unit.test_watch_budget import _watch  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The time budget of a replica's streams without ranks (:mod:`apbv.serve.stream_time` over a
+"""The time budget of a replica's streams without ranks (:mod:`apbv.serve.streams.pricing` over a
 stand-in replica, the cost model on the ``cpu`` preset with Qwen2.5-VL-3B's sizes): a stream
 the replica can sustain is opened, one it cannot is refused (429) with its figures, measured
 appends scale the predictions, and a watch is refused from its prediction before anything was
@@ -17,15 +17,15 @@ pytest.importorskip("fastapi")
 
 from apbv import cost  # noqa: E402
 from apbv.config import load_config  # noqa: E402
-from apbv.serve.admission import Admission  # noqa: E402
+from apbv.openai.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.metrics import Metrics  # noqa: E402
-from apbv.serve.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.replicas import Replica  # noqa: E402
-from apbv.serve.stream_budget import GIB, KVSizing  # noqa: E402
-from apbv.serve.stream_registry import StreamOptions  # noqa: E402
-from apbv.serve.stream_time import StreamPricing, combined_load  # noqa: E402
-from apbv.serve.streams import Streams  # noqa: E402
-from apbv.serve.watch_state import StreamWatches, Watch  # noqa: E402
+from apbv.serve.scheduler.admission import Admission  # noqa: E402
+from apbv.serve.scheduler.replicas import Replica  # noqa: E402
+from apbv.serve.streams.budget import GIB, KVSizing  # noqa: E402
+from apbv.serve.streams.pricing import StreamPricing, combined_load  # noqa: E402
+from apbv.serve.streams.registry import StreamOptions  # noqa: E402
+from apbv.serve.streams.routes import Streams  # noqa: E402
+from apbv.serve.watches.state import StreamWatches, Watch  # noqa: E402
 
 DIMS = cost.preset_dims("qwen2.5-vl-3b")
 SMALL = {"fps": 0.5, "max_pixels": 112 * 112, "window_s": 60}

@@ -26,7 +26,7 @@ from apbv.synthetic.needles import COLOURS, FRAME_SIZE, PRESENCE_ANSWERS, QUESTI
 from tests.serve.hooks import webhook_receiver  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
-NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
+NEEDLE_TINY = Path(__file__).resolve().parents[3] / "apbv" / "assets" / "needle-tiny"
 KEY = "watch-key"
 QUESTION = QUESTIONS["retrieval"]  # "What colour is the flash?"
 CHOICES = list(COLOURS)
