@@ -6,7 +6,7 @@ the same for every model: :attr:`apbv.eval.data.Sample.prompt` writes it byte fo
 model's wrapper, which adds the system turn and puts the video before the text. So a family's
 prompt is the system turn's text its wrapper sends, with the sample's text unchanged after the
 video (:func:`eval_prompt`); the video's own placeholders are the adapter's (e.g. InternVL3's
-``FrameN: <img>...</img>`` lines, :mod:`apbv.model.internvl_prompt`). VNBench is no lmms-eval
+``FrameN: <img>...</img>`` lines, :mod:`apbv.model.internvl.prompt`). VNBench is no lmms-eval
 task: its text is VideoNIAH's, with the same wrapper around it.
 
 The wrappers, as read in lmms-eval's source (EvolvingLMMs-Lab/lmms-eval):

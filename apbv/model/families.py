@@ -34,9 +34,9 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "qwen2_5_vl": Family("Qwen2.5-VL", "apbv.model.qwen2_5_vl"),
-    "internvl": Family("InternVL3", "apbv.model.internvl"),
-    "qwen3_vl": Family("Qwen3-VL", "apbv.model.qwen3_vl"),
+    "qwen2_5_vl": Family("Qwen2.5-VL", "apbv.model.qwen2_5_vl.adapter"),
+    "internvl": Family("InternVL3", "apbv.model.internvl.adapter"),
+    "qwen3_vl": Family("Qwen3-VL", "apbv.model.qwen3_vl.adapter"),
 }
 """``config.json`` ``model_type`` -> :class:`Family`."""
 

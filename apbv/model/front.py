@@ -60,11 +60,11 @@ def prompt_rules(processor: Any) -> PromptRules:
     """The :class:`PromptRules` of the family whose processor ``processor`` is."""
     kind = PROCESSORS.get(type(processor).__name__)
     if kind == "internvl":
-        from apbv.model.internvl_prompt import InternVLRules
+        from apbv.model.internvl.prompt import InternVLRules
 
         return InternVLRules(processor)
     if kind == "qwen3_vl":
-        from apbv.model.qwen3_vl_prompt import Qwen3VLRules
+        from apbv.model.qwen3_vl.prompt import Qwen3VLRules
 
         return Qwen3VLRules(processor)
     if kind == "qwen2_5_vl":

@@ -11,9 +11,9 @@ context on the same frames and the positions are :meth:`VideoModel.positions
 <apbv.model.adapter.VideoModel.positions>`' (checked per family in the tests).
 
 Implementations: :class:`QwenStreamPrompt` (Qwen2.5-VL: one run of ``<|video_pad|>``, M-RoPE
-positions from the frames' timestamps), :class:`apbv.model.internvl_prompt.InternVLStreamPrompt`
+positions from the frames' timestamps), :class:`apbv.model.internvl.prompt.InternVLStreamPrompt`
 (InternVL3: ``FrameN: <img>...</img>`` per frame, 1-D positions),
-:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt` (Qwen3-VL: per temporal patch its
+:class:`apbv.model.qwen3_vl.prompt.Qwen3VLStreamPrompt` (Qwen3-VL: per temporal patch its
 ``<t seconds>`` and markers around its video tokens, interleaved M-RoPE positions).
 """
 

@@ -12,21 +12,22 @@ TINY_FAMILIES = ("qwen2_5_vl", "internvl", "qwen3_vl")
 def write_tiny_family(family: str, out: str | Path, *, seed: int = 0, overwrite: bool = False,
                       size: str = "tiny") -> Path:
     """Write the tiny checkpoint of ``family`` (:data:`TINY_FAMILIES`) to ``out``: Qwen2.5-VL
-    by :func:`apbv.model.tiny.write_tiny_checkpoint` (``size`` tiny or medium), InternVL3 by
-    :func:`apbv.model.tiny_internvl.write_tiny_internvl` and Qwen3-VL by
-    :func:`apbv.model.tiny_qwen3_vl.write_tiny_qwen3_vl` (tiny only)."""
+    by :func:`apbv.model.qwen2_5_vl.tiny.write_tiny_checkpoint` (``size`` tiny or medium),
+    InternVL3 by
+    :func:`apbv.model.internvl.tiny.write_tiny_internvl` and Qwen3-VL by
+    :func:`apbv.model.qwen3_vl.tiny.write_tiny_qwen3_vl` (tiny only)."""
     if family not in TINY_FAMILIES:
         raise ValueError(f"unknown family {family!r}; allowed: {', '.join(TINY_FAMILIES)}")
     if family == "qwen2_5_vl":
-        from apbv.model.tiny import write_tiny_checkpoint
+        from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
         return write_tiny_checkpoint(out, seed=seed, overwrite=overwrite, size=size)
     if size != "tiny":
         raise ValueError(f"--size {size} is for the qwen2_5_vl family; {family} has tiny only")
     if family == "qwen3_vl":
-        from apbv.model.tiny_qwen3_vl import write_tiny_qwen3_vl
+        from apbv.model.qwen3_vl.tiny import write_tiny_qwen3_vl
 
         return write_tiny_qwen3_vl(out, seed=seed, overwrite=overwrite)
-    from apbv.model.tiny_internvl import write_tiny_internvl
+    from apbv.model.internvl.tiny import write_tiny_internvl
 
     return write_tiny_internvl(out, seed=seed, overwrite=overwrite)

@@ -61,8 +61,8 @@ def test_unknown_family_is_refused() -> None:
 
 
 def test_internvl_prompt_renders_as_lmms_evals_chat(samples: dict, tmp_path: Path) -> None:
-    from apbv.model.internvl_prompt import internvl_prompt_ids
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.prompt import internvl_prompt_ids
+    from apbv.model.internvl.tiny import _processor
 
     processor = _processor(tmp_path)
     system, text = eval_prompt("internvl", samples["longvideobench"])

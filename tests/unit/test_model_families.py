@@ -83,7 +83,7 @@ def test_the_engine_names_no_family_module() -> None:
 def test_internvl_with_another_decoder_is_refused_before_loading(tmp_path: Path) -> None:
     """InternVL3 runs a qwen2 decoder: a checkpoint with another one (InternVL3.5's qwen3) is
     refused from its config alone, before any weight is read."""
-    from apbv.model import internvl
+    from apbv.model.internvl import adapter as internvl
 
     ckpt = _llava_onevision(tmp_path / "internvl35")
     config = {**LLAVA_ONEVISION, "model_type": "internvl",

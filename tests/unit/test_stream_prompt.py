@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from apbv.model.front import QwenRules
-from apbv.model.internvl_prompt import InternVLStreamPrompt, internvl_prompt_ids
+from apbv.model.internvl.prompt import InternVLStreamPrompt, internvl_prompt_ids
 from apbv.model.stream_prompt import ChunkPlace, QwenStreamPrompt
 from apbv.positions import mrope_positions
 
@@ -39,7 +39,7 @@ def _join(prompt, pushes: list[list[int]], seconds_per_patch: float,
 
 @pytest.fixture(scope="module")
 def internvl_processor(tmp_path_factory: pytest.TempPathFactory):
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.tiny import _processor
 
     return _processor(tmp_path_factory.mktemp("internvl"))
 

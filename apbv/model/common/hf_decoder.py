@@ -132,8 +132,8 @@ def load_stock(adapter: type[A], model_class: Any, path: str | Path, *, model_ty
     from transformers.utils import logging as hf_logging
 
     from apbv.config import VisionConfig
-    from apbv.model.hf_compat import check_version, dtype_kwargs
-    from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+    from apbv.model.common.hf_compat import check_version, dtype_kwargs
+    from apbv.model.common.hook import ATTN_IMPLEMENTATION, register_attention
 
     path = validate_checkpoint(path, {model_type: family})
     if text_types is not None:
