@@ -54,7 +54,7 @@ def test_family_prompts_are_lmms_evals_bytes(samples: dict, model_type: str,
 
 def test_unknown_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no lmms-eval prompt for model_type 'llava'; "
-                                         "supported: qwen2_5_vl, qwen3_vl, internvl"):
+                                         "supported: qwen2_5_vl, internvl, qwen3_vl"):
         family_prompt("llava")
     with pytest.raises(ValueError, match="supported: qwen2_5_vl"):
         EvalSpec(bench="vnbench", data_dir=".", out="x.jsonl", model_type="llava")

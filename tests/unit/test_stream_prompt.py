@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from apbv.model.front import QwenRules
 from apbv.model.internvl.prompt import InternVLStreamPrompt, internvl_prompt_ids
-from apbv.model.stream_prompt import ChunkPlace, QwenStreamPrompt
+from apbv.model.qwen2_5_vl.prompt import QwenRules, QwenStreamPrompt
+from apbv.model.stream_prompt import ChunkPlace
 from apbv.positions import mrope_positions
 
 QUESTION = "What happens?"

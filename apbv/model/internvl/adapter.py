@@ -24,10 +24,10 @@ decoded-frame requests take every frame as its own temporal unit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import InternVLForConditionalGeneration
@@ -55,14 +55,6 @@ class InternVL(HFVisionLM):
     """A loaded InternVL3 checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: InternVLForConditionalGeneration
-    processor: Any
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole frames; 0: the share in one call)."""
-    preprocess: str = "processor"
-    """Frames become patch rows through the stock processor (float rows)."""
-    embeds_levels: bool = False
-    streams: bool = True
-    """Live streams run this family (:meth:`stream_prompt`)."""
     temporal_patch_size: int = 1
     """Frames per temporal unit: one (ranks and stream chunks hold whole frames)."""
     extra_levels = 0
@@ -143,19 +135,6 @@ class InternVL(HFVisionLM):
             rows = pixel_values[first:first + per_call].to(self.device, self.dtype)
             out = tower_output(self.model.model.get_image_features(pixel_values=rows))
             outs.append(out.reshape(-1, out.shape[-1]))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
-                      overlap: bool | None = None) -> torch.Tensor:
-        """Frame chunks (uint8 (k, 3, H, W), in order) -> embeddings (n_tokens, hidden), equal
-        to ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
-        try:
-            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     @property

@@ -12,11 +12,10 @@ attention goes through :mod:`apbv.model.common.hook`; transformers version drift
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
@@ -26,7 +25,7 @@ from apbv.model.common.hf_compat import (
     tower_output,
     video_processor_kwargs,
 )
-from apbv.model.common.hf_decoder import QwenVideoLM, load_stock
+from apbv.model.common.hf_decoder import QwenVideoLM, load_stock, tower_over
 from apbv.model.common.tower import (
     CPU_CHUNK_ROWS,
     patch_grid,
@@ -35,8 +34,7 @@ from apbv.model.common.tower import (
     set_tower,
     tower_chunks,
 )
-from apbv.model.front import QwenRules
-from apbv.model.stream_prompt import QwenStreamPrompt
+from apbv.model.qwen2_5_vl.prompt import QwenRules, QwenStreamPrompt
 from apbv.plan import Range
 from apbv.positions import mrope_positions, video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -61,15 +59,10 @@ class QwenVL(QwenVideoLM):
     """A loaded Qwen2.5-VL checkpoint and the pieces apbv drives."""
 
     model: Qwen2_5_VLForConditionalGeneration
-    processor: Any
     preprocess: str = "fused"
     """Frames to patch rows: levels or fused (apbv.video.patches) or processor (the HF
     processor); :meth:`set_vision` sets it."""
     preprocess_workers: int = 1
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
-    streams: bool = True
-    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     extra_levels = 0
     """Tower rows are the merged embeddings alone."""
@@ -241,16 +234,7 @@ class QwenVL(QwenVideoLM):
             overlap = self.device.type != "cpu"
         rows = (rows_in_worker(self.tower_rows, chunks, self.device) if overlap
                 else (self.tower_rows(chunk) for chunk in chunks))
-        outs = []
-        try:
-            with contextlib.closing(rows):  # stops and joins the worker first
-                outs = [self.vision_tower(*item) for item in rows]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return tower_over(self.vision_tower, rows, chunks)
 
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
                 video_features: VideoFeatures | None = None) -> torch.Tensor:

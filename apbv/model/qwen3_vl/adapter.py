@@ -28,7 +28,7 @@ added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requ
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,14 +59,6 @@ class Qwen3VL(QwenVideoLM):
     """A loaded Qwen3-VL checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: Qwen3VLForConditionalGeneration
-    processor: Any
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole temporal patches; 0: the share in one call)."""
-    preprocess: str = "processor"
-    """Frames become patch rows through the stock video processor (float rows)."""
-    embeds_levels: bool = False
-    streams: bool = True
-    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     @property
     def family(self) -> str:
@@ -133,19 +125,6 @@ class Qwen3VL(QwenVideoLM):
             rows = pixel_values[first:end].to(self.device, visual.dtype)
             out = visual(rows, grid_thw=call_grid.to(self.device))
             outs.append(torch.cat([out.pooler_output, *out.deepstack_features], dim=-1))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
-                      overlap: bool | None = None) -> torch.Tensor:
-        """Frame chunks (uint8 (k, 3, H, W), whole temporal patches, in order) -> the rows of
-        ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
-        try:
-            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
