@@ -54,13 +54,13 @@ PREPROCESS = ("levels", "fused", "processor")
 """``vision.preprocess``: frames to patch rows by :mod:`apbv.video.patches`, as pixel levels
 (``levels``) or as the processor's float rows (``fused``), or by the HF video processor."""
 VISION_ATTENTION = ("grouped", "per_window")
-"""``vision.attention``: grouped (:mod:`apbv.model.vision_attention`) or per_window (stock)."""
+"""``vision.attention``: grouped (:mod:`apbv.model.common.vision_attention`), per_window: stock."""
 VISION_ROTARY = ("fused", "stock")
-"""``vision.rotary``: fused (:func:`apbv.model.vision_attention.fused_rotary`) or stock."""
+"""``vision.rotary``: fused (:func:`apbv.model.common.vision_attention.fused_rotary`) or stock."""
 VISION_NORM = ("fused", "stock")
-"""``vision.norm``: fused (:func:`apbv.model.vision_blocks.fused_rms_norm`) or stock."""
+"""``vision.norm``: fused (:func:`apbv.model.common.vision_blocks.fused_rms_norm`) or stock."""
 PATCH_EMBED = ("linear", "conv")
-"""``vision.patch_embed``: linear (:func:`apbv.model.patch_embed.linear_patch_embed`) or conv."""
+"""``vision.patch_embed``: linear (:mod:`apbv.model.common.patch_embed`) or conv (stock)."""
 
 
 @dataclass

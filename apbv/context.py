@@ -1,7 +1,7 @@
 """Per-forward state of the decoder's attention: which request, which phase, which cache.
 
 The model's attention layers call the registered ``apbv`` attention function
-(:mod:`apbv.model.hook`), which asks :func:`current` for the context installed around
+(:mod:`apbv.model.common.hook`), which asks :func:`current` for the context installed around
 this forward pass. A context lives for exactly one forward (``with active(ctx): ...``) and is
 reset afterwards even on error; nothing survives between requests in module state.
 """

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         _child(*args.child)
         return
-    from apbv.model.tiny import write_tiny_checkpoint
+    from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
     from apbv.synthetic.videos import write_test_video
 
     settings = f" with {', '.join(args.set)}" if args.set else ""

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            from apbv.model.tiny import write_tiny_checkpoint
+            from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
             model = str(write_tiny_checkpoint(Path(tmp) / "tiny-qwen2.5-vl"))
         per_rank = spawn_local(_job, args.ranks, (model, video, thresholds, args.repeats),

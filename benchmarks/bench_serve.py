@@ -321,7 +321,7 @@ def main() -> int:
         plot(out.with_suffix(".png"), report)
         print(out.with_suffix(".md").read_text())
         return 0
-    from apbv.model.tiny import write_tiny_checkpoint
+    from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
     from apbv.synthetic.videos import write_test_video
 
     rates = [float(r) for r in args.rates.split(",")]

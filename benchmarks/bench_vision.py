@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--grid sides must be even and >= 2 (2x2 patches merge), got {args.grid}")
 
     from apbv.config import load_config
-    from apbv.model import qwen2_5_vl, tower
+    from apbv.model.common import tower
+    from apbv.model.qwen2_5_vl import adapter as qwen2_5_vl
 
     torch.set_num_threads(args.threads)
     chunk = tower.CPU_CHUNK_ROWS if args.chunk_rows is None else args.chunk_rows

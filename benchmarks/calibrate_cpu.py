@@ -127,7 +127,7 @@ def _random_frames(count: int, side: int) -> torch.Tensor:
 def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[str, Any]:
     """Every measurement of one rank; ``videos`` maps frames per rank to a video file."""
     from apbv.engine.prefill import prefill
-    from apbv.model.qwen2_5_vl import load
+    from apbv.model.qwen2_5_vl.adapter import load
     from apbv.plan import make_plan
     from apbv.sequence import prompt_ids, split_prompt
     from apbv.video import VideoSpec, load_rank_frames
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory(prefix="apbv-calibrate-") as tmp:
-        from apbv.model.tiny import write_tiny_checkpoint
+        from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
         from apbv.synthetic.videos import write_test_video
 
         print("[calibrate] writing the tiny checkpoint and test videos", file=sys.stderr,

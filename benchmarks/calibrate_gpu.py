@@ -12,7 +12,7 @@ What is measured, in bf16, on one device (``scripts/gpu_check.sh`` runs it):
   (memory_bw: two reads and a write; ``a + a`` would read ``a`` once), the vision tower's
   patch embedding as the runtime runs it (conv_flops);
 - one decoder layer of a Qwen2.5-VL-7B-shaped random model at several prompt lengths, and its
-  vision tower as the runtime sets it up (:func:`apbv.model.tower.set_tower`) on frames
+  vision tower as the runtime sets it up (:func:`apbv.model.common.tower.set_tower`) on frames
   of the 1440p video cap (1008x560) at several temporal-patch counts; at the smallest and the
   largest also transformers' stock tower and the runtime's changes added in turn
   (:data:`TOWER_VARIANTS`);
@@ -122,7 +122,7 @@ def _add_s(device: torch.device, dtype: torch.dtype, sizes: dict) -> float:
 def _device_resize(device: torch.device, frames: int, repeats: int) -> dict[str, Any]:
     """``video.resize_device``: the resize (+ patch rows) of decoded-size uint8 frames on
     ``device``, timed, and its difference to the CPU resize (qwen-vl-utils' pixels)."""
-    from apbv.model.tiny import PREPROCESSOR_CONFIG as released
+    from apbv.model.qwen2_5_vl.tiny import PREPROCESSOR_CONFIG as released
     from apbv.video.load import resize_frames  # torchvision is imported when it resizes
     from apbv.video.patches import PatchSpec, patch_rows
 
@@ -153,8 +153,8 @@ def seven_b_config() -> Any:
     layer."""
     from transformers import Qwen2_5_VLConfig
 
-    from apbv.model.hf_compat import rope_config
-    from apbv.model.tiny import tiny_config
+    from apbv.model.common.hf_compat import rope_config
+    from apbv.model.qwen2_5_vl.tiny import tiny_config
 
     data = tiny_config("tiny").to_dict()
     data["text_config"].update({
@@ -171,8 +171,8 @@ def seven_b_config() -> Any:
 
 def _model(device: torch.device, dtype: torch.dtype, dry: bool) -> Any:
     """A Qwen2.5-VL-7B-shaped random model with one decoder layer (the tiny one for dry runs)."""
-    from apbv.model.hook import register_attention
-    from apbv.model.tiny import build_tiny_model
+    from apbv.model.common.hook import register_attention
+    from apbv.model.qwen2_5_vl.tiny import build_tiny_model
 
     register_attention()
     if dry:
@@ -198,7 +198,7 @@ TOWER_VARIANTS = {  # name: config overrides of the vision settings (the rest: t
 def _layer_and_tower(model: Any, device: torch.device, dtype: torch.dtype, sizes: dict,
                      frame_grid: tuple[int, int]) -> dict[str, Any]:
     from apbv.config import load_config
-    from apbv.model.tower import set_tower
+    from apbv.model.common.tower import set_tower
 
     lm = model.model.language_model
     lm.config._attn_implementation = "sdpa"
@@ -265,7 +265,7 @@ def _vision_efficiency(hw: Hardware, dims: ModelDims, grid: tuple[int, int],
 
 def _dims(dry: bool) -> ModelDims:
     """The measured model's dimensions (no weights built)."""
-    from apbv.model.tiny import tiny_config
+    from apbv.model.qwen2_5_vl.tiny import tiny_config
 
     return model_dims((tiny_config("tiny") if dry else seven_b_config()).to_dict())
 

@@ -28,7 +28,7 @@ def model_dir(args: argparse.Namespace, root: Path) -> str:
     """``args.model``, or a random checkpoint of ``args.size`` written under ``root``."""
     if args.model is not None:
         return args.model
-    from apbv.model.tiny import write_tiny_checkpoint
+    from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
     return str(write_tiny_checkpoint(root / f"{args.size}-model", size=args.size))
 

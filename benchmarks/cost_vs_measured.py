@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from apbv import cost
-from apbv.model.tiny import write_tiny_checkpoint
+from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
 STAGES = ("preprocess", "vision", "prefill")
 """Stage columns: measured / predicted seconds."""

@@ -208,7 +208,7 @@ def check_serve(device: str) -> list[str]:
     gpus = "0.5" if device.startswith("cuda") else "0"
     root = Path(tempfile.mkdtemp(prefix="apbv-check-"))
     try:
-        from apbv.model.tiny import write_tiny_checkpoint
+        from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
         model = root / "tiny"
         write_tiny_checkpoint(model)

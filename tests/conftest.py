@@ -28,7 +28,7 @@ def _ray_environment_restored():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from apbv.model.tiny import write_tiny_checkpoint
+    from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny-qwen2.5-vl")
 

@@ -17,7 +17,7 @@ TINY_DIRS = {"internvl": "tiny-internvl3", "qwen3_vl": "tiny-qwen3-vl"}
 def tiny_dir(factory: pytest.TempPathFactory, family: str) -> Path:
     """``family``'s tiny checkpoint (``make-tiny-model --family``) in a new temporary
     directory."""
-    from apbv.model.tiny_families import write_tiny_family
+    from apbv.model.families import write_tiny_family
 
     return write_tiny_family(family, factory.mktemp("model") / TINY_DIRS[family])
 

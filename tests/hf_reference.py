@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from apbv.config import RuntimeConfig
-from apbv.model.qwen2_5_vl import QwenVL, load
+from apbv.model.qwen2_5_vl.adapter import QwenVL, load
 from apbv.positions import mrope_positions
 from apbv.sequence import prompt_ids, split_prompt
 from apbv.video import RankFrames, load_all_frames

@@ -42,7 +42,7 @@ def needle_sample(job: dict[str, Any] = NEEDLE):
 def _ensure_inputs(cfg: RuntimeConfig, video: str | None) -> str:
     model_dir = Path(cfg.model.path)
     if not model_dir.exists():
-        from apbv.model.tiny import write_tiny_checkpoint
+        from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
         print(f"[apbv] writing the tiny test checkpoint to {model_dir} ...", file=sys.stderr)
         write_tiny_checkpoint(model_dir)

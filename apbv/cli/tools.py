@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from apbv.model.tiny_families import TINY_FAMILIES
+from apbv.model.families import TINY_FAMILIES
 
 
 def register(sub: Any) -> None:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """One of the three tools, by ``args.command``; prints what it wrote. ``args.argv`` (the
     command line's arguments) is recorded with a trained checkpoint."""
     if args.command == "make-tiny-model":
-        from apbv.model.tiny_families import write_tiny_family
+        from apbv.model.families import write_tiny_family
 
         print(write_tiny_family(args.family, args.out, seed=args.seed, overwrite=args.overwrite,
                                 size=args.size))

@@ -100,7 +100,7 @@ def released_internvl3(layers: int, hidden: int, heads: int, kv_heads: int,
 def internvl_video_start(processor: Any) -> int:
     """Context tokens before the first video token under an InternVL3 processor's chat
     template (one user turn: a video, then a question), as the engine's prompt has them
-    (:meth:`apbv.model.internvl.InternVL.prompt_ids`): the template's text before
+    (:meth:`apbv.model.internvl.adapter.InternVL.prompt_ids`): the template's text before
     ``<video>``, then ``Frame1: <img>``."""
     tokenizer = processor.tokenizer
     before = template_before_video(processor, tokenizer.video_token) + \

@@ -49,7 +49,7 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    to other positions (stream rebasing), :attr:`VideoModel.max_positions` is the context.
 7. **The attention hook.** :meth:`VideoModel.decoder` runs the decoder layers with every
    layer's attention routed to the installed :class:`apbv.context.AttentionContext`
-   (:mod:`apbv.model.hook`), adding the :class:`VideoFeatures` when given;
+   (:mod:`apbv.model.common.hook`), adding the :class:`VideoFeatures` when given;
    :meth:`VideoModel.logits` is the LM head.
 8. **Cost-model shapes.** :attr:`VideoModel.text_config` and :attr:`VideoModel.vision_config`
    (sizes the memory preflight reads); the cost model reads the same shapes from
@@ -67,8 +67,9 @@ engine holds a :class:`VideoModel` and never names a family module. An adapter p
    (:mod:`apbv.engine.stream`) builds no prompt and no position itself. A family without
    streams says so (:attr:`VideoModel.streams` False) and the engine refuses to open one.
 
-Implementations: :class:`apbv.model.qwen2_5_vl.QwenVL` (Qwen2.5-VL),
-:class:`apbv.model.internvl.InternVL` (InternVL3), :class:`apbv.model.qwen3_vl.Qwen3VL`
+Implementations: :class:`apbv.model.qwen2_5_vl.adapter.QwenVL` (Qwen2.5-VL),
+:class:`apbv.model.internvl.adapter.InternVL` (InternVL3),
+:class:`apbv.model.qwen3_vl.adapter.Qwen3VL`
 (Qwen3-VL, dense).
 """
 

@@ -4,18 +4,20 @@ by the same functions the engine's adapters use, so the limits it checks (frames
 prompt tokens) are those of the request the engine will run.
 
 :func:`prompt_rules` picks the family by the processor's class (the checkpoint's
-``processor_config.json``), and refuses another family naming the supported ones.
+``processor_config.json``; :attr:`apbv.model.families.Family.processor`), and refuses another
+family naming the supported ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from apbv.model.families import FAMILIES
 
-from apbv.sequence import build_prompt
-from apbv.video import Sampling, VideoMeta, VideoSpec, plan_sampling
+if TYPE_CHECKING:
+    import torch
+
+    from apbv.video import Sampling, VideoMeta, VideoSpec
 
 
 class PromptRules(Protocol):
@@ -31,43 +33,13 @@ class PromptRules(Protocol):
                ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-@dataclass(frozen=True)
-class QwenRules:
-    """Qwen2.5-VL: qwen-vl-utils' sampling and resize, one run of ``<|video_pad|>``."""
-
-    processor: Any
-
-    def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:
-        return plan_sampling(spec, meta)
-
-    def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
-        return sampling.grid_thw
-
-    def prompt(self, question: str, video_grid: tuple[int, int, int],
-               system: str | None = None, *, sampling: Sampling | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        t, h, w = video_grid
-        merge = getattr(self.processor.video_processor, "merge_size", 2)
-        return build_prompt(self.processor, question, t * (h // merge) * (w // merge), system)
-
-
-PROCESSORS = {"Qwen2_5_VLProcessor": "qwen2_5_vl", "InternVLProcessor": "internvl",
-              "Qwen3VLProcessor": "qwen3_vl"}
-"""Processor class -> ``model_type`` of the family it belongs to."""
-
-
 def prompt_rules(processor: Any) -> PromptRules:
-    """The :class:`PromptRules` of the family whose processor ``processor`` is."""
-    kind = PROCESSORS.get(type(processor).__name__)
-    if kind == "internvl":
-        from apbv.model.internvl_prompt import InternVLRules
-
-        return InternVLRules(processor)
-    if kind == "qwen3_vl":
-        from apbv.model.qwen3_vl_prompt import Qwen3VLRules
-
-        return Qwen3VLRules(processor)
-    if kind == "qwen2_5_vl":
-        return QwenRules(processor)
-    raise ValueError(f"no prompt rules for a {type(processor).__name__}; supported: "
-                     f"{', '.join(PROCESSORS)}")
+    """The :class:`PromptRules` of the family whose processor ``processor`` is (its
+    :attr:`apbv.model.families.Family.rules`)."""
+    name = type(processor).__name__
+    for family in FAMILIES.values():
+        if family.processor == name:
+            rules: PromptRules = family.part("prompt", family.rules)(processor)
+            return rules
+    raise ValueError(f"no prompt rules for a {name}; supported: "
+                     f"{', '.join(f.processor for f in FAMILIES.values())}")

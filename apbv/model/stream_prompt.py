@@ -10,10 +10,12 @@ evicted, ``header + chunks + after`` is :meth:`apbv.model.adapter.VideoModel.pro
 context on the same frames and the positions are :meth:`VideoModel.positions
 <apbv.model.adapter.VideoModel.positions>`' (checked per family in the tests).
 
-Implementations: :class:`QwenStreamPrompt` (Qwen2.5-VL: one run of ``<|video_pad|>``, M-RoPE
-positions from the frames' timestamps), :class:`apbv.model.internvl_prompt.InternVLStreamPrompt`
-(InternVL3: ``FrameN: <img>...</img>`` per frame, 1-D positions),
-:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt` (Qwen3-VL: per temporal patch its
+Implementations, one in each family's ``prompt.py``:
+:class:`apbv.model.qwen2_5_vl.prompt.QwenStreamPrompt` (Qwen2.5-VL: one run of
+``<|video_pad|>``, M-RoPE positions from the frames' timestamps),
+:class:`apbv.model.internvl.prompt.InternVLStreamPrompt` (InternVL3: ``FrameN:
+<img>...</img>`` per frame, 1-D positions),
+:class:`apbv.model.qwen3_vl.prompt.Qwen3VLStreamPrompt` (Qwen3-VL: per temporal patch its
 ``<t seconds>`` and markers around its video tokens, interleaved M-RoPE positions).
 """
 
@@ -25,7 +27,6 @@ from typing import Any, Protocol
 
 import torch
 
-from apbv.positions import video_positions
 from apbv.sequence import VIDEO_PAD, build_prompt
 
 
@@ -61,27 +62,6 @@ class StreamPrompt(Protocol):
     def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
         """(R,) int64 ids of the chunk's frames, with ``video_token_id`` where its video
         embeddings go in order, and their (3, 1, R) int64 positions."""
-
-
-@dataclass
-class QwenStreamPrompt:
-    """Qwen2.5-VL: the chunk is its ``len(patches) * gh * gw`` ``<|video_pad|>`` tokens at the
-    one-shot M-RoPE positions (temporal patch ``g`` at ``floor(g * seconds_per_patch *
-    tokens_per_second)``, all after the header); ``gh`` x ``gw``: a frame's merged grid."""
-
-    processor: Any
-    merged_hw: tuple[int, int]
-    tokens_per_second: float
-
-    def __post_init__(self) -> None:
-        self.pad = self.processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
-        self.header, self.after = split_at_video(self.processor)
-
-    def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
-        gh, gw = self.merged_hw
-        positions = video_positions(place.patches, gh, gw, place.seconds_per_patch,
-                                    self.tokens_per_second, place.video_start).unsqueeze(1)
-        return torch.full((positions.shape[-1],), self.pad, dtype=torch.long), positions
 
 
 def split_at_video(processor: Any) -> tuple[torch.Tensor, torch.Tensor]:

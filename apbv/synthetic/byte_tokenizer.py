@@ -11,7 +11,7 @@ special ids from :data:`SPECIAL_IDS`. With a vocabulary of :data:`VOCAB_SIZE` ro
 
 from __future__ import annotations
 
-from apbv.model.qwen_bpe import ADDED_TOKENS, finish_byte_level
+from apbv.model.common.qwen_bpe import ADDED_TOKENS, finish_byte_level
 
 NUM_SPECIAL = len(ADDED_TOKENS)
 BYTE_OFFSET = NUM_SPECIAL

@@ -1,7 +1,8 @@
 """Train the tiny Qwen2.5-VL on synthetic needle videos: a checkpoint that actually watches.
 
 ``python -m apbv train-tiny --out DIR`` builds a Qwen2.5-VL-shaped model (the tiny widths of
-:mod:`apbv.model.tiny`: 2 decoder layers of width 64, a 2-block vision tower; tied embeddings
+:mod:`apbv.model.qwen2_5_vl.tiny`: 2 decoder layers of width 64, a 2-block vision tower; tied
+embeddings
 and the byte-level tokenizer of :mod:`apbv.synthetic.byte_tokenizer`, so about 0.2 M parameters)
 and trains it with teacher forcing on the answer tokens of :mod:`apbv.synthetic.needles` questions
 (retrieval, ordering, counting, and the standing questions presence and most recent flash), with
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from apbv.model.tiny import (
+from apbv.model.qwen2_5_vl.tiny import (
     CHAT_TEMPLATE,
     PREPROCESSOR_CONFIG,
     tiny_config,
@@ -177,7 +178,7 @@ class Encoder:
         self.end_id = bt.SPECIAL_IDS["<|im_end|>"]
 
     def __call__(self, sample, *, with_answer: bool = True) -> Encoded:
-        from apbv.model.hf_compat import video_processor_kwargs
+        from apbv.model.common.hf_compat import video_processor_kwargs
         from apbv.positions import mrope_positions
         from apbv.sequence import build_prompt
 
@@ -298,7 +299,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
     """Train, evaluate on held-out samples and write the checkpoint to ``out_dir``."""
     from transformers import AutoProcessor
 
-    from apbv.model.tower import set_vision_attention
+    from apbv.model.common.tower import set_vision_attention
 
     out = Path(out_dir).expanduser().absolute()
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):

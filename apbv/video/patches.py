@@ -8,7 +8,7 @@ thread pool processes in parallel (``workers``), each chunk into its own rows of
 
 ``levels=True`` stops before the arithmetic: the rows hold the pixel levels themselves, as
 int8 ``x - 128`` (a quarter of the float rows' bytes, one pass over the frames), for a patch
-embedding that folds the normalisation into its kernel (:mod:`apbv.model.patch_embed`);
+embedding that folds the normalisation into its kernel (:mod:`apbv.model.common.patch_embed`);
 :func:`levels_to_rows` turns them into the processor's float rows, bit for bit.
 
 Row order: temporal patch, merged row, merged column, row inside the merge square, column

@@ -66,8 +66,8 @@ def test_vision_tower_on_cuda_matches_the_stock_tower() -> None:
     one's (the kernel tests' rule; outputs near 100, where one bf16 ulp is 0.5); in fp32 the
     two towers agree within 1e-5 of the scale."""
     from apbv.config import VisionConfig
-    from apbv.model import tower
-    from apbv.model.tiny import build_tiny_model
+    from apbv.model.common import tower
+    from apbv.model.qwen2_5_vl.tiny import build_tiny_model
 
     towers = {"stock": VisionConfig(attention="per_window", patch_embed="conv", rotary="stock",
                                     norm="stock", mlp_pad=0),
@@ -107,7 +107,7 @@ def test_fused_rotary_on_cuda_is_bit_equal_to_the_stock_one(dtype) -> None:
     each in its own kernel), for q and k cut out of one qkv product, in order and reversed."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
-    from apbv.model.vision_attention import fused_rotary
+    from apbv.model.common.vision_attention import fused_rotary
 
     stock = getattr(modeling.apply_rotary_pos_emb_vision, "stock",
                     modeling.apply_rotary_pos_emb_vision)
@@ -124,8 +124,8 @@ def test_in_rank_pipeline_on_cuda_matches_rows_then_tower(tmp_path) -> None:
     """vision.pipeline on CUDA: patch rows made on the host in a worker thread while the
     device runs the tower on the previous chunk; the same embeddings as rows-then-tower (bf16:
     the tower's kernels see smaller batches, so the bound is loose, 5e-2 of the scale)."""
-    from apbv.model import qwen2_5_vl
-    from apbv.model.tiny import write_tiny_checkpoint
+    from apbv.model.qwen2_5_vl import adapter as qwen2_5_vl
+    from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
     qwen = qwen2_5_vl.load(write_tiny_checkpoint(tmp_path / "tiny"), device=torch.device("cuda"),
                            dtype=torch.bfloat16)

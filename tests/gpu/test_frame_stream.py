@@ -1,4 +1,4 @@
-"""The frame worker on CUDA (skipped without CUDA): apbv.model.tower.rows_in_worker runs the
+"""The frame worker on CUDA (skipped without CUDA): apbv.model.common.tower.rows_in_worker runs the
 worker's device work on a stream of its own and hands each chunk over with an event, so the
 caller sees every chunk's finished rows while its own stream stays free for the tower."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apbv.model.tower import rows_in_worker
+from apbv.model.common.tower import rows_in_worker
 
 pytestmark = [
     pytest.mark.gpu,

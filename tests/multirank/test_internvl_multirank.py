@@ -1,4 +1,5 @@
-"""The tiny InternVL3 (apbv.model.internvl) against transformers' own, on 1, 2 and 3 gloo ranks.
+"""The tiny InternVL3 (apbv.model.internvl.adapter) against transformers' own, on 1, 2 and 3 gloo
+ranks.
 
 The reference is the stock ``InternVLForConditionalGeneration`` (SDPA) with the stock processor
 on the same frames: its ``generate`` (greedy) and its first-token logits. apbv's side: the
@@ -32,7 +33,7 @@ from apbv.engine.engine import Engine
 from apbv.engine.prefill import prefill
 from apbv.engine.runner import finish_answer
 from apbv.layout import shard
-from apbv.model.internvl import InternVL, load
+from apbv.model.internvl.adapter import InternVL, load
 from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
@@ -242,7 +243,7 @@ def test_cost_prompt_geometry_is_the_engines(internvl_dir: Path) -> None:
 
     from apbv import cost
     from apbv.cost.internvl import INTERNVL_VIDEO_START
-    from apbv.model.internvl_prompt import internvl_prompt_ids
+    from apbv.model.internvl.prompt import internvl_prompt_ids
 
     dims = cost.checkpoint_dims(internvl_dir)
     assert dims.video_start == INTERNVL_VIDEO_START == cost.preset_dims("internvl3-8b").video_start

@@ -21,8 +21,8 @@ from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.engine.runner import run_prompt
-from apbv.model.hf_compat import video_processor_kwargs
-from apbv.model.qwen2_5_vl import QwenVL
+from apbv.model.common.hf_compat import video_processor_kwargs
+from apbv.model.qwen2_5_vl.adapter import QwenVL
 from apbv.modes import MODE_NAMES
 from apbv.timing import StageTimer
 from tests.hf_reference import hf_reference

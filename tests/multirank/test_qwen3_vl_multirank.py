@@ -1,4 +1,5 @@
-"""The tiny Qwen3-VL (apbv.model.qwen3_vl) against transformers' own, on 1, 2 and 3 gloo ranks.
+"""The tiny Qwen3-VL (apbv.model.qwen3_vl.adapter) against transformers' own, on 1, 2 and 3 gloo
+ranks.
 
 The reference is the stock ``Qwen3VLForConditionalGeneration`` (SDPA) with the stock processor
 on the decoded video file: its own frame choice (``num_frames``, ``fps=None``), its own resize

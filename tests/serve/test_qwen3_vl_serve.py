@@ -31,7 +31,7 @@ FPS = 2.0
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``make-tiny-model --family qwen3_vl``, laid out as the released checkpoint."""
-    from apbv.model.tiny_families import write_tiny_family
+    from apbv.model.families import write_tiny_family
 
     out = write_tiny_family("qwen3_vl", tmp_path_factory.mktemp("model") / "tiny-qwen3-vl")
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

@@ -53,7 +53,7 @@ def _video_prediction(mode: str, patches: int, tokens_per_patch: int, *, world_s
 
 
 def test_presets_and_both_config_forms() -> None:
-    from apbv.model.tiny import tiny_config
+    from apbv.model.qwen2_5_vl.tiny import tiny_config
 
     assert cost.model_dims(RELEASED_7B, video_start=cost.RELEASED_VIDEO_START) == QWEN_7B
     assert (QWEN_7B.layers, QWEN_7B.hidden, QWEN_7B.heads, QWEN_7B.kv_heads,
@@ -336,7 +336,7 @@ def test_plan_command_prints_predictions(capsys: pytest.CaptureFixture[str],
 def test_video_start_comes_from_the_chat_template(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The tiny checkpoint ships the released Qwen2.5-VL chat template: the presets' stored
     video_start is what rendering and tokenizing it gives, and checkpoint_dims reads it."""
-    from apbv.model.tiny import tiny_config
+    from apbv.model.qwen2_5_vl.tiny import tiny_config
 
     assert cost.template_video_start(tiny_model_dir) == cost.RELEASED_VIDEO_START
     for name in cost.MODEL_PRESETS:

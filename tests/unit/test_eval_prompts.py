@@ -54,15 +54,15 @@ def test_family_prompts_are_lmms_evals_bytes(samples: dict, model_type: str,
 
 def test_unknown_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no lmms-eval prompt for model_type 'llava'; "
-                                         "supported: qwen2_5_vl, qwen3_vl, internvl"):
+                                         "supported: qwen2_5_vl, internvl, qwen3_vl"):
         family_prompt("llava")
     with pytest.raises(ValueError, match="supported: qwen2_5_vl"):
         EvalSpec(bench="vnbench", data_dir=".", out="x.jsonl", model_type="llava")
 
 
 def test_internvl_prompt_renders_as_lmms_evals_chat(samples: dict, tmp_path: Path) -> None:
-    from apbv.model.internvl_prompt import internvl_prompt_ids
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.prompt import internvl_prompt_ids
+    from apbv.model.internvl.tiny import _processor
 
     processor = _processor(tmp_path)
     system, text = eval_prompt("internvl", samples["longvideobench"])

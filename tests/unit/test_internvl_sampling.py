@@ -1,4 +1,4 @@
-"""InternVL3's frame choice (apbv.model.internvl.internvl_sampling) against the stock video
+"""InternVL3's frame choice (apbv.model.internvl.adapter.internvl_sampling) against the stock video
 processor's ``sample_frames`` rule, and its refusals."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apbv.model.internvl_prompt import internvl_sampling
+from apbv.model.internvl.prompt import internvl_sampling
 from apbv.video import VideoMeta, VideoSpec
 
 SIZE = (448, 448)

@@ -83,7 +83,7 @@ def test_decode_reserve_only_on_the_query_rank() -> None:
 
 
 def test_weights_are_the_checkpoints_parameters() -> None:
-    from apbv.model.tiny import build_tiny_model, tiny_config
+    from apbv.model.qwen2_5_vl.tiny import build_tiny_model, tiny_config
 
     model = build_tiny_model()
     dims = cost.model_dims(tiny_config().to_dict())

@@ -1,6 +1,7 @@
-"""apbv.model.qwen2_5_vl: checkpoint checks before loading, and the adapter's small methods.
+"""apbv.model.qwen2_5_vl.adapter: checkpoint checks before loading, and the adapter's small methods.
 
-The broken checkpoints are the tiny one (written once per session by apbv.model.tiny) linked
+The broken checkpoints are the tiny one (written once per session by apbv.model.qwen2_5_vl.tiny)
+linked
 file by file into a fresh directory, with one file removed, truncated or rewritten.
 """
 
@@ -18,11 +19,12 @@ import torch
 import transformers
 
 from apbv.config import VisionConfig
-from apbv.model import hf_compat, hook, patch_embed, qwen2_5_vl, tower
 from apbv.model.checkpoint import WEIGHT_FILES, validate_checkpoint
+from apbv.model.common import hf_compat, hook, patch_embed, tower
+from apbv.model.common.hf_compat import video_processor_kwargs
 from apbv.model.families import SUPPORTED
-from apbv.model.hf_compat import video_processor_kwargs
-from apbv.model.qwen2_5_vl import QwenVL, load
+from apbv.model.qwen2_5_vl import adapter as qwen2_5_vl
+from apbv.model.qwen2_5_vl.adapter import QwenVL, load
 from apbv.video.patches import levels_to_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -498,7 +500,7 @@ def test_padded_vision_mlp_gives_the_same_embeddings(qwen: QwenVL) -> None:
     """vision.mlp_pad: every block's MLP widened with zero units (64 -> 96 here) computes the
     same sums (fp32: within :data:`REBATCHED_RTOL` of the scale, the products' kernels may
     order them by width); padding to 0 gives back the checkpoint's weights, bit for bit."""
-    from apbv.model.vision_blocks import pad_mlp
+    from apbv.model.common.vision_blocks import pad_mlp
 
     visual = qwen.model.model.visual
     width = visual.config.intermediate_size

@@ -72,8 +72,8 @@ def test_the_refusal_imports_no_transformers(tmp_path: Path) -> None:
 
 
 def test_the_engine_names_no_family_module() -> None:
-    """apbv/engine/ loads through the registry: no engine module imports a family's adapter."""
-    modules = {f.module for f in FAMILIES.values()}
+    """apbv/engine/ loads through the registry: no engine module names a family's folder."""
+    modules = {f.package for f in FAMILIES.values()}
     for source in sorted((ROOT / "apbv" / "engine").glob("*.py")):
         text = source.read_text(encoding="utf-8")
         for module in modules:
@@ -83,7 +83,7 @@ def test_the_engine_names_no_family_module() -> None:
 def test_internvl_with_another_decoder_is_refused_before_loading(tmp_path: Path) -> None:
     """InternVL3 runs a qwen2 decoder: a checkpoint with another one (InternVL3.5's qwen3) is
     refused from its config alone, before any weight is read."""
-    from apbv.model import internvl
+    from apbv.model.internvl import adapter as internvl
 
     ckpt = _llava_onevision(tmp_path / "internvl35")
     config = {**LLAVA_ONEVISION, "model_type": "internvl",
@@ -110,3 +110,20 @@ def test_make_tiny_model_family_choices(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["make-tiny-model", "--family", "llava_onevision", "--out", str(out)])
     assert "invalid choice: 'llava_onevision'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_each_row_names_its_folders_parts(model_type: str) -> None:
+    """A row's folder holds what the row names: the adapter's ``load``, the rules class the
+    front end makes from the processor class the row names, and the tiny writer."""
+    from apbv.model.front import prompt_rules
+
+    family = FAMILIES[model_type]
+    assert family.package == f"apbv.model.{model_type}", family
+    assert callable(family.part("adapter", "load")) and callable(family.part("tiny", family.tiny))
+    rules_class = family.part("prompt", family.rules)
+    stand_in = type(family.processor, (), {})()  # a processor's class name is what picks
+    assert type(prompt_rules(stand_in)) is rules_class
+    with pytest.raises(ValueError, match=f"no prompt rules for a Other; supported: .*"
+                                         f"{family.processor}"):
+        prompt_rules(type("Other", (), {})())

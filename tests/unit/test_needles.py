@@ -71,7 +71,7 @@ def test_bad_arguments_are_refused() -> None:
 def test_byte_tokenizer_loads_through_stock_transformers(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from apbv.model.tiny import tokenizer_config
+    from apbv.model.qwen2_5_vl.tiny import tokenizer_config
 
     (tmp_path / "tokenizer.json").write_text(bt.tokenizer_json())
     (tmp_path / "tokenizer_config.json").write_text(

@@ -15,8 +15,8 @@ def test_plan_video_samples_as_the_checkpoints_family(tmp_path, capsys) -> None:
     from transformers import AutoProcessor
 
     from apbv.__main__ import main
-    from apbv.model.internvl_prompt import InternVLRules
-    from apbv.model.tiny_internvl import write_tiny_internvl
+    from apbv.model.internvl.prompt import InternVLRules
+    from apbv.model.internvl.tiny import write_tiny_internvl
     from apbv.plan import patch_ranges
     from apbv.video import VideoSpec, plan_sampling, probe
     from apbv.video.footage import write_camera_video

@@ -79,7 +79,7 @@ def test_rope_shift_leaves_the_attention_scores_unchanged(tiny_model_dir) -> Non
     """Keys rotated by the model's own M-RoPE at positions P, moved by rope_shift(-S), give
     the scores of queries at P - S that the unshifted keys gave at P (every layer)."""
     from apbv.context import active
-    from apbv.model.qwen2_5_vl import load
+    from apbv.model.qwen2_5_vl.adapter import load
     from apbv.positions import rope_shift
 
     qwen = load(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)

@@ -138,7 +138,7 @@ def test_kept_tokens_keep_their_positions() -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_processor(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from apbv.model.tiny_qwen3_vl import tiny_processor
+    from apbv.model.qwen3_vl.tiny import tiny_processor
 
     return tiny_processor(tmp_path_factory.mktemp("qwen3-processor"))
 
@@ -157,7 +157,7 @@ def test_qwen3_vl_pruned_prompt_is_the_stock_prompt_of_the_kept_patches(
         qwen3_processor: Any) -> None:
     from transformers.video_utils import VideoMetadata
 
-    from apbv.model.qwen3_vl_prompt import Qwen3VLRules, patch_ids
+    from apbv.model.qwen3_vl.prompt import Qwen3VLRules, patch_ids
 
     fps, indices, kept = 3.0, list(range(0, 16, 2)), [0, 2, 3]  # 4 patches at 0.3 .. 4.3 s
     sampling = Sampling(tuple(indices), 1.5, 64, 96, 16, video_fps=fps, processor_resize=True)
@@ -182,8 +182,8 @@ def test_qwen3_vl_pruned_prompt_is_the_stock_prompt_of_the_kept_patches(
 
 
 def test_internvl_frames_keep_their_numbers(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from apbv.model.internvl_prompt import internvl_prompt_ids
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.prompt import internvl_prompt_ids
+    from apbv.model.internvl.tiny import _processor
 
     processor = _processor(tmp_path_factory.mktemp("internvl"))
     context, _ = internvl_prompt_ids(processor, QUESTION, 5, kept=[0, 3])

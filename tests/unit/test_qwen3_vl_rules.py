@@ -1,4 +1,4 @@
-"""Qwen3-VL's weight-free rules (apbv.model.qwen3_vl_prompt) against the stock processor, and
+"""Qwen3-VL's weight-free rules (apbv.model.qwen3_vl.prompt) against the stock processor, and
 the refusal of its MoE variant from config.json alone.
 
 - Timestamps: the prompt's ``<t seconds>`` text comes from the frame indices and the file's
@@ -26,9 +26,9 @@ from packaging.version import Version
 
 from apbv import cost
 from apbv.cost.qwen3_vl import QWEN3_VL_VIDEO_START, qwen3_vl_video_start
-from apbv.model import hf_compat
+from apbv.model.common import hf_compat
 from apbv.model.families import family_of, load_adapter
-from apbv.model.qwen3_vl_prompt import Qwen3VLRules, qwen3_vl_sampling
+from apbv.model.qwen3_vl.prompt import Qwen3VLRules, qwen3_vl_sampling
 from apbv.video import Sampling, VideoMeta, VideoSpec
 
 STOCK_LAYOUT = pytest.mark.skipif(
@@ -41,7 +41,7 @@ QUESTION = "What happens at the end?"
 
 @pytest.fixture(scope="module")
 def processor(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from apbv.model.tiny_qwen3_vl import tiny_processor
+    from apbv.model.qwen3_vl.tiny import tiny_processor
 
     return tiny_processor(tmp_path_factory.mktemp("qwen3-processor"))
 
@@ -174,7 +174,7 @@ def test_qwen3_vl_is_refused_where_the_stock_layout_differs(processor: Any, monk
                                                             version: str) -> None:
     """4.57.6 (inside the package's range) expanded the template's video markers whole: the
     timestamps test above failed there; Qwen3-VL now says so instead of differing."""
-    from apbv.model.qwen3_vl_prompt import Qwen3VLStreamPrompt
+    from apbv.model.qwen3_vl.prompt import Qwen3VLStreamPrompt
 
     monkeypatch.setattr(hf_compat, "TRANSFORMERS_VERSION", Version(version))
     for make in (lambda: Qwen3VLRules(processor), lambda: Qwen3VLStreamPrompt(processor, (2, 3))):

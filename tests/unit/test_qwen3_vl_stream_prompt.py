@@ -1,4 +1,4 @@
-"""Qwen3-VL's live-stream prompt (apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt): the header,
+"""Qwen3-VL's live-stream prompt (apbv.model.qwen3_vl.prompt.Qwen3VLStreamPrompt): the header,
 the chunks (pushed in any sizes, each temporal patch's ``<t seconds>`` from its frames' capture
 times) and the rest after the video join into the one-shot prompt of a decoded-frame video of
 the same frames (``DecodedVideo(frames, fps)``: frame i at i / fps, the stock processor's
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from apbv.engine.stream_plan import unit_times
-from apbv.model.qwen3_vl_prompt import Qwen3VLRules, Qwen3VLStreamPrompt
+from apbv.model.qwen3_vl.prompt import Qwen3VLRules, Qwen3VLStreamPrompt
 from apbv.model.stream_prompt import ChunkPlace
 from apbv.video import DecodedVideo, Sampling
 
@@ -27,8 +27,8 @@ HEIGHT, WIDTH = 64, 96
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from apbv.model.qwen3_vl import Qwen3VL
-    from apbv.model.tiny_qwen3_vl import build_tiny_qwen3_vl, tiny_processor
+    from apbv.model.qwen3_vl.adapter import Qwen3VL
+    from apbv.model.qwen3_vl.tiny import build_tiny_qwen3_vl, tiny_processor
 
     processor = tiny_processor(tmp_path_factory.mktemp("qwen3-processor"))
     return Qwen3VL(model=build_tiny_qwen3_vl(), processor=processor)

@@ -26,7 +26,7 @@ def test_saved_checkpoint_passes_the_check_and_loads(saved_dir: Path,
                                                      tiny_model_dir: Path) -> None:
     import transformers
 
-    from apbv.model.qwen2_5_vl import load
+    from apbv.model.qwen2_5_vl.adapter import load
 
     names = {p.name for p in saved_dir.iterdir()}
     if transformers.__version__.startswith("5."):  # what made the check refuse it

@@ -12,7 +12,7 @@ from apbv.serve.streams.budget import KVSizing
 
 
 def test_internvl_streams_reserve_a_tile_per_frame(tmp_path: Path) -> None:
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.tiny import _processor
 
     (tmp_path / "work").mkdir()
     _processor(tmp_path / "work").save_pretrained(tmp_path)  # the chat template it reads

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from apbv.model.front import QwenRules
-from apbv.model.internvl_prompt import InternVLStreamPrompt, internvl_prompt_ids
-from apbv.model.stream_prompt import ChunkPlace, QwenStreamPrompt
+from apbv.model.internvl.prompt import InternVLStreamPrompt, internvl_prompt_ids
+from apbv.model.qwen2_5_vl.prompt import QwenRules, QwenStreamPrompt
+from apbv.model.stream_prompt import ChunkPlace
 from apbv.positions import mrope_positions
 
 QUESTION = "What happens?"
@@ -39,7 +39,7 @@ def _join(prompt, pushes: list[list[int]], seconds_per_patch: float,
 
 @pytest.fixture(scope="module")
 def internvl_processor(tmp_path_factory: pytest.TempPathFactory):
-    from apbv.model.tiny_internvl import _processor
+    from apbv.model.internvl.tiny import _processor
 
     return _processor(tmp_path_factory.mktemp("internvl"))
 

@@ -1,4 +1,4 @@
-"""apbv.model.tiny: the tiny random Qwen2.5-VL checkpoint loads like a released one.
+"""apbv.model.qwen2_5_vl.tiny: the tiny random Qwen2.5-VL checkpoint loads like a released one.
 
 The checkpoint is written once per module; model and processor are loaded once, with the stock
 ``from_pretrained(path, local_files_only=True)`` calls.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from apbv.model import tiny
-from apbv.model.hf_compat import TOKENIZER_CLASS, rope_settings, video_processor_kwargs
+from apbv.model.common.hf_compat import TOKENIZER_CLASS, rope_settings, video_processor_kwargs
+from apbv.model.qwen2_5_vl import tiny
 
 VIDEO_PAD = 151656
 QUESTION_IDS = [3838, 3093, 315, 5562, 374, 419, 30]  # "What kind of dog is this?"

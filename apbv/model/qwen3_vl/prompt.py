@@ -1,5 +1,5 @@
 """Qwen3-VL's frame choice, pixel budget and prompt, from its processor alone (no weights): what
-the engine's adapter (:mod:`apbv.model.qwen3_vl`) and the server's front end
+the engine's adapter (:mod:`apbv.model.qwen3_vl.adapter`) and the server's front end
 (:func:`apbv.model.front.prompt_rules`) both use.
 
 - Frames (:func:`qwen3_vl_sampling`): the stock video processor's ``sample_frames``: with a
@@ -140,7 +140,7 @@ class Qwen3VLRules:
     processor: Any
 
     def __post_init__(self) -> None:
-        from apbv.model.hf_compat import check_qwen3_vl_version
+        from apbv.model.common.hf_compat import check_qwen3_vl_version
 
         check_qwen3_vl_version()
 
@@ -184,7 +184,7 @@ class Qwen3VLStreamPrompt:
     merged_hw: tuple[int, int]
 
     def __post_init__(self) -> None:
-        from apbv.model.hf_compat import check_qwen3_vl_version
+        from apbv.model.common.hf_compat import check_qwen3_vl_version
 
         check_qwen3_vl_version()
         self.header, self.after = split_at_video(self.processor)

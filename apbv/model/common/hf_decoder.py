@@ -6,7 +6,9 @@ every family apbv runs; :func:`load_stock` loads one the way every adapter does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,12 +22,26 @@ if TYPE_CHECKING:
 A = TypeVar("A", bound="HFVisionLM")
 
 
+@dataclass
 class HFVisionLM:
     """The shared half of an adapter over ``self.model`` (a transformers
-    ``...ForConditionalGeneration``) and ``self.processor`` (its stock processor)."""
+    ``...ForConditionalGeneration``) and ``self.processor`` (its stock processor), with the
+    vision settings every family has (:meth:`set_vision` sets them)."""
 
     model: Any
     processor: Any
+    chunk_rows: int = 0
+    """Patch rows per vision-tower call (whole temporal units; 0: the share in one call)."""
+    preprocess: str = "processor"
+    """How frames become patch rows (the stock processor's float rows unless the family has
+    its own ways)."""
+    streams: bool = True
+    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
+
+    @property
+    def embeds_levels(self) -> bool:
+        """Whether the patch embedding takes pixel levels itself (the stock one does not)."""
+        return False
 
     @property
     def text_config(self) -> Any:
@@ -75,6 +91,41 @@ class HFVisionLM:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
+
+    def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """The family's (:meth:`apbv.model.adapter.VideoModel.tower_rows`)."""
+        raise NotImplementedError
+
+    def vision_tower(self, pixel_values: torch.Tensor,
+                     grid_thw: torch.Tensor | tuple[int, int, int]) -> torch.Tensor:
+        """The family's (:meth:`apbv.model.adapter.VideoModel.vision_tower`)."""
+        raise NotImplementedError
+
+    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
+                      overlap: bool | None = None) -> torch.Tensor:
+        """Frame chunks (uint8 (k, 3, H, W), whole temporal units, in order) -> the rows of
+        ``vision_tower(*tower_rows(all frames))``, chunk by chunk (``overlap`` is ignored: one
+        thread)."""
+        return tower_over(self.vision_tower, (self.tower_rows(chunk) for chunk in chunks),
+                          chunks)
+
+
+def tower_over(tower: Callable[[torch.Tensor, tuple[int, int, int]], torch.Tensor],
+               rows: Generator[tuple[torch.Tensor, tuple[int, int, int]], None, None],
+               chunks: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``tower`` on each (patch rows, grid) of ``rows`` (made from ``chunks``, in order) ->
+    the outputs joined (n_tokens, ...). ``rows`` is closed (a worker is stopped and joined),
+    then ``chunks`` (if it has ``close``), on an error too; ValueError when there were none."""
+    outs: list[torch.Tensor] = []
+    try:
+        with contextlib.closing(rows):  # a worker's is stopped and joined first
+            outs = [tower(*item) for item in rows]
+    finally:
+        if (close := getattr(chunks, "close", None)) is not None:
+            close()
+    if not outs:
+        raise ValueError("encode_frames got no frames")
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 class QwenVideoLM(HFVisionLM):
@@ -132,8 +183,8 @@ def load_stock(adapter: type[A], model_class: Any, path: str | Path, *, model_ty
     from transformers.utils import logging as hf_logging
 
     from apbv.config import VisionConfig
-    from apbv.model.hf_compat import check_version, dtype_kwargs
-    from apbv.model.hook import ATTN_IMPLEMENTATION, register_attention
+    from apbv.model.common.hf_compat import check_version, dtype_kwargs
+    from apbv.model.common.hook import ATTN_IMPLEMENTATION, register_attention
 
     path = validate_checkpoint(path, {model_type: family})
     if text_types is not None:

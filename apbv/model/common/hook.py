@@ -4,7 +4,7 @@ No modeling file is forked. The decoder's attention is routed through transforme
 registry: the text model runs with ``attn_implementation="apbv"``, whose function hands the
 post-RoPE q/k/v of each layer to the :class:`apbv.context.AttentionContext` installed around the
 forward (prefill: APB-V attention; decode: exact attention over the distributed cache). The
-vision tower's grouped attention (:mod:`apbv.model.vision_attention`) is registered under
+vision tower's grouped attention (:mod:`apbv.model.common.vision_attention`) is registered under
 :data:`VISION_ATTN_IMPLEMENTATION`. Every family's decoder uses the same hook: an adapter loads
 its text model with ``attn_implementation`` :data:`ATTN_IMPLEMENTATION`.
 """
@@ -17,11 +17,12 @@ import torch
 from transformers import AttentionInterface
 
 from apbv.context import current
-from apbv.model.vision_attention import hf_vision_attention
+from apbv.model.common.vision_attention import hf_vision_attention
 
 ATTN_IMPLEMENTATION = "apbv"
 VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
-"""The grouped vision attention's registry name ("flash": see :mod:`apbv.model.hf_compat`)."""
+"""The grouped vision attention's registry name ("flash": see
+:mod:`apbv.model.common.hf_compat`)."""
 
 
 def hf_attention(

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apbv.model.qwen_bpe import require_qwen_tokenizer
-from apbv.model.tiny import random_model, write_checkpoint_dir, write_qwen_tokenizer
+from apbv.model.common.qwen_bpe import require_qwen_tokenizer
+from apbv.model.qwen2_5_vl.tiny import random_model, write_checkpoint_dir, write_qwen_tokenizer
 
 if TYPE_CHECKING:
     from transformers import InternVLForConditionalGeneration
@@ -73,7 +73,8 @@ def tiny_internvl_config() -> Any:
 
 def build_tiny_internvl(seed: int = 0) -> InternVLForConditionalGeneration:
     """The tiny InternVL3 model in memory (fp32, eval mode), weights drawn from ``seed`` by
-    :func:`apbv.model.tiny.random_model`, the vision blocks' layer scales (``lambda``) 0.1."""
+    :func:`apbv.model.qwen2_5_vl.tiny.random_model`, the vision blocks' layer scales (``lambda``)
+    0.1."""
     from transformers import InternVLForConditionalGeneration
 
     return random_model(InternVLForConditionalGeneration, tiny_internvl_config(), seed,

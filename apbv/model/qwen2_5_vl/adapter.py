@@ -2,33 +2,31 @@
 
 It implements :class:`apbv.model.adapter.VideoModel` (the contract is written there): frames
 resized by :mod:`apbv.video` (qwen-vl-utils' rules) become patch rows of 2-frame temporal
-patches, the vision tower (:mod:`apbv.model.tower`) runs on a rank's whole temporal patches, a
+patches, the vision tower (:mod:`apbv.model.common.tower`) runs on a rank's whole temporal patches,
+a
 2x2 merge gives ``(h / 2) * (w / 2)`` tokens per temporal patch, the prompt holds one run of
 ``<|video_pad|>`` tokens, and positions are 3-D M-RoPE (:mod:`apbv.positions`). The decoder's
-attention goes through :mod:`apbv.model.hook`; transformers version drift is handled in
-:mod:`apbv.model.hf_compat`.
+attention goes through :mod:`apbv.model.common.hook`; transformers version drift is handled in
+:mod:`apbv.model.common.hf_compat`.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from apbv.model.front import QwenRules
-from apbv.model.hf_compat import (
+from apbv.model.common.hf_compat import (
     load_config,
     tower_output,
     video_processor_kwargs,
 )
-from apbv.model.hf_decoder import QwenVideoLM, load_stock
-from apbv.model.stream_prompt import QwenStreamPrompt
-from apbv.model.tower import (
+from apbv.model.common.hf_decoder import QwenVideoLM, load_stock, tower_over
+from apbv.model.common.tower import (
     CPU_CHUNK_ROWS,
     patch_grid,
     patch_spec,
@@ -36,6 +34,7 @@ from apbv.model.tower import (
     set_tower,
     tower_chunks,
 )
+from apbv.model.qwen2_5_vl.prompt import QwenRules, QwenStreamPrompt
 from apbv.plan import Range
 from apbv.positions import mrope_positions, video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -60,15 +59,10 @@ class QwenVL(QwenVideoLM):
     """A loaded Qwen2.5-VL checkpoint and the pieces apbv drives."""
 
     model: Qwen2_5_VLForConditionalGeneration
-    processor: Any
     preprocess: str = "fused"
     """Frames to patch rows: levels or fused (apbv.video.patches) or processor (the HF
     processor); :meth:`set_vision` sets it."""
     preprocess_workers: int = 1
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole temporal patches; 0: the video in one call)."""
-    streams: bool = True
-    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     extra_levels = 0
     """Tower rows are the merged embeddings alone."""
@@ -76,7 +70,7 @@ class QwenVL(QwenVideoLM):
     @property
     def embeds_levels(self) -> bool:
         """Whether the patch embedding takes pixel levels itself: the linear one
-        (:func:`apbv.model.tower.set_patch_embed`) does, the stock Conv3d does not."""
+        (:func:`apbv.model.common.tower.set_patch_embed`) does, the stock Conv3d does not."""
         return "forward" in self.model.model.visual.patch_embed.__dict__
 
     @property
@@ -174,8 +168,9 @@ class QwenVL(QwenVideoLM):
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Set up the vision tower and the patch rows as ``vision`` says: the tower's modules
-        (:func:`apbv.model.tower.set_tower`), patch rows per tower call (``chunk_rows``; unset:
-        :data:`apbv.model.tower.CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and how
+        (:func:`apbv.model.common.tower.set_tower`), patch rows per tower call (``chunk_rows``;
+        unset:
+        :data:`apbv.model.common.tower.CPU_CHUNK_ROWS` on CPU, the whole video elsewhere) and how
         frames become patch rows (``preprocess``, ``preprocess_workers``)."""
         set_tower(self.model, vision, self.device)
         # How pixel levels become rows: the processor's settings (None: it does more).
@@ -194,7 +189,7 @@ class QwenVL(QwenVideoLM):
 
         Every vision block attends inside one temporal patch (a window of it, or all of it), so
         the tower runs on chunks of whole temporal patches (:attr:`chunk_rows`,
-        :func:`apbv.model.tower.tower_chunks`) and the embeddings are concatenated in order.
+        :func:`apbv.model.common.tower.tower_chunks`) and the embeddings are concatenated in order.
         Levels go to the device as they are; the stock Conv3d gets them as the processor's
         float rows."""
         grid = patch_grid(pixel_values, grid_thw)
@@ -239,16 +234,7 @@ class QwenVL(QwenVideoLM):
             overlap = self.device.type != "cpu"
         rows = (rows_in_worker(self.tower_rows, chunks, self.device) if overlap
                 else (self.tower_rows(chunk) for chunk in chunks))
-        outs = []
-        try:
-            with contextlib.closing(rows):  # stops and joins the worker first
-                outs = [self.vision_tower(*item) for item in rows]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return tower_over(self.vision_tower, rows, chunks)
 
     def decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
                 video_features: VideoFeatures | None = None) -> torch.Tensor:

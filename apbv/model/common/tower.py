@@ -1,13 +1,14 @@
 """Qwen2.5-VL's vision tower as apbv runs it: module set-up and chunked runs.
 
 The vision tower's attention is registered with transformers
-(:data:`apbv.model.hook.VISION_ATTN_IMPLEMENTATION`, :mod:`apbv.model.vision_attention`):
+(:data:`apbv.model.common.hook.VISION_ATTN_IMPLEMENTATION`,
+:mod:`apbv.model.common.vision_attention`):
 equal-size windows batched into one call per size, or a varlen kernel on CUDA;
 ``vision.attention=per_window`` keeps the stock SDPA path. The patch embedding runs as one
-matrix product (:mod:`apbv.model.patch_embed`; ``vision.patch_embed=conv`` keeps the stock
+matrix product (:mod:`apbv.model.common.patch_embed`; ``vision.patch_embed=conv`` keeps the stock
 Conv3d), the q/k rotary runs on q and k together (``vision.rotary``), on CUDA the RMSNorms run
 as one kernel and the MLPs are padded to an aligned width (``vision.norm``, ``vision.mlp_pad``;
-:mod:`apbv.model.vision_blocks`), and the tower runs a few temporal patches per call on CPU
+:mod:`apbv.model.common.vision_blocks`), and the tower runs a few temporal patches per call on CPU
 (``vision.chunk_rows``; every vision block attends inside one temporal patch, so the chunks are
 independent). :func:`set_tower` applies these.
 """
@@ -26,11 +27,11 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
 from apbv.config import PATCH_EMBED, VISION_ATTENTION, VISION_NORM, VISION_ROTARY
-from apbv.model.hf_compat import module_function
-from apbv.model.hook import VISION_ATTN_IMPLEMENTATION, register_attention
-from apbv.model.patch_embed import linear_patch_embed
-from apbv.model.vision_attention import fused_rotary
-from apbv.model.vision_blocks import CUDA_MLP_PAD, fused_rms_norm, pad_mlp
+from apbv.model.common.hf_compat import module_function
+from apbv.model.common.hook import VISION_ATTN_IMPLEMENTATION, register_attention
+from apbv.model.common.patch_embed import linear_patch_embed
+from apbv.model.common.vision_attention import fused_rotary
+from apbv.model.common.vision_blocks import CUDA_MLP_PAD, fused_rms_norm, pad_mlp
 from apbv.validate import one_of
 from apbv.video.patches import PatchSpec, patches_per_chunk
 
@@ -55,7 +56,7 @@ def set_vision_attention(model: Qwen2_5_VLForConditionalGeneration, name: str) -
 
 def set_vision_rotary(name: str) -> None:
     """Select how the vision tower applies its q/k rotary: ``fused`` (q and k in one set of
-    passes, bit-equal to transformers', :func:`apbv.model.vision_attention.fused_rotary`) or
+    passes, bit-equal to transformers', :func:`apbv.model.common.vision_attention.fused_rotary`) or
     ``stock``. transformers looks the function up in its modeling module at every call, so
     the choice holds for the whole process; both give bit-equal values, so models of one
     process never compute different numbers because of it, only at a different speed."""
@@ -144,7 +145,8 @@ def rows_in_worker(process: Any, chunks: Iterable[torch.Tensor],
 
 def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's patch embedding: ``linear`` (one matrix product,
-    :mod:`apbv.model.patch_embed`; it also takes pixel levels) or ``conv`` (the stock Conv3d).
+    :mod:`apbv.model.common.patch_embed`; it also takes pixel levels) or ``conv`` (the stock
+    Conv3d).
     Only this instance changes."""
     one_of("vision.patch_embed", name, PATCH_EMBED)
     _swap_forward(model.model.visual.patch_embed, linear_patch_embed if name == "linear" else None)
@@ -152,7 +154,7 @@ def set_patch_embed(model: Qwen2_5_VLForConditionalGeneration, name: str) -> Non
 
 def set_vision_norm(model: Qwen2_5_VLForConditionalGeneration, name: str) -> None:
     """Select the vision tower's RMSNorms (its blocks' and the merger's): ``fused``
-    (:func:`apbv.model.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
+    (:func:`apbv.model.common.vision_blocks.fused_rms_norm`: one kernel on CUDA) or ``stock``. Only
     this instance changes."""
     one_of("vision.norm", name, VISION_NORM)
     visual = model.model.visual
@@ -174,7 +176,8 @@ def set_tower(model: Qwen2_5_VLForConditionalGeneration, vision: VisionConfig,
     """Set up the vision tower of ``model`` (a Qwen2.5-VL model, on ``device``) as ``vision``
     says: its attention (:func:`set_vision_attention`), patch embedding
     (:func:`set_patch_embed`), q/k rotary (:func:`set_vision_rotary`, for the whole process),
-    RMSNorms (:func:`set_vision_norm`) and MLP width (:func:`apbv.model.vision_blocks.pad_mlp`;
+    RMSNorms (:func:`set_vision_norm`) and MLP width
+    (:func:`apbv.model.common.vision_blocks.pad_mlp`;
     ``mlp_pad`` unset: padded on CUDA only)."""
     visual = model.model.visual
     set_vision_attention(model, vision.attention)

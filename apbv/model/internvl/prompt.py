@@ -1,5 +1,5 @@
 """InternVL3's frame choice and prompt, from its processor alone (no weights): what the
-engine's adapter (:mod:`apbv.model.internvl`) and the server's front end
+engine's adapter (:mod:`apbv.model.internvl.adapter`) and the server's front end
 (:func:`apbv.model.front.prompt_rules`) both use.
 
 - Frames: the stock video processor's ``sample_frames`` rule (:func:`internvl_sampling`), one

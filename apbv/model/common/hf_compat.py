@@ -13,20 +13,21 @@ where it is handled:
 - video processor: 5.x takes ``cap_pixels_per_frame`` (and warns without it), 4.57 does not
   know it (:func:`video_processor_kwargs`). The per-frame pixel cap of qwen-vl-utils is applied
   by :mod:`apbv.video` when it resizes the frames, so processing already-resized frames
-  (:meth:`apbv.model.qwen2_5_vl.QwenVL.process_frames`) gives the same patches on every version;
+  (:meth:`apbv.model.qwen2_5_vl.adapter.QwenVL.process_frames`) gives the same patches on every
+  version;
 - ``from_pretrained``'s dtype argument: ``dtype`` (``torch_dtype`` before 4.56,
   :func:`dtype_kwargs`);
-- attention registry: ``AttentionInterface.register`` (:mod:`apbv.model.hook`); an
+- attention registry: ``AttentionInterface.register`` (:mod:`apbv.model.common.hook`); an
   implementation the mask registry does not know gets no mask built, on 4.57 as on 5.x;
 - vision attention: 5.x hands the packed sequence of a block with its ``cu_seqlens`` (one call
   per block) to every implementation whose name contains "flash", hence the name of
-  :data:`apbv.model.hook.VISION_ATTN_IMPLEMENTATION`; 4.57 does so only for
+  :data:`apbv.model.common.hook.VISION_ATTN_IMPLEMENTATION`; 4.57 does so only for
   ``flash_attention_2`` and calls ours once per window, which stays exact but is not grouped.
   The implementation is set on the loaded vision config
-  (:func:`apbv.model.tower.set_vision_attention`), not passed to ``from_pretrained``, whose
+  (:func:`apbv.model.common.tower.set_vision_attention`), not passed to ``from_pretrained``, whose
   checks would treat the name as a flash-attn kernel to fetch;
 - vision rotary: 4.57 and 5.x call the module-level ``apply_rotary_pos_emb_vision`` of the
-  modeling module at every block, which :func:`apbv.model.tower.set_vision_rotary` replaces
+  modeling module at every block, which :func:`apbv.model.common.tower.set_vision_rotary` replaces
   (a version without it keeps its own rotary: :func:`module_function`);
 - 5.24's ``get_rope_index`` resumes text after a video at a different position than the rule
   the checkpoints were trained with; we never let the model compute positions

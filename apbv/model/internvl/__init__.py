@@ -1,0 +1,1 @@
+"""InternVL3: the adapter, the prompt rules and the tiny checkpoint writer."""
