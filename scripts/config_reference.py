@@ -6,7 +6,7 @@ docstring, and the values each shipped preset sets.
     python scripts/config_reference.py --write    # put it into docs/configuration.md
     python scripts/config_reference.py --check    # exit 1 when docs/configuration.md differs
 
-tests/test_docs_site.py runs the check, so the page follows the dataclasses and the presets."""
+tests/cli/test_docs_site.py runs the check, so the page follows the dataclasses and the presets."""
 
 from __future__ import annotations
 
