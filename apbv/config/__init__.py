@@ -23,9 +23,9 @@ from apbv.validate import boolean, integer, number, one_of, pruning_settings, st
 if TYPE_CHECKING:
     from apbv.video import VideoSpec
 
-PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+PACKAGED_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The presets shipped inside the package (a wheel install has only these)."""
-SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+SOURCE_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The source tree's configs/ (where users edit presets), when running from a checkout."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
