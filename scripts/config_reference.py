@@ -6,7 +6,7 @@ docstring, and the values each shipped preset sets.
     python scripts/config_reference.py --write    # put it into docs/configuration.md
     python scripts/config_reference.py --check    # exit 1 when docs/configuration.md differs
 
-tests/test_docs_site.py runs the check, so the page follows the dataclasses and the presets."""
+tests/cli/test_docs_site.py runs the check, so the page follows the dataclasses and the presets."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ END = "<!-- end of the generated part -->"
 
 
 def _field_docs() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the field's docstring, read from apbv/config.py's source
-    (attribute docstrings are not kept at run time)."""
-    tree = ast.parse(Path(config_module.__file__).read_text())
+    """(class name, field name) -> the field's docstring, read from the source of the modules of
+    apbv/config/ (attribute docstrings are not kept at run time)."""
+    nodes = [node for path in sorted(Path(config_module.__file__).parent.glob("*.py"))
+             for node in ast.parse(path.read_text()).body]
     docs: dict[tuple[str, str], str] = {}
-    for node in tree.body:
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         for stmt, after in zip(node.body, [*node.body[1:], None], strict=True):
@@ -62,11 +63,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    else:
-        value = f.default_factory()  # type: ignore[misc]
+def _default(value: object) -> str:
+    """A field's value in a section made with no arguments (``video.fps``: 2.0, which an unset
+    fps becomes without nframes)."""
     return "unset" if value is None else f"`{_toml(value)}`"
 
 
@@ -82,11 +81,13 @@ def generate() -> str:
             lines += [" ".join(cls.__doc__.split()), ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         types = config_module.get_type_hints(cls)
+        defaults = cls()
         for f in dataclasses.fields(cls):
             kind = _cell(_type_name(types[f.name]))
-            meaning = _cell(docs.get((cls.__name__, f.name), ""))
-            lines.append(f"| `{section.name}.{f.name}` | `{kind}` | {_cell(_default(f))} "
-                         f"| {meaning} |")
+            meaning = _cell(next((docs[(c.__name__, f.name)] for c in cls.__mro__
+                                  if (c.__name__, f.name) in docs), ""))
+            default = _cell(_default(getattr(defaults, f.name)))
+            lines.append(f"| `{section.name}.{f.name}` | `{kind}` | {default} | {meaning} |")
         lines.append("")
     presets = sorted(config_module.PACKAGED_CONFIG_DIR.glob("*.toml"))
     values = {p.stem: tomllib.loads(p.read_text()) for p in presets}

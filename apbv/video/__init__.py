@@ -38,12 +38,16 @@ selection (torchcodec first, then a silent fallback to torchvision's ``read_vide
 torchvision 0.29 removed) is never used. decord, PyAV, qwen-vl-utils and torchvision (the
 ``video`` extra) are imported only when needed, so ``import apbv.video`` works without them.
 
-Layout: :mod:`apbv.video.sampling` (the request and sampling types and the pure sampling
-rules), :mod:`apbv.video.frames` (decoded frames' types), :mod:`apbv.video.decoders` (decord and
-PyAV readers with their file checks) and :mod:`apbv.video.load` (probe and frame-parallel
-loading). The public names are re-exported here.
+Layout: :mod:`apbv.video.sampling` (the sampling types and the pure sampling rules; the
+request, :class:`VideoSpec`, is the config's video schema in :mod:`apbv.config.video`),
+:mod:`apbv.video.frames` (decoded frames' types), :mod:`apbv.video.decoders` (decord and PyAV
+readers with their file checks) and :mod:`apbv.video.load` (probe and frame-parallel loading).
+The public names are re-exported here.
 """
 
+from apbv.config.video import VIDEO_BACKENDS as BACKENDS
+from apbv.config.video import VIDEO_DECODE_MODES as DECODE_MODES
+from apbv.config.video import VIDEO_DEVICE_BACKENDS as DEVICE_BACKENDS
 from apbv.video.frames import DecodedVideo, RankFrames
 from apbv.video.load import (
     VideoIdentity,
@@ -54,9 +58,6 @@ from apbv.video.load import (
     video_identity,
 )
 from apbv.video.sampling import (
-    BACKENDS,
-    DECODE_MODES,
-    DEVICE_BACKENDS,
     TEMPORAL_PATCH_SIZE,
     Sampling,
     VideoMeta,

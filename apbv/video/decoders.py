@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from apbv.config.video import VIDEO_BACKENDS as BACKENDS
 from apbv.video.nofollow import fd_path, open_nofollow
-from apbv.video.sampling import BACKENDS, VideoMeta, VideoSpec, _import
+from apbv.video.sampling import VideoMeta, VideoSpec, _import
 
 
 def _decoder_message(err: BaseException) -> str:

@@ -6,17 +6,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
 
 import torch
 
 from apbv import import_extra
-from apbv.config import VIDEO_BACKENDS as BACKENDS
-from apbv.config import VIDEO_DECODE_MODES as DECODE_MODES
-from apbv.config import VIDEO_DEVICE_BACKENDS as DEVICE_BACKENDS
+from apbv.config.video import VideoSpec
 from apbv.validate import check_int, positive
 
 TEMPORAL_PATCH_SIZE = 2
@@ -36,152 +32,8 @@ def _qwen() -> ModuleType:
 
 
 # ---------------------------------------------------------------------------------------------
-# Value checks.
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Public data types.
-
-
-@dataclass(frozen=True)
-class VideoSpec:
-    """One video and how to sample it: qwen-vl-utils' ``fetch_video`` keys, plus the decoder.
-
-    ``None`` means qwen-vl-utils' default for that key. Exactly one of ``fps`` and ``nframes``
-    sets the frame count; with neither, 2 frames per second are sampled.
-    """
-
-    path: str
-    """Local video file (``os.PathLike`` is accepted and stored as ``str``)."""
-    fps: float | None = None
-    """Frames to sample per second of video; None: 2.0 (qwen-vl-utils' FPS) unless nframes."""
-    nframes: int | None = None
-    """Fixed number of frames to sample, rounded to a multiple of 2 with Python's ``round``."""
-    min_frames: int = 4
-    """With fps: at least this many frames (rounded up to a multiple of 2)."""
-    max_frames: int | None = None
-    """With fps: at most this many frames; None: min(768, frames in the range)."""
-    min_pixels: int | None = None
-    """Per-frame pixel floor; None: 128 tokens = 128 * 28**2 pixels (patch 14), or max_pixels
-    when that is given and lower (qwen-vl-utils fails there; see :func:`plan_sampling`)."""
-    max_pixels: int | None = None
-    """Per-frame pixel cap, lowered further by total_pixels; None: 768 * 28**2 (patch 14)."""
-    total_pixels: float | None = None
-    """Pixel budget of the whole video; None: env MODEL_SEQ_LEN (128000) * 28**2 * 0.9."""
-    video_start: float | None = None
-    """Start of the clip in seconds (None: the first frame)."""
-    video_end: float | None = None
-    """End of the clip in seconds (None: the last frame)."""
-    backend: str = "decord"
-    """Decoder: one of :data:`BACKENDS` or :data:`DEVICE_BACKENDS`. There is no fallback from
-    one to another."""
-    image_patch_size: int = 14
-    """ViT patch size; frames are resized to multiples of ``image_patch_size * 2``."""
-    resized_height: int | None = None
-    """With resized_width: resize every frame to about this size instead (rounded to multiples
-    of ``image_patch_size * 2``; the pixel settings are then not used), as qwen-vl-utils."""
-    resized_width: int | None = None
-    """With resized_height: see there."""
-    decode: str = "needed"
-    """One of :data:`DECODE_MODES`. Both modes seek to the keyframe before a sampled frame
-    unless the decoder is already on its way there and stop at the last sampled frame.
-    ``needed`` (PyAV): the frames nothing refers to are skipped unless sampled, and the open
-    checks truncation from the packet index without decoding the last frame; on the CPU each
-    frame is resized as it is decoded (:func:`apbv.video.bicubic.frame_resizer`). ``all``:
-    every coded frame on the way, the last frame at open, and chunks of stacked frames
-    resized (the earlier reader and conversion; for comparisons). decord decodes the same way
-    in both. The frames are the same bit for bit."""
-    decode_threads: int | None = None
-    """Decoder threads; None: the process's cores divided by the ranks (at least 1)."""
-    snap_to_keyframes: float | None = None
-    """Seconds (opt-in, approximate sampling): a sampled frame that lies within this of a
-    keyframe is replaced by the nearest keyframe, which decodes alone instead of after the
-    frames before it; :attr:`Sampling.moved` lists the frames that moved. None: exact."""
-    keyframe_split: bool = False
-    """Split the frames over the ranks at keyframe intervals (:func:`apbv.video.gop.frame_split`,
-    at most one temporal patch from the balanced split) instead of the balanced split; needs
-    the file's keyframe index. The same frames and tokens."""
-    follow_symlinks: bool = True
-    """False: open the file without following a symbolic link anywhere on ``path`` (a link is
-    an error), and decode the file so opened whatever the path is swapped for meanwhile (the
-    server's choice for clients' paths, checked against its media roots first)."""
-
-    def __post_init__(self) -> None:
-        path = self.path
-        if isinstance(path, os.PathLike):
-            path = os.fspath(path)
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"path must be a non-empty str or os.PathLike, got {self.path!r}")
-        object.__setattr__(self, "path", path)
-        if not isinstance(self.follow_symlinks, bool):
-            raise ValueError(f"follow_symlinks must be a bool, got {self.follow_symlinks!r}")
-        if not isinstance(self.keyframe_split, bool):
-            raise ValueError(f"keyframe_split must be a bool, got {self.keyframe_split!r}")
-        if self.backend not in BACKENDS + DEVICE_BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS} or {DEVICE_BACKENDS[0]!r} "
-                             f"(a GPU's), got {self.backend!r}")
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
-        if self.decode_threads is not None:
-            check_int("decode_threads", self.decode_threads, 1)
-        if self.snap_to_keyframes is not None:
-            positive("snap_to_keyframes", self.snap_to_keyframes)
-        if self.fps is not None and self.nframes is not None:
-            raise ValueError(
-                f"fps and nframes are mutually exclusive (got fps={self.fps!r}, "
-                f"nframes={self.nframes!r}); give one of them"
-            )
-        if self.fps is not None:
-            positive("fps", self.fps)
-        if self.nframes is not None:
-            check_int("nframes", self.nframes, TEMPORAL_PATCH_SIZE)
-        check_int("min_frames", self.min_frames, 1)
-        if self.max_frames is not None:
-            check_int("max_frames", self.max_frames, TEMPORAL_PATCH_SIZE)
-            if self.max_frames < self.min_frames:
-                raise ValueError(
-                    f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})"
-                )
-        if self.min_pixels is not None:
-            check_int("min_pixels", self.min_pixels, 1)
-        if self.max_pixels is not None:
-            check_int("max_pixels", self.max_pixels, 1)
-            if self.min_pixels is not None and self.max_pixels < self.min_pixels:
-                raise ValueError(
-                    f"max_pixels ({self.max_pixels}) must be >= min_pixels ({self.min_pixels})"
-                )
-        if self.total_pixels is not None:
-            positive("total_pixels", self.total_pixels)
-        if self.video_start is not None:
-            positive("video_start", self.video_start, allow_zero=True)
-        if self.video_end is not None:
-            positive("video_end", self.video_end, allow_zero=True)
-            if self.video_start is not None and self.video_end <= self.video_start:
-                raise ValueError(
-                    f"video_end ({self.video_end}) must be > video_start ({self.video_start})"
-                )
-        check_int("image_patch_size", self.image_patch_size, 1)
-        if (self.resized_height is None) != (self.resized_width is None):
-            raise ValueError(
-                f"resized_height and resized_width go together (got resized_height="
-                f"{self.resized_height!r}, resized_width={self.resized_width!r}); give both"
-            )
-        if self.resized_height is not None:
-            check_int("resized_height", self.resized_height, 1)
-            check_int("resized_width", self.resized_width, 1)
-
-    def qwen_element(self) -> dict[str, Any]:
-        """The equivalent qwen-vl-utils video element (only the keys that are set)."""
-        ele: dict[str, Any] = {"video": self.path}
-        for key in ("fps", "nframes", "max_frames", "min_pixels", "max_pixels", "total_pixels",
-                    "video_start", "video_end", "resized_height", "resized_width"):
-            value = getattr(self, key)
-            if value is not None:
-                ele[key] = value
-        ele["min_frames"] = self.min_frames
-        return ele
+# Public data types (the request, :class:`VideoSpec`, is the config's video schema:
+# :mod:`apbv.config.video`).
 
 
 @dataclass(frozen=True)
@@ -353,14 +205,15 @@ def _resize_target(
         max_pixels = min(spec.max_pixels, max_pixels)
     settings = (f"min_pixels={min_pixels}, max_pixels={max_pixels:g} (after the total_pixels "
                 f"cap), total_pixels={total_pixels:g}, {nframes} frames, factor {factor}")
-    if spec.resized_height is not None:
+    bounds: dict[str, float | None] = {"min_pixels": min_pixels, "max_pixels": max_pixels}
+    if spec.resized_height is not None and spec.resized_width is not None:  # set together
         height, width = spec.resized_height, spec.resized_width
         settings = f"resized_height={height}, resized_width={width}, factor {factor}"
-        min_pixels = max_pixels = None  # smart_resize's image defaults, as fetch_video
+        bounds = {"min_pixels": None, "max_pixels": None}  # smart_resize's image defaults
     elif max_pixels < min_pixels:  # unreachable: VideoSpec checks max_pixels >= min_pixels
         raise ValueError(f"{where}: max_pixels ({max_pixels}) is below min_pixels ({min_pixels})")
     try:
-        out = vp.smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        out = vp.smart_resize(height, width, factor, **bounds)
     except ValueError as err:  # aspect ratio beyond qwen-vl-utils' MAX_RATIO
         raise ValueError(f"{where}: frames of {width}x{height} cannot be resized: {err}") from err
     new_height, new_width = out
@@ -373,7 +226,7 @@ def _resize_target(
     return new_height, new_width
 
 
-_NO_TOTAL_CAP = 1e300
+_NO_TOTAL_CAP = 10**300
 """A total_pixels budget no frame size reaches: the per-frame bounds alone decide the size."""
 
 

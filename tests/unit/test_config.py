@@ -138,6 +138,31 @@ def test_valid_values_pass_through() -> None:
     assert fixed.qwen_element()["resized_width"] == 200
 
 
+def test_the_config_and_a_request_share_one_video_schema() -> None:
+    """VideoConfig and VideoSpec are VideoSettings plus their own fields: one default and one
+    check per sampling key, the setting named as the config or a request names it."""
+    from apbv.video import VideoSpec
+
+    shared = [f.name for f in dataclasses.fields(config.VideoSettings)]
+    assert len(shared) == 16 and shared[:2] == ["fps", "nframes"]
+    for cls in (config.VideoConfig, VideoSpec):
+        assert [f.name for f in dataclasses.fields(cls)][:16] == shared
+    # fps unset without nframes is DEFAULT_FPS in both (what every run has sampled with).
+    assert config.VideoConfig().settings() == VideoSpec("v.mp4").settings()
+    assert config.VideoConfig().fps == VideoSpec("v.mp4").fps == config.DEFAULT_FPS == 2.0
+    assert config.VideoConfig(nframes=8).fps is None and VideoSpec("v.mp4", nframes=8).fps is None
+    cfg = load_config("tiny_cpu", ["video.nframes=6", "video.backend=pyav", "video.min_frames=2",
+                                   "video.keyframe_split=true", "video.total_pixels=90000"])
+    assert cfg.video.spec("v.mp4").settings() == cfg.video.settings()
+    assert cfg.video.spec("v.mp4").backend == "pyav"
+    with pytest.raises(ValueError, match=r"^video.max_frames must be an integer >= 8, got 6"):
+        config.VideoConfig(min_frames=8, max_frames=6)
+    with pytest.raises(ValueError, match=r"^max_frames must be an integer >= 8, got 6"):
+        VideoSpec("v.mp4", min_frames=8, max_frames=6)
+    with pytest.raises(ValueError, match=r"^total_pixels must be an integer >= 1, got 1.5"):
+        VideoSpec("v.mp4", total_pixels=1.5)  # type: ignore[arg-type]
+
+
 def test_nccl_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

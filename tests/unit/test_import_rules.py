@@ -92,6 +92,19 @@ def _imports(module: str) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(eager), frozenset(lazy)
 
 
+def _type_checking_imports(module: str) -> set[str]:
+    """The dotted modules ``module`` imports inside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(_sources()[module].read_text(), filename=str(_sources()[module]))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for sub in node.body:
+                for inner in ast.walk(sub):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        out.update(_imported_names(inner, module))
+    return out
+
+
 def _apbv_edges(module: str, *, lazy: bool = False) -> set[str]:
     """The apbv modules ``module`` imports (module level; with ``lazy`` also the lazy ones),
     without the packages that contain ``module``."""
@@ -157,7 +170,9 @@ def _cycles(*, lazy: bool = False) -> list[list[str]]:
 def test_the_rules_see_what_they_check() -> None:
     """The reader finds module-level, TYPE_CHECKING and lazy imports where they are."""
     eager, lazy = _imports("apbv.config")
-    assert "apbv.modes" in eager and "apbv.video" not in eager and "apbv.video" in lazy
+    assert {"apbv.modes", "apbv.config.video"} <= eager
+    eager, lazy = _imports("apbv.engine.request")  # RuntimeConfig under TYPE_CHECKING only
+    assert "apbv.config" not in eager | lazy and "apbv.validate" in eager
     assert "apbv.engine.engine" in _imports("apbv.cli.generate")[1]
     assert "torch" in _closure("apbv.ownership")
     assert len(_sources()) > 100
@@ -168,12 +183,9 @@ def test_no_import_cycles() -> None:
 
 
 LAZY_CYCLES = [
-    {"apbv.config", "apbv.video", "apbv.video.bicubic", "apbv.video.decoders",
-     "apbv.video.frames", "apbv.video.gop", "apbv.video.load", "apbv.video.sampling"},
     {"apbv.engine.decode", "apbv.engine.decode_graph"},
 ]
-"""Circles closed only by a lazy import: ``VideoConfig.spec`` builds a ``VideoSpec`` (apbv.video
-imports the config's allowed decoders), and the decode loop and its CUDA-graph step."""
+"""Circles closed only by a lazy import: the decode loop and its CUDA-graph step."""
 
 
 def test_lazy_import_cycles_are_only_the_known_ones() -> None:
@@ -198,7 +210,21 @@ def test_config_imports_no_torch() -> None:
                    if n.split(".")[0] in ("torch", "transformers", "numpy"))
     assert heavy == [], f"apbv.config imports {heavy} (directly or through apbv modules)"
     assert {n for n in _closure("apbv.config") if n.startswith("apbv.")} <= \
-        {"apbv.config", "apbv.modes", "apbv.plan", "apbv.validate"}
+        {"apbv.config", "apbv.config.video", "apbv.modes", "apbv.plan", "apbv.validate"}
+
+
+def test_config_imports_nothing_from_video() -> None:
+    """The video schema lives in the config (apbv.config.video) and the video stage imports it,
+    so no module of the config imports apbv.video, lazily or for types either."""
+    bad = {}
+    for module in _sources():
+        if module == "apbv.config" or module.startswith("apbv.config."):
+            eager, lazy = _imports(module)
+            typed = _type_checking_imports(module)
+            video = sorted(n for n in eager | lazy | typed if n.split(".")[:2] == ["apbv", "video"])
+            if video:
+                bad[module] = video
+    assert bad == {}, "the config imports the video stage"
 
 
 def _long_files() -> dict[str, int]:

@@ -130,9 +130,9 @@ def test_truncated_camera_file_fails_at_open(clips) -> None:
 
 
 def test_decode_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"decode must be one of \('needed', 'all'\)"):
+    with pytest.raises(ValueError, match="decode must be one of needed, all; got 'some'"):
         VideoSpec("x.mp4", decode="some")
-    with pytest.raises(ValueError, match="decode_threads must be >= 1"):
+    with pytest.raises(ValueError, match="decode_threads must be an integer >= 1, got 0"):
         VideoSpec("x.mp4", decode_threads=0)
     with pytest.raises(ValueError, match="video.decode must be one of"):
         VideoConfig(decode="fast")
@@ -194,6 +194,5 @@ def test_nvdec_is_refused_by_name_where_it_cannot_run(clips) -> None:
     assert VideoConfig(backend="nvdec").spec("x.mp4").backend == "nvdec"
     with pytest.raises(ValueError, match=r"backend='nvdec' needs .*decord, pyav"):
         probe(VideoSpec(clips.pframes, backend="nvdec"))
-    with pytest.raises(ValueError, match=r"backend must be one of \('decord', 'pyav'\) or "
-                                         r"'nvdec'"):
+    with pytest.raises(ValueError, match="backend must be one of decord, pyav, nvdec; got 'gpu'"):
         VideoSpec("x.mp4", backend="gpu")

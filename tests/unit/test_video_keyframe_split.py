@@ -27,7 +27,7 @@ def test_video_section_defaults_load() -> None:
 def test_keyframe_split_setting_is_checked_and_reaches_the_spec() -> None:
     with pytest.raises(ValueError, match=r"video.keyframe_split must be"):
         VideoConfig(keyframe_split="yes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"keyframe_split must be a bool, got 1"):
+    with pytest.raises(ValueError, match=r"keyframe_split must be true or false, got 1"):
         VideoSpec("v.mp4", keyframe_split=1)  # type: ignore[arg-type]
     assert VideoConfig(keyframe_split=True).spec("v.mp4").keyframe_split is True
     assert VideoConfig().spec("v.mp4").keyframe_split is False

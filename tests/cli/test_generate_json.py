@@ -12,7 +12,7 @@ from pathlib import Path
 
 from apbv.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_needle_video_and_generate_json(tmp_path: Path, capsys) -> None:

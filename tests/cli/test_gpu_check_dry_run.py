@@ -2,7 +2,7 @@
 loans: ``--first-run`` runs every part's CPU side (the multi-rank parts on 2 CPU ranks,
 tests/gpu skipping with their reasons), says which parts need a GPU, and prints a worst case
 within 10 minutes; it refuses a first run whose limits add up to more; NVDEC's torchcodec
-check. The serve part (a server start) and the calibration (tests/test_cli.py runs its dry
+check. The serve part (a server start) and the calibration (tests/cli/test_cli.py runs its dry
 run) are left out to keep this under a minute and a half."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """``apbv demo --json`` writes only JSON to stdout (its report goes to stderr), as
 ``generate --json`` does; the ranks are replaced by their results here (the demo itself runs
-in tests/test_cli.py)."""
+in tests/cli/test_cli.py)."""
 
 from __future__ import annotations
 

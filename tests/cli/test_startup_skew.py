@@ -13,7 +13,7 @@ from pathlib import Path
 
 from apbv.distributed import LATE_RANK_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOLD_S = 60
 
 

@@ -1,6 +1,8 @@
 """Runtime configuration: dataclasses (the schema), TOML presets in configs/, CLI overrides.
 
 Presets live in apbv/configs/ (shipped in the wheel); the source tree's configs/ points there.
+The ``[video]`` section is :mod:`apbv.config.video`, the one video schema that a video file's
+request (:class:`apbv.video.VideoSpec`) shares.
 
 Precedence: command-line overrides > the TOML preset > the defaults below. A TOML file has one
 table per section ([model], [video], [parallel], [attention], [generate], [decode], [cache])
@@ -13,23 +15,28 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import Any, get_type_hints
 
+# The [video] section and the one video schema (re-exported: every layer imports them here).
+from apbv.config.video import DEFAULT_FPS as DEFAULT_FPS
+from apbv.config.video import RESIZE_DEVICES as RESIZE_DEVICES
+from apbv.config.video import VIDEO_BACKENDS as VIDEO_BACKENDS
+from apbv.config.video import VIDEO_DECODE_MODES as VIDEO_DECODE_MODES
+from apbv.config.video import VIDEO_DEVICE_BACKENDS as VIDEO_DEVICE_BACKENDS
+from apbv.config.video import VideoConfig
+from apbv.config.video import VideoSettings as VideoSettings
 from apbv.modes import MODE_NAMES
-from apbv.validate import boolean, integer, number, one_of, pruning_settings, string
+from apbv.validate import boolean, integer, number, one_of, string
 
-if TYPE_CHECKING:
-    from apbv.video import VideoSpec
-
-PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+PACKAGED_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The presets shipped inside the package (a wheel install has only these)."""
-SOURCE_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+SOURCE_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The source tree's configs/ (where users edit presets), when running from a checkout."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
-RESIZE_DEVICES = ("cpu", "cuda")
 DECODE_GRAPHS = ("auto", "on", "off")  # values of decode.graphs (docs/decode_graphs.md)
 _FRAME_KEYS = ("fps", "nframes")  # video: exactly one sets the frame count
 MAX_NEW_TOKENS = 32768
@@ -41,15 +48,6 @@ MAX_TIMEOUT_S = 86400.0
 # them import these (this module imports no torch, so every layer can).
 KERNEL_BACKENDS = ("flash", "sdpa", "reference")
 """``attention.kernel``: the attention kernels of :mod:`apbv.attention.kernels`."""
-VIDEO_BACKENDS = ("decord", "pyav")
-"""``video.backend``: the host decoders :class:`apbv.video.VideoSpec` accepts (the CPU's, and
-the bit-parity reference)."""
-VIDEO_DEVICE_BACKENDS = ("nvdec",)
-"""``video.backend`` on the rank's GPU: ``nvdec`` is NVIDIA's hardware decoder through
-torchcodec's CUDA decoder (frames stay on the device; not bit-equal to the host decoders;
-written for GPU hosts and not run on a CPU machine)."""
-VIDEO_DECODE_MODES = ("needed", "all")
-"""``video.decode``: how PyAV walks a file; the sampled frames are the same."""
 PREPROCESS = ("levels", "fused", "processor")
 """``vision.preprocess``: frames to patch rows by :mod:`apbv.video.patches`, as pixel levels
 (``levels``) or as the processor's float rows (``fused``), or by the HF video processor."""
@@ -73,97 +71,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         string("model.path", self.path)
         one_of("model.dtype", self.dtype, DTYPES)
-
-
-@dataclass
-class VideoConfig:
-    """Frame sampling: qwen-vl-utils' video keys (same names, same defaults), plus the decoder."""
-
-    fps: float | None = 2.0
-    """Frames sampled per second (qwen-vl-utils' rule); exclusive with nframes."""
-    nframes: int | None = None
-    """Exact number of frames to sample (rounded to a multiple of 2)."""
-    min_frames: int = 4
-    """With fps: at least this many frames."""
-    max_frames: int | None = None
-    """With fps: at most this many frames (qwen-vl-utils' default when unset)."""
-    min_pixels: int | None = None
-    """Per-frame pixel floor (qwen-vl-utils' default when unset, or max_pixels if lower)."""
-    max_pixels: int | None = None
-    """Per-frame pixel cap (qwen-vl-utils' default when unset)."""
-    total_pixels: int | None = None
-    """Pixel budget of the whole video (qwen-vl-utils' default when unset)."""
-    video_start: float | None = None
-    """Start of the clip in seconds (unset: the first frame)."""
-    video_end: float | None = None
-    """End of the clip in seconds (unset: the last frame)."""
-    resized_height: int | None = None
-    """With resized_width: a fixed frame size instead of the pixel settings."""
-    resized_width: int | None = None
-    """With resized_height: a fixed frame size instead of the pixel settings."""
-    backend: str = "decord"
-    """Decoder: decord or pyav (chosen explicitly, never a silent fallback), or nvdec (the
-    GPU's hardware decoder through torchcodec; CUDA ranks with torchcodec installed)."""
-    decode: str = "needed"
-    """How PyAV walks the file: needed (skip the frames nothing refers to unless sampled; no
-    decode at the end of the file at open) or all (the earlier reader); the same frames."""
-    decode_threads: int | None = None
-    """Decoder threads per rank (unset: the cores divided by the ranks)."""
-    snap_to_keyframes: float | None = None
-    """Seconds (opt-in, approximate): a sampled frame within this of a keyframe takes the
-    keyframe instead (decoded alone); unset: exact sampling."""
-    keyframe_split: bool = False
-    """Opt-in: move each boundary of the ranks' frame split by at most one temporal patch to
-    where the two ranks' frames lie in different keyframe intervals, so no two ranks walk the
-    same GOP (apbv/video/gop.py); the same tokens as the balanced split."""
-    resize_device: str = "cpu"
-    """Where decoded frames are resized into patch rows: cpu (qwen-vl-utils' pixels bit for
-    bit) or cuda (the rank's GPU: uint8 frames resized on the device, differing from the CPU's
-    by rounding; CUDA ranks only)."""
-    static_threshold: float = 0.0
-    """Temporal patches changed by less, in channel levels 0-255, are dropped (0: off)."""
-    pruning_rate: float = 0.0
-    """vLLM's video_pruning_rate: only 0 (off) is supported yet (docs/pruning.md)."""
-
-    def __post_init__(self) -> None:
-        pruning_settings(self.pruning_rate, self.static_threshold)
-        one_of("video.backend", self.backend, VIDEO_BACKENDS + VIDEO_DEVICE_BACKENDS)
-        one_of("video.resize_device", self.resize_device, RESIZE_DEVICES)
-        one_of("video.decode", self.decode, VIDEO_DECODE_MODES)
-        integer("video.decode_threads", self.decode_threads, 1, optional=True)
-        number("video.snap_to_keyframes", self.snap_to_keyframes, optional=True)
-        boolean("video.keyframe_split", self.keyframe_split)
-        if self.fps is not None and self.nframes is not None:
-            raise ValueError("video.fps and video.nframes are exclusive; set one of them")
-        number("video.fps", self.fps, optional=True)
-        integer("video.nframes", self.nframes, 2, optional=True)
-        integer("video.min_frames", self.min_frames, 1)
-        integer("video.max_frames", self.max_frames, max(2, self.min_frames), optional=True)
-        for name in ("min_pixels", "max_pixels", "total_pixels", "resized_height",
-                     "resized_width"):
-            integer(f"video.{name}", getattr(self, name), 1, optional=True)
-        if self.min_pixels is not None and self.max_pixels is not None \
-                and self.max_pixels < self.min_pixels:
-            raise ValueError(f"video.max_pixels must be >= video.min_pixels ({self.min_pixels}), "
-                             f"got {self.max_pixels}")
-        number("video.video_start", self.video_start, low_open=False, optional=True)
-        number("video.video_end", self.video_end, low_open=False, optional=True)
-        if self.video_start is not None and self.video_end is not None \
-                and self.video_end <= self.video_start:
-            raise ValueError(f"video.video_end must be > video.video_start ({self.video_start}), "
-                             f"got {self.video_end}")
-        if (self.resized_height is None) != (self.resized_width is None):
-            raise ValueError("video.resized_height and video.resized_width go together; "
-                             "set both or neither")
-
-    def spec(self, path: str) -> VideoSpec:
-        """The sampling request for one video file (the fields it has carry over by name; where
-        frames are resized is the engine's, the pruning settings are the request's)."""
-        from apbv.video import VideoSpec
-
-        return VideoSpec(path=path, **{f.name: getattr(self, f.name)
-                                       for f in dataclasses.fields(self)
-                                       if f.name in VideoSpec.__dataclass_fields__})
 
 
 @dataclass
@@ -350,13 +257,15 @@ def _model_path_from(preset: Path, data: dict[str, Any]) -> None:
     names a directory there (a checkpoint kept beside its preset); else it stays relative to
     the current directory."""
     model = data.get("model")
-    path = model.get("path") if isinstance(model, dict) else None
+    if not isinstance(model, dict):
+        return
+    path = model.get("path")
     if isinstance(path, str) and path and not Path(path).is_absolute() and \
             (preset.parent / path).is_dir():
         model["path"] = str((preset.parent / path).resolve())
 
 
-def load_config(preset: str | None = None, overrides: list[str] = ()) -> RuntimeConfig:
+def load_config(preset: str | None = None, overrides: Sequence[str] = ()) -> RuntimeConfig:
     """Defaults, then the preset's values, then ``section.key=value`` overrides.
 
     video.fps and video.nframes are exclusive: setting one in a later layer (the preset over the
@@ -368,9 +277,6 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Runtime
         with open(path, "rb") as f:
             data = tomllib.load(f)
         _model_path_from(path, data)
-    video = data.get("video")
-    if isinstance(video, dict) and "nframes" in video and "fps" not in video:
-        video["fps"] = None
     layered: set[str] = set()
     for text in overrides:
         section, name, value = _parse_override(text)

@@ -13,7 +13,7 @@ import pytest
 
 from apbv.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_plan_command(capsys) -> None:

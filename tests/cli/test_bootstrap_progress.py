@@ -10,7 +10,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE_PYTHON = """#!/usr/bin/env bash
 mkdir -p .venv/bin
 cat > .venv/bin/pip <<'PIP'

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-NEEDLE_TINY = Path(__file__).resolve().parents[1] / "apbv" / "assets" / "needle-tiny"
+NEEDLE_TINY = Path(__file__).resolve().parents[2] / "apbv" / "assets" / "needle-tiny"
 
 
 class _Batches:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli_errors import LOAD_LINES
+from tests.cli.test_cli_errors import LOAD_LINES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What colour is the square?"
 
 
