@@ -4,11 +4,15 @@ the predicted TTFT of every mode (:mod:`apbv.cost`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.cli.common import add_plan_args
 from apbv.modes import MODE_NAMES
+
+if TYPE_CHECKING:
+    from apbv.cost import Prediction, Workload
 
 DEFAULT_FRAME_SIDE = 448
 """``plan --frames`` without ``--height``/``--width``: square frames of this side (stated in
@@ -45,6 +49,15 @@ def register(sub: Any) -> None:
     plan.add_argument("--answer-tokens", type=int, default=1,
                       help="tokens of the answer (the first included): also predict the "
                            "seconds per decoded token and to the last token (default 1)")
+    prune = plan.add_mutually_exclusive_group()
+    prune.add_argument("--keep-rate", type=float,
+                       help="predict pruned video: the fraction of the video's tokens kept, "
+                            "whole temporal patches dropped before the vision tower (as "
+                            "video.static_threshold does; measure it on the footage: "
+                            "benchmarks/bench_pruning.py prints it)")
+    prune.add_argument("--pruning-rate", type=float,
+                       help="predict video.pruning_rate: that fraction of the video's tokens "
+                            "dropped after the vision tower, which still encodes every patch")
     plan.add_argument("--dtype-bytes", type=int, default=None,
                       help="bytes per element (default: 2 for the memory estimate; the "
                            "hardware's for predictions, 2 on GPUs and 4 on CPU)")
@@ -166,21 +179,24 @@ def run(args: argparse.Namespace) -> int:
             print(line)
     if not predicting:
         return 0
+    assert dims is not None  # a prediction without sizes was refused above
     hw = cost.hardware(args.hardware or "h200")
     modes = args.modes.split(",")
     for mode in modes:
         get_mode(mode)
     source = args.height * args.width if args.height and args.width else None
-    predictions = [
-        cost.predict(mode, dims, context_len=context_len, query_len=args.query_len,
-                     world_size=args.world_size, frames=frames, grid=grid, hw=hw,
-                     source_pixels=source, dtype_bytes=args.dtype_bytes,
-                     anchor_len=args.anchor_len, passing_len=args.passing_len,
-                     pipeline=args.pipeline, answer_tokens=args.answer_tokens)
-        for mode in modes
-    ]
+    keep_rate, keep_by = _keep(args, frames)
+    work = cost.Workload.of(dims, context_len=context_len, query_len=args.query_len,
+                            world_size=args.world_size, frames=frames, grid=grid,
+                            source_pixels=source, dtype_bytes=args.dtype_bytes,
+                            anchor_len=args.anchor_len, passing_len=args.passing_len,
+                            pipeline=args.pipeline, answer_tokens=args.answer_tokens,
+                            keep_rate=keep_rate, keep_by=keep_by)
+    predictions = [cost.estimate(get_mode(mode), dims, work, hw) for mode in modes]
     video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per {dims.temporal_patch_size} "
              f"frame{'s' if dims.temporal_patch_size > 1 else ''}" if frames else "no video")
+    if work.pruned:
+        video += _pruned_note(work, predictions[0], dims.temporal_patch_size)
     if args.answer_tokens > 1:
         video += (f"; {args.answer_tokens}-token answers, decode eager"
                   + (" and with decode.graphs" if hw.graph_capture_s else ""))
@@ -188,4 +204,42 @@ def run(args: argparse.Namespace) -> int:
           f"N={context_len} Q={args.query_len} H={args.world_size}; seconds, slowest rank):")
     print(cost.rates_line(hw))
     print(cost.prediction_table(predictions))
+    if work.pruned:
+        whole = [cost.estimate(get_mode(mode), dims, dataclasses.replace(work, keep_rate=1.0),
+                               hw) for mode in modes]
+        print("pruned / unpruned: " + "; ".join(
+            f"{p.mode} TTFT {p.ttft_s / u.ttft_s:.2f}x, vision + prefill "
+            f"{_vision_prefill(p) / _vision_prefill(u):.2f}x" for p, u in zip(predictions, whole)))
     return 0
+
+
+def _keep(args: argparse.Namespace, frames: int) -> tuple[float, str]:
+    """The keep rate and how the rest go, from ``--keep-rate`` or ``--pruning-rate``."""
+    if args.keep_rate is None and args.pruning_rate is None:
+        return 1.0, "patch"
+    if not frames:
+        raise ValueError("--keep-rate and --pruning-rate prune video: pass --frames")
+    if args.pruning_rate is not None:
+        if not 0 <= args.pruning_rate < 1:
+            raise ValueError(f"--pruning-rate must be in [0, 1), got {args.pruning_rate}")
+        return 1.0 - args.pruning_rate, "token"
+    if not 0 < args.keep_rate <= 1:
+        raise ValueError(f"--keep-rate must be in (0, 1], got {args.keep_rate}")
+    return args.keep_rate, "patch"
+
+
+def _pruned_note(work: Workload, prediction: Prediction, unit: int) -> str:
+    """What the keep rate leaves of the video, for the prediction's heading."""
+    from apbv.cost.stages import kept_patches
+
+    patches = work.frames // unit
+    tokens = f"N={prediction.plan.context_len} as run"
+    if work.keep_by == "patch":
+        kept = kept_patches(patches, work.keep_rate)
+        return (f"; pruned to {work.keep_rate:g} of the video tokens: {kept} of {patches} "
+                f"temporal patches encoded, {tokens}")
+    return f"; pruning_rate {1 - work.keep_rate:g} after the tower: every patch encoded, {tokens}"
+
+
+def _vision_prefill(p: Prediction) -> float:
+    return p.seconds["vision"] + p.seconds["prefill"]

@@ -11,9 +11,11 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
 2. What runs where (:mod:`apbv.cost.hardware`): :class:`Hardware`, a dozen throughput, bandwidth
    and host-overhead constants; presets in :data:`HARDWARE_PRESETS`, or a calibration JSON
    written by ``benchmarks/calibrate_cpu.py``.
-3. :func:`predict` (:mod:`apbv.cost.predict`, on the schedule of :mod:`apbv.cost.schedule`): for
-   one mode, per rank and per stage of the engine, the FLOPs, bytes moved and KV memory, and
-   from the hardware constants the seconds.
+3. :func:`estimate` of a resolved mode and a :class:`Workload` (:mod:`apbv.cost.predict`, by
+   stage in :mod:`apbv.cost.stages`, on the schedule of :mod:`apbv.cost.schedule`;
+   :func:`predict` takes the mode's name and the workload's fields): for one mode, per rank
+   and per stage of the engine, the FLOPs, bytes moved and KV memory, and from the hardware
+   constants the seconds; a keep rate prices pruned video.
 4. :func:`request_memory` (:mod:`apbv.cost.memory`): the bytes one rank holds at its peak for
    one request, by part, checked before any work.
 """
@@ -35,7 +37,7 @@ from apbv.cost.hardware import (
     rates_line,
 )
 from apbv.cost.memory import PROCESSOR_FLOAT_COPIES, MemoryEstimate, memory_lines, request_memory
-from apbv.cost.predict import Prediction, RankCost, predict
+from apbv.cost.predict import Prediction, RankCost, estimate, predict
 from apbv.cost.schedule import Event, simulate
 from apbv.cost.table import prediction_table
 from apbv.cost.work import (
@@ -59,6 +61,7 @@ from apbv.cost.work import (
     video_context_len,
     video_grid,
 )
+from apbv.cost.workload import KEEP_BY, Workload
 
 __all__ = [
     "CPU",
@@ -68,6 +71,7 @@ __all__ = [
     "HOST_CORES_PER_GPU",
     "HOST_SPEEDUP",
     "IB_NDR_BW",
+    "KEEP_BY",
     "MIN_GRAPH_TOKENS",
     "MODEL_PRESETS",
     "NVLINK4_BW",
@@ -80,11 +84,13 @@ __all__ = [
     "ModelDims",
     "Prediction",
     "RankCost",
+    "Workload",
     "anchor_pairs",
     "attention_flops",
     "block_pairs",
     "checkpoint_dims",
     "decode_token_s",
+    "estimate",
     "full_pairs",
     "graph_decode",
     "h100",
