@@ -45,7 +45,7 @@ class Unpruned:
     """uint8 (F, 3, H, W): this rank's frames (the whole video when the vision work is not
     split), as decoded and resized for the tower."""
     signatures: torch.Tensor
-    """(F / unit, gh, gw) float32: their temporal patches' signatures."""
+    """(F / unit, 3, gh, gw) float32: their temporal patches' signatures."""
     sampling: Sampling
     patch_ranges: tuple[Range, ...]
     """The frame split over the whole video's patches (every rank (0, t) when not split)."""
