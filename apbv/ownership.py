@@ -4,9 +4,10 @@
 ``engine/``.
 
 Every prompt token's KV is kept on exactly one rank: its anchor share, its blocks and, on the
-query rank, the query. Video embeddings are encoded frame-parallel (rank r: the video tokens
-[p0 * S, p1 * S), S = tokens per temporal patch) and sent to the ranks whose ZigZag pieces hold
-them.
+query rank, the query. Video embeddings are encoded frame-parallel (rank r: a contiguous range
+of the video tokens, [p0 * S, p1 * S) with S tokens per temporal patch; with per-token pruning
+the kept tokens of its patches, :func:`token_routes`) and sent to the ranks whose ZigZag pieces
+hold them.
 """
 
 from __future__ import annotations
@@ -90,16 +91,20 @@ def needed_video_tokens(plan: Plan, span: VideoSpan, rank: int) -> list[Range]:
 def embedding_routes(
     plan: Plan, span: VideoSpan, patch_ranges: list[Range]
 ) -> list[list[list[Range]]]:
-    """routes[src][dst]: the video-token ranges rank ``src`` encodes and rank ``dst`` needs."""
-    routes = []
-    for p0, p1 in patch_ranges:
-        encoded = (p0 * span.tokens_per_patch, p1 * span.tokens_per_patch)
-        routes.append([
-            [hit for need in needed_video_tokens(plan, span, dst)
-             if (hit := _intersect(need, encoded))]
-            for dst in range(plan.world_size)
-        ])
-    return routes
+    """routes[src][dst]: the video-token ranges rank ``src`` encodes (its temporal patches
+    ``patch_ranges[src]``, every token of each) and rank ``dst`` needs."""
+    per_patch = span.tokens_per_patch
+    return token_routes(plan, span, [(p0 * per_patch, p1 * per_patch)
+                                     for p0, p1 in patch_ranges])
+
+
+def token_routes(plan: Plan, span: VideoSpan, encoded: list[Range]) -> list[list[list[Range]]]:
+    """routes[src][dst]: the video-token ranges rank ``src`` encodes (``encoded[src]``: its
+    rows become the video tokens [a, b), counted over every run) and rank ``dst`` needs."""
+    return [[[hit for need in needed_video_tokens(plan, span, dst)
+              if (hit := _intersect(need, rows))]
+             for dst in range(plan.world_size)]
+            for rows in encoded]
 
 
 def _count(ranges: list[Range]) -> int:

@@ -101,9 +101,8 @@ def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
                      names: tuple[str, str] = ("video.pruning_rate", "video.static_threshold"),
                      ) -> None:
     """ValueError naming the setting (``names``: the rate's and the threshold's) unless
-    ``pruning_rate`` is 0 (a rate in (0, 1) is not supported yet; outside [0, 1) it is no rate)
-    and ``static_threshold`` is a number in [0, :data:`MAX_STATIC_THRESHOLD`] levels (0:
-    off)."""
+    ``pruning_rate`` is in [0, 1) (the fraction of video tokens removed; 0: off) and
+    ``static_threshold`` is a number in [0, :data:`MAX_STATIC_THRESHOLD`] levels (0: off)."""
     rate_name, threshold_name = names
     for name, value in ((rate_name, pruning_rate), (threshold_name, static_threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -112,10 +111,6 @@ def pruning_settings(pruning_rate: Any, static_threshold: Any, *,
     if not 0 <= pruning_rate < 1:
         raise ValueError(f"{rate_name} must be in [0, 1) (the fraction of video tokens removed; "
                          f"0: off), got {pruning_rate!r}")
-    if pruning_rate > 0:
-        raise ValueError(f"{rate_name}={pruning_rate:g} is not supported yet (per-token pruning "
-                         f"after the vision tower); leave it at 0 and use {threshold_name} "
-                         f"(whole temporal patches)")
     if not 0 <= static_threshold <= MAX_STATIC_THRESHOLD:
         raise ValueError(f"{threshold_name} must be in [0, {MAX_STATIC_THRESHOLD:g}] levels "
                          f"(0: off), got {static_threshold!r}")

@@ -146,7 +146,7 @@ class VideoConfig(VideoSettings):
     static_threshold: float = 0.0
     """Temporal patches changed by less, in channel levels 0-255, are dropped (0: off)."""
     pruning_rate: float = 0.0
-    """vLLM's video_pruning_rate: only 0 (off) is supported yet (docs/pruning.md)."""
+    """Fraction of video tokens that changed least, dropped (vLLM's; 0: off; docs/pruning.md)."""
 
     def __post_init__(self) -> None:
         pruning_settings(self.pruning_rate, self.static_threshold)

@@ -136,9 +136,9 @@ class Engine:
     def preprocess(self, request: Request) -> PromptInputs | Unpruned:
         """Sample the video, tokenize the prompt, check that the request fits (context and
         memory) and only then decode and process this rank's frames. With temporal pruning
-        (``request.static_threshold``) the decoded frames come back as :class:`Unpruned`
-        (checked against the whole video's prompt; the ranks then agree on the kept patches:
-        :mod:`apbv.engine.pruned`).
+        (``request.static_threshold``, ``request.pruning_rate``) the decoded frames come back
+        as :class:`Unpruned` (checked against the whole video's prompt; the ranks then agree
+        on what stays: :mod:`apbv.engine.pruned`).
 
         With the vision cache on, a hit (same file, sampling, model and place in the frame
         split) gives this rank's vision embeddings and sampling instead: only the prompt is
@@ -160,7 +160,8 @@ class Engine:
                             choice_ids=choice_ids,
                             frame_hw=(sampling.resized_height, sampling.resized_width))
 
-        key, entry, prune = None, None, request.static_threshold > 0
+        key, entry = None, None
+        prune = request.static_threshold > 0 or request.pruning_rate > 0
         if self.vision_cache.enabled and isinstance(request.video, VideoSpec) and not prune:
             key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
                              split)
@@ -390,7 +391,7 @@ class Engine:
             if cancel is not None:
                 raise cancel
         if isinstance(inputs, Unpruned):  # on every rank alike (the request's setting)
-            keep = agreed_keep(inputs, request.static_threshold, group)
+            keep = agreed_keep(inputs, request.static_threshold, request.pruning_rate, group)
             with agreement(group):
                 inputs = pruned_inputs(self.qwen, request, inputs, keep)
         return inputs

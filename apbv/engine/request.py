@@ -98,7 +98,9 @@ class Request:
     levels; 0: off): temporal patches that changed less than this since the last kept one are
     not encoded nor prompted (:mod:`apbv.video.prune`; a live stream's chunks are not pruned)."""
     pruning_rate: float = 0.0
-    """``video.pruning_rate`` (vLLM's ``video_pruning_rate``): only 0 (off) is supported."""
+    """``video.pruning_rate`` (vLLM's ``video_pruning_rate``, in [0, 1); 0: off): the fraction
+    of the video's tokens (after ``static_threshold``'s patches) that changed least, dropped
+    after the tower; the first patch stays whole (:mod:`apbv.video.prune`; not for streams)."""
     n: int = 1
     """Answers to generate (1 .. :data:`MAX_ANSWERS`), each decoded from the same prefilled
     KV; answer i samples with :meth:`Sampling.for_answer` (the first is the n=1 answer)."""
@@ -284,6 +286,13 @@ class PromptInputs:
     kept: tuple[int, ...] | None = None
     """With temporal pruning: the temporal patches of ``video_grid`` that stay, in order (the
     prompt holds only theirs; ``patch_ranges`` then count kept patches); None: all."""
+    kept_tokens: torch.Tensor | None = None
+    """With per-token pruning (``Request.pruning_rate``): (len(kept), S) bool, per kept patch
+    which of its S tokens stay (the same on every rank); the tower encodes the kept patches
+    whole and the other rows are dropped after it. None: every token of a kept patch."""
+    positions: torch.Tensor | None = None
+    """(3, 1, N + Q) int64 positions of the prompt when preprocessing made them (per-token
+    pruning: :func:`apbv.engine.pruned.pruned_inputs`); None: the family's rule at prefill."""
 
 
 @dataclass

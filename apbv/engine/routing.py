@@ -2,7 +2,9 @@
 
 Rank r runs the vision tower on its contiguous share of temporal patches only; this is exact
 because Qwen2.5-VL's vision tower never attends across temporal patches. Its output rows are
-the video tokens [p0 * S, p1 * S) (S = tokens per temporal patch), in video order.
+the video tokens [p0 * S, p1 * S) (S = tokens per temporal patch), in video order (with
+per-token pruning, the rows of its patches' kept tokens: a contiguous range [a, b) of the
+prompt's video tokens all the same).
 
 Those embeddings are then needed where the tokens live in the ZigZag layout: the anchor on every
 rank, each block on its owner. :func:`apbv.ownership.embedding_routes` works out, purely from
@@ -24,23 +26,24 @@ from apbv.plan import Range
 def route_embeddings(
     local_embeds: torch.Tensor,
     routes: list[list[list[Range]]],
-    patch_range: Range,
-    tokens_per_patch: int,
+    encoded: Range,
     rank: int,
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Move video embeddings to the ranks that need them.
 
     Args:
-        local_embeds: (n_local, hidden), the rows this rank encoded (video tokens
-            [p0 * S, p1 * S)).
-        routes: from :func:`apbv.ownership.embedding_routes`, identical on every rank.
+        local_embeds: (n_local, hidden), the rows this rank encoded: the video tokens
+            ``encoded`` [a, b) (a = p0 * S without pruning).
+        routes: from :func:`apbv.ownership.token_routes` (or ``embedding_routes``),
+            identical on every rank.
 
     Returns:
         (m, hidden): the embeddings of this rank's video tokens, in global (= local) order.
     """
     world = len(routes)
-    base = patch_range[0] * tokens_per_patch
+    base = encoded[0]
+    assert len(local_embeds) == encoded[1] - encoded[0], (local_embeds.shape, encoded)
     send = [torch.cat([local_embeds[s - base : e - base] for s, e in routes[rank][dst]])
             if routes[rank][dst] else local_embeds[:0] for dst in range(world)]
     send_counts = [t.shape[0] for t in send]

@@ -35,8 +35,8 @@ from apbv.engine.routing import route_embeddings
 from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.layout import shard
 from apbv.model.adapter import VideoFeatures, VideoModel
-from apbv.ownership import VideoSpan, embedding_routes, needed_video_tokens, transfer_bytes
-from apbv.plan import QUERY_RANK
+from apbv.ownership import VideoSpan, needed_video_tokens, token_routes, transfer_bytes
+from apbv.plan import QUERY_RANK, Range
 from apbv.timing import TTFT_STAGES, StageTimer
 
 if TYPE_CHECKING:
@@ -101,16 +101,19 @@ def run_prompt(
                         * span.tokens_per_patch, (local_video.shape, patch_range)
                     if inputs.vision_store is not None:
                         inputs.vision_store(local_video)
+                    if inputs.kept_tokens is not None:  # per-token pruning: after the tower
+                        rows = inputs.kept_tokens[patch_range[0]:patch_range[1]].flatten()
+                        local_video = local_video[rows.to(local_video.device)]
                 cancel = cancelled_here(stop, info, "the prefill")
                 if cancel is not None:
                     raise cancel
             assert local_video is not None
             cache_hit = not comm.any_rank(inputs.vision_embeds is None, group)
         with timer.stage("transfer"):
-            routes = embedding_routes(plan, span, list(inputs.patch_ranges))
+            encoded = encoded_tokens(inputs, span.tokens_per_patch)
+            routes = token_routes(plan, span, encoded)
             if mode.vit_split:
-                video_rows = route_embeddings(local_video, routes, patch_range,
-                                              span.tokens_per_patch, rank, group)
+                video_rows = route_embeddings(local_video, routes, encoded[rank], rank, group)
             else:  # every rank encoded the whole video: take its own rows, move nothing
                 pieces = [local_video[s:e] for s, e in needed_video_tokens(plan, span, rank)]
                 # none where this rank's part of a short prompt holds no video token
@@ -123,8 +126,8 @@ def run_prompt(
                                                                  video_rows.shape)
             video_rows, features = split_features(qwen, video_rows, is_video)
             embeds[is_video] = video_rows.to(embeds.dtype)
-            positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t,
-                                       inputs.kept)
+            positions = inputs.positions if inputs.positions is not None else \
+                qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t, inputs.kept)
             local_positions = shard(positions, plan, rank, dim=2)
             logits, cache = prefill(qwen, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
@@ -162,6 +165,15 @@ def run_prompt(
         anchor_len=plan.anchor_len, passing_len=plan.passing_len,
         embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
         vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped, others=others)
+
+
+def encoded_tokens(inputs: PromptInputs, per_patch: int) -> list[Range]:
+    """Per rank, the prompt's video tokens [a, b) (counted over every run) that its tower rows
+    become: its patches' tokens, or with per-token pruning their kept ones."""
+    if inputs.kept_tokens is None:
+        return [(p0 * per_patch, p1 * per_patch) for p0, p1 in inputs.patch_ranges]
+    before = [0] + inputs.kept_tokens.sum(dim=1).cumsum(0).tolist()
+    return [(before[p0], before[p1]) for p0, p1 in inputs.patch_ranges]
 
 
 def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,

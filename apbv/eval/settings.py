@@ -58,6 +58,8 @@ def run_settings(spec: Any, cfg: RuntimeConfig, *, annotation: Path,
     }
     if cfg.video.static_threshold:  # only when on, so outputs of earlier runs still resume
         settings["video.static_threshold"] = cfg.video.static_threshold
+    if cfg.video.pruning_rate:
+        settings["video.pruning_rate"] = cfg.video.pruning_rate
     return json.loads(json.dumps(settings))  # what a reader of the file gets back
 
 

@@ -95,7 +95,7 @@ class ChatBody(BaseModel):
         None, ge=0, description="Temporal pruning: temporal patches that changed by less than "
                                 "this many levels (0-255) are dropped (0: off)")
     video_pruning_rate: float | None = Field(
-        None, ge=0, description="vLLM's per-token pruning rate: only 0 (off) so far")
+        None, ge=0, description="vLLM's per-token pruning rate in [0, 1) (0: off)")
     mm_processor_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM's {'fps', 'nframes', 'max_pixels', 'video_pruning_rate'}")
     media_io_kwargs: dict[str, Any] | None = Field(

@@ -142,7 +142,7 @@ FIELDS: tuple[Field, ...] = (
     _acted("choice_set", "apbv", "closed vocabulary, scored exactly"),
     _acted("choices", "apbv", "choice_set's old name"),
     _acted("static_threshold", "apbv", "temporal pruning of static patches (docs/pruning.md)"),
-    _acted("video_pruning_rate", "apbv", "vLLM's pruning rate: only 0 (off); else a 400"),
+    _acted("video_pruning_rate", "apbv", "vLLM's pruning rate in [0, 1) (docs/pruning.md)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 assert len(BY_NAME) == len(FIELDS), "a field is listed twice"

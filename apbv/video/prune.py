@@ -24,14 +24,25 @@ computes the signatures of its own frames, the ranks all-gather them (a few hund
 patch: :func:`apbv.comm.all_gather_rows`) and every rank applies the rule to all of them, which
 also judges each rank's first patch against the last kept patch before it.
 
-``video.pruning_rate`` (vLLM's ``video_pruning_rate``: the fraction of video tokens removed
-after the tower, per token) is not implemented: a rate above 0 is refused by name
-(:func:`apbv.validate.pruning_settings`).
+``video.pruning_rate`` R in (0, 1) (vLLM's ``video_pruning_rate``, NVIDIA's EVS) removes the
+fraction R of the video tokens that changed least, one LLM token at a time
+(:func:`token_mask`): a token's *score* is the largest absolute difference, over the channels,
+between its cell of the signature and the same cell of the previous temporal patch still in
+play (the previous one of the video; with a threshold too, the previous kept one: the
+threshold drops whole patches first and the rate applies to the tokens of the rest). The first
+patch in play is kept whole; of the others' tokens the highest scores stay, ties to the earlier
+token (deterministic); the count kept is max(tokens of a patch, n - floor(R * n)) of the n
+tokens in play (R read as its decimal text, so 0.29 of 100 removes 29). A patch with no kept
+token is dropped whole (its text goes with it). The tower still encodes whole patches (its
+windowed attention wants whole grids): the rows of the pruned tokens are dropped after it
+(:mod:`apbv.engine.pruned`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import torch
 
@@ -91,3 +102,31 @@ def pruned_grid(grid: tuple[int, int, int], kept: Sequence[int] | None) -> tuple
         return grid
     assert kept and all(0 <= g < grid[0] for g in kept), (kept, grid)
     return len(kept), grid[1], grid[2]
+
+
+def token_mask(sigs: torch.Tensor, keep: Sequence[bool], rate: float) -> torch.Tensor:
+    """(K, gh * gw) bool: per temporal patch in play (``keep``, K of them: the threshold's
+    mask, or every patch), whether each of its LLM tokens (row-major over the merged grid)
+    stays at ``rate`` (in [0, 1); see the module docstring). ``sigs`` (P, 3, gh, gw): the whole
+    video's :func:`signatures`, in order; the same on every rank, so is the mask."""
+    assert 0 <= rate < 1 and len(keep) == len(sigs) and any(keep), (rate, len(keep), sigs.shape)
+    played = sigs[torch.tensor(list(keep), dtype=torch.bool)].flatten(2)  # (K, 3, S)
+    count, per_patch = played.shape[0], played.shape[2]
+    scores = torch.full((count, per_patch), math.inf)
+    if count > 1:
+        scores[1:] = (played[1:] - played[:-1]).abs().amax(dim=1)
+    total = count * per_patch
+    kept = max(per_patch, total - math.floor(Fraction(str(float(rate))) * total))
+    order = torch.argsort(scores.flatten(), descending=True, stable=True)
+    mask = torch.zeros(total, dtype=torch.bool)
+    mask[order[:kept]] = True
+    return mask.view(count, per_patch)
+
+
+def prune_tokens(keep: Sequence[bool], mask: torch.Tensor) -> tuple[list[bool], torch.Tensor]:
+    """(the temporal patches with a kept token: ``keep`` less those whose row of ``mask``
+    (:func:`token_mask`, one row per patch in ``keep``) is empty, the rows of those patches)."""
+    assert len(mask) == sum(keep), (len(mask), sum(keep))
+    rows = iter(mask.any(dim=1).tolist())
+    out = [bool(k and next(rows)) for k in keep]
+    return out, mask[mask.any(dim=1)]

@@ -9,8 +9,15 @@ and prompts, per family, without a model.
   drift is caught every few patches; a rule against the previous patch would drop it all),
   and signatures of a rank's share equal the whole video's rows (the mask does not depend
   on the number of ranks).
-- Settings: a rate outside [0, 1), a rate in (0, 1) (not supported yet) and a negative
-  threshold are refused naming the setting, through the config and the request.
+- Settings: a rate outside [0, 1) and a negative threshold are refused naming the setting,
+  through the config and the request; a rate in (0, 1) reaches the request.
+- Per-token pruning (``video.pruning_rate``): the count kept is max(a patch's tokens,
+  n - floor(rate * n)) read from the rate's decimal text, the first patch stays whole, the
+  most changed tokens stay (ties to the earlier), the threshold's patches come first and
+  the rate judges each against the previous kept one, a patch with no kept token is dropped,
+  and the mask from shares' signatures equals the whole video's for 1-3 ranks.
+- The pruned prompt (:func:`apbv.engine.pruned.drop_tokens`): the whole kept patches' ids and
+  positions less the pruned placeholders; the ranks' encoded token ranges follow the mask.
 - Positions: the kept tokens of a pruned Qwen2.5-VL prompt carry the positions they have in
   the whole video's prompt.
 - Prompts: Qwen3-VL's pruned prompt equals the stock processor's ids on the kept patches'
@@ -27,10 +34,21 @@ import pytest
 import torch
 
 from apbv.config import load_config
-from apbv.engine.request import Request
+from apbv.engine.pruned import drop_tokens
+from apbv.engine.request import PromptInputs, Request
+from apbv.engine.runner import encoded_tokens
+from apbv.ownership import VideoSpan, embedding_routes, token_routes
+from apbv.plan import make_plan
 from apbv.positions import mrope_positions
 from apbv.video import DecodedVideo, Sampling
-from apbv.video.prune import keep_mask, kept_split, pruned_grid, signatures
+from apbv.video.prune import (
+    keep_mask,
+    kept_split,
+    prune_tokens,
+    pruned_grid,
+    signatures,
+    token_mask,
+)
 
 QUESTION = "What happens at the end?"
 
@@ -95,7 +113,6 @@ def test_kept_split_counts_kept_patches_per_rank() -> None:
 @pytest.mark.parametrize(("setting", "match"), [
     ("video.pruning_rate=1.0", r"video\.pruning_rate must be in \[0, 1\)"),
     ("video.pruning_rate=-0.1", r"video\.pruning_rate must be in \[0, 1\)"),
-    ("video.pruning_rate=0.5", r"video\.pruning_rate=0\.5 is not supported yet"),
     ("video.static_threshold=-1.0", r"video\.static_threshold must be in \[0, 255\]"),
     ("video.static_threshold=true", r"video\.static_threshold must be a finite number"),
 ])
@@ -115,6 +132,10 @@ def test_settings_reach_the_request() -> None:
     request = Request.from_config(cfg, "clip.mp4", QUESTION)
     assert request.static_threshold == 4.5 and request.pruning_rate == 0.0
     assert "static_threshold" in request.fingerprint()
+    rated = Request.from_config(load_config("tiny_cpu", ["video.pruning_rate=0.5"]), "clip.mp4",
+                                QUESTION)
+    assert rated.pruning_rate == 0.5 and rated.fingerprint()["pruning_rate"] != \
+        request.fingerprint()["pruning_rate"]
     off = Request.from_config(load_config("tiny_cpu"), "clip.mp4", QUESTION)
     assert off.static_threshold == 0.0 and off.video == request.video
 
@@ -196,3 +217,89 @@ def test_internvl_frames_keep_their_numbers(tmp_path_factory: pytest.TempPathFac
                                add_special_tokens=False)["input_ids"]
     assert (context == processor.tokenizer.context_image_token_id).sum() == 2 * tokens
     assert len(whole) - len(context) == 3 * (len(line) - 1 + tokens)
+
+
+def _kept_count(rate: float, n: int, per_patch: int) -> int:
+    return max(per_patch, n - int(round(rate * n * 1e6)) // 10**6)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.25, 0.29, 0.5, 0.75, 0.9, 0.99])
+def test_token_mask_count_and_first_patch(rate: float) -> None:
+    sigs = torch.rand(10, 3, 2, 5, generator=torch.Generator().manual_seed(3)) * 255
+    mask = token_mask(sigs, [True] * 10, rate)
+    assert mask.shape == (10, 10) and mask[0].all(), mask[0]
+    assert int(mask.sum()) == _kept_count(rate, 100, 10), (rate, int(mask.sum()))
+    if rate == 0.29:
+        assert int(mask.sum()) == 71  # 0.29 * 100 is 28.999... in binary floats
+
+
+def test_token_mask_keeps_the_most_changed_tokens() -> None:
+    sigs = torch.zeros(4, 3, 2, 3)
+    sigs[1:, 0, 1, 2] = 50.0  # from patch 1 on, token 5 is red: changed in patch 1 only
+    sigs[2:, 2, 0, 1] = 20.0  # from patch 2 on, token 1 is blue
+    sigs[3, 1, 0, 0] = 5.0    # patch 3, token 0
+    mask = token_mask(sigs, [True] * 4, 1 - 9 / 24)  # 9 kept: patch 0 and 3 more
+    want = torch.zeros(4, 6, dtype=torch.bool)
+    want[0] = True
+    want[1, 5] = want[2, 1] = want[3, 0] = True
+    assert torch.equal(mask, want), mask.int()
+    tie = token_mask(sigs, [True] * 4, 1 - 11 / 24)  # 2 more among the unchanged: earliest
+    assert tie[1, :2].all() and int(tie[1:].sum()) == 5, tie.int()
+
+
+def test_rate_after_threshold_and_empty_patches_drop() -> None:
+    sigs = torch.zeros(5, 3, 1, 4)
+    sigs[2:, 0, 0, 0] = 30.0  # from patch 2 on, token 0 is brighter: patch 2 passes T
+    sigs[4, 0, 0, 3] = 12.0   # patch 4 token 3: below T=20, so patch 4 is not kept whole
+    keep = keep_mask(sigs, 20.0)
+    assert keep == [True, False, True, False, False]
+    mask = token_mask(sigs, keep, 1 - 5 / 8)  # 2 patches in play, 5 of 8 tokens stay
+    assert mask.tolist() == [[True] * 4, [True, False, False, False]]
+    patches, rows = prune_tokens(keep, token_mask(sigs, keep, 0.5))
+    assert patches == [True, False, False, False, False] and rows.tolist() == [[True] * 4]
+    everything = token_mask(sigs, [True] * 5, 0.0)
+    assert everything.all()
+
+
+def test_token_mask_is_the_same_for_any_rank_count() -> None:
+    frames = torch.randint(0, 256, (12, 3, 56, 84), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(5))
+    masks = []
+    for splits in (((0, 12),), ((0, 6), (6, 12)), ((0, 4), (4, 8), (8, 12))):
+        sigs = torch.cat([signatures(frames[a:b], 2, (2, 3)) for a, b in splits])
+        masks.append(token_mask(sigs, [True] * 6, 0.6))
+    assert all(torch.equal(masks[0], m) for m in masks[1:])
+    assert int(masks[0].sum()) == 36 - 21
+
+
+def test_dropped_tokens_leave_the_whole_prompts_ids_and_positions() -> None:
+    """Qwen2.5-VL: 2 kept patches of a 2x3 merged grid, whole, then 4 tokens pruned."""
+    video_id, grid, kept = 9, (5, 4, 6), [0, 3]
+    context = torch.tensor([1, 2] + [video_id] * 12 + [3])
+    query = torch.tensor([4, 5])
+    rules: dict[str, Any] = dict(video_token_id=video_id, spatial_merge_size=2,
+                                 tokens_per_second=2.0)
+    whole = mrope_positions(torch.cat([context, query]), [grid], [1.0], kept=[kept], **rules)
+    tokens = torch.tensor([[True] * 6, [False, True, False, True, False, False]])
+    qwen: Any = type("Ids", (), {"video_token_id": video_id})()
+    ids, positions = drop_tokens(qwen, context, whole, tokens)
+    assert ids.tolist() == [1, 2] + [video_id] * 8 + [3]
+    stay = [0, 1] + [2 + i for i in range(6)] + [8 + 1, 8 + 3] + [14, 15, 16]
+    assert torch.equal(positions, whole[..., stay])
+    assert positions[0, 0, 8:10].tolist() == [8, 8]  # patch 3 at its own time
+    assert positions[:, 0, 10].tolist() == [9] * 3  # the text after: as after the whole patch
+
+
+def test_encoded_token_ranges_follow_the_mask() -> None:
+    tokens = torch.tensor([[1, 1, 1], [0, 1, 0], [1, 0, 1], [0, 0, 1]], dtype=torch.bool)
+    inputs = PromptInputs(context_ids=torch.zeros(1), query_ids=torch.zeros(1),
+                          video_grid=(4, 2, 6), second_per_grid_t=1.0,
+                          patch_ranges=((0, 2), (2, 4)), pixel_values=None, num_frames=8,
+                          kept_tokens=tokens)
+    assert encoded_tokens(inputs, 3) == [(0, 4), (4, 7)]
+    whole = PromptInputs(**{**inputs.__dict__, "kept_tokens": None})
+    assert encoded_tokens(whole, 3) == [(0, 6), (6, 12)]
+    plan = make_plan(context_len=40, query_len=4, world_size=2, anchor_len=4, passing_len=4)
+    span = VideoSpan.contiguous(5, 12, 3)
+    assert token_routes(plan, span, encoded_tokens(whole, 3)) == \
+        embedding_routes(plan, span, [(0, 2), (2, 4)])

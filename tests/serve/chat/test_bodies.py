@@ -133,8 +133,7 @@ def test_chat_fields_are_checked_by_type(chat, fields: dict, text: str):
     ({"mm_processor_kwargs": {"video_pruning_rate": 1.0}}, "video_pruning_rate",
      "video_pruning_rate must be in [0, 1)"),
     ({"video_pruning_rate": -0.5}, "video_pruning_rate", "video_pruning_rate must be a finite"),
-    ({"mm_processor_kwargs": {"video_pruning_rate": 0.5}}, "video_pruning_rate",
-     "video_pruning_rate=0.5 is not supported yet"),
+    ({"video_pruning_rate": 1.5}, "video_pruning_rate", "video_pruning_rate must be in [0, 1)"),
 ])
 def test_chat_pruning_settings_are_checked(chat, fields: dict, param: str, text: str):
     with pytest.raises(ClientError) as info:
@@ -148,6 +147,9 @@ def test_chat_pruning_settings_reach_the_request(chat):
     assert call.request.static_threshold == 6.0 and call.request.pruning_rate == 0.0
     assert "mm_processor_kwargs.video_pruning_rate" not in call.ignored
     assert chat().request.static_threshold == 0.0  # the server's default: off
+    assert chat(mm_processor_kwargs={"video_pruning_rate": 0.5}).request.pruning_rate == 0.5
+    assert chat(video_pruning_rate=0.75).request.pruning_rate == 0.75
+    assert chat().request.pruning_rate == 0.0
 
 
 def test_chat_stream_is_a_boolean(chat):
