@@ -51,13 +51,13 @@ class StandingWatch:
 
         self.frames += len(stamps)
         ts = stamps[-1]
-        if self.asked is None:
+        if self.frames < 2 or (self.asked is not None and not self.asked.due(ts)):
+            return
+        if self.asked is None:  # its first evaluation (due: nothing seen yet)
             self.asked = StandingQuestion(
                 Request(video=StreamRef(stream), question=self.question, mode="exact",
                         max_new_tokens=1, choices=self.choices), self.rule, self.every_s)
         asked = self.asked
-        if self.frames < 2 or not asked.due(ts):
-            return
         result = engine.generate(asked.request)
         if printer is None:  # the other ranks keep the clock :meth:`due` reads, alike
             asked.last_ts, asked.evaluations = ts, asked.evaluations + 1
