@@ -66,10 +66,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apbv.cli.watch_loop import WatchOptions, run_watch
-    from apbv.cli.watch_standing import StandingQuestion, parse_choices
+    from apbv.cli.watch_standing import StandingWatch
     from apbv.config import load_config
     from apbv.engine.agree import raise_if_any_failed
     from apbv.engine.engine import Engine
+    from apbv.watch.question import parse_choices
     from apbv.watch.rules import Rule
 
     overrides = list(args.set)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--watch and --choices go together: a standing question answers "
                          "from a closed vocabulary")
     if args.watch is not None:
-        standing = StandingQuestion(
+        standing = StandingWatch(
             args.watch, parse_choices(args.choices),
             Rule(args.rule, args.choice, args.threshold, args.hysteresis, args.hold),
             args.watch_every)

@@ -39,7 +39,7 @@ from typing import IO, Any
 import torch
 
 from apbv import comm
-from apbv.cli.watch_standing import StandingQuestion
+from apbv.cli.watch_standing import StandingWatch
 from apbv.distributed import DistInfo
 from apbv.validate import integer, positive
 
@@ -75,7 +75,7 @@ class WatchOptions:
     buffer_frames: int = 256
     """Captured frames waiting for the model at most (then the oldest are dropped)."""
     as_json: bool = False
-    standing: StandingQuestion | None = None
+    standing: StandingWatch | None = None
     """A standing question asked after every appended batch (``--watch``)."""
 
     def __post_init__(self) -> None:
@@ -342,7 +342,7 @@ def _report_source_errors(planner: _Planner, stats: dict[str, Any], printer: _Pr
     planner.errors_seen = len(errors)
 
 
-def _standing(engine: Any, stream: str, standing: StandingQuestion, stamps: list[float],
+def _standing(engine: Any, stream: str, standing: StandingWatch, stamps: list[float],
               taken: float, printer: _Printer | None) -> None:
     try:
         standing.after_append(engine, stream, stamps, taken, printer)

@@ -15,31 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apbv.validate import positive
-from apbv.watch.rules import Rule, RuleState, observe, top_choice
-
-
-def parse_choices(text: str) -> tuple[str, ...]:
-    """``a,b,c`` as ("a", "b", "c") (spaces around each trimmed); ValueError when empty."""
-    choices = tuple(c.strip() for c in text.split(","))
-    if not all(choices):
-        raise ValueError(f"--choices must be a comma-separated list of non-empty choices, got "
-                         f"{text[:200]!r}")
-    return choices
+from apbv.watch.question import StandingQuestion
+from apbv.watch.rules import Rule, top_choice
 
 
 @dataclass
-class StandingQuestion:
-    """One standing question and its rule's state (checked at construction: ValueError)."""
+class StandingWatch:
+    """``apbv watch --watch``'s standing question on this process's engine (checked at
+    construction: ValueError): the shared :class:`~apbv.watch.question.StandingQuestion`,
+    made over the stream at its first evaluation."""
 
     question: str
     choices: tuple[str, ...]
     rule: Rule = field(default_factory=Rule)
     every_s: float | None = None
-    state: RuleState = field(default_factory=RuleState)
-    last_ts: float | None = None
     frames: int = 0
-    evaluations: int = 0
-    events: int = 0
+    asked: StandingQuestion | None = None
 
     def __post_init__(self) -> None:
         from apbv.engine.request import check_choices
@@ -60,28 +51,35 @@ class StandingQuestion:
 
         self.frames += len(stamps)
         ts = stamps[-1]
-        if self.frames < 2 or (self.every_s is not None and self.last_ts is not None
-                               and ts - self.last_ts < self.every_s):
+        if self.frames < 2 or (self.asked is not None and not self.asked.due(ts)):
             return
-        result = engine.generate(Request(video=StreamRef(stream), question=self.question,
-                                         mode="exact", max_new_tokens=1,
-                                         choices=self.choices))
-        self.last_ts, self.evaluations = ts, self.evaluations + 1
-        if printer is None:
+        if self.asked is None:  # its first evaluation (due: nothing seen yet)
+            self.asked = StandingQuestion(
+                Request(video=StreamRef(stream), question=self.question, mode="exact",
+                        max_new_tokens=1, choices=self.choices), self.rule, self.every_s)
+        asked = self.asked
+        result = engine.generate(asked.request)
+        if printer is None:  # the other ranks keep the clock :meth:`due` reads, alike
+            asked.last_ts, asked.evaluations = ts, asked.evaluations + 1
             return
-        probs = {c["text"]: float(c["prob"]) for c in result.choices}
-        baseline = self.state.answer is None
-        self.state, change = observe(self.rule, self.state, probs)
+        baseline = asked.state.answer is None
+        change = asked.fold(result, ts)
+        probs = asked.last or {}
         shown = ", ".join(f"{c} {p:.2f}" for c, p in probs.items())
         fields = {"question": self.question, "footage_ts": ts, "probs": probs,
                   "top": top_choice(probs), "ttft_s": result.ttft_s,
                   "capture_to_event_s": time.monotonic() - taken}
         if baseline:
-            printer.emit("baseline", f"[{ts:.1f} s] {self.question!r}: {self.state.answer} "
-                                     f"({shown})", answer=self.state.answer, **fields)
+            printer.emit("baseline", f"[{ts:.1f} s] {self.question!r}: {asked.state.answer} "
+                                     f"({shown})", answer=asked.state.answer, **fields)
         elif change is not None:
-            self.events += 1
             printer.emit("watch", f"[{ts:.1f} s] {self.question!r}: {change.previous} -> "
                                   f"{change.answer} ({shown}; TTFT {result.ttft_s:.3f} s, "
                                   f"{fields['capture_to_event_s']:.2f} s after capture)",
-                         answer=change.answer, previous=change.previous, **fields)
+                         **asked.event(change), ttft_s=result.ttft_s,
+                         capture_to_event_s=fields["capture_to_event_s"])
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations asked so far."""
+        return 0 if self.asked is None else self.asked.evaluations

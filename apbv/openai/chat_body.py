@@ -110,14 +110,14 @@ response's ``choices``)."""
 
 
 def typed_field(body: dict, name: str, kinds: tuple[type, ...], low: float | None = None,
-                param: str | None = None) -> Any:
-    """``body[name]`` (None when absent) if it is one of ``kinds`` and at least ``low``: by
-    type, never by truthiness (``"false"`` is no boolean, ``true`` no number); a float must
-    be finite (JSON bodies may hold NaN and Infinity literals). ``param``: the field's path
-    in the error (default ``name``)."""
+                param: str | None = None, default: Any = None) -> Any:
+    """``body[name]`` (``default`` when absent: only then, a 0 given is kept) if it is one of
+    ``kinds`` and at least ``low``: by type, never by truthiness (``"false"`` is no boolean,
+    ``true`` no number); a float must be finite (JSON bodies may hold NaN and Infinity
+    literals). ``param``: the field's path in the error (default ``name``)."""
     value = body.get(name)
     if value is None:
-        return None
+        return default
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds) or \
             (isinstance(value, float) and not math.isfinite(value)) or \
             (low is not None and cast(float, value) < low):

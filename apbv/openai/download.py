@@ -58,6 +58,13 @@ def stored_suffix(url: str) -> str:
     return suffix if suffix in VIDEO_SUFFIXES else ""
 
 
+def _store(policy: MediaPolicy) -> MediaStore | None:
+    """The policy's store of downloads (None: downloads are off)."""
+    store = policy.store
+    assert store is None or isinstance(store, MediaStore), "the server's store is a MediaStore"
+    return store
+
+
 class MediaStore:
     """Downloaded videos in ``directory``, one file per content (``sha256-<hex>`` and a known
     video suffix or none) and kept under ``budget_bytes``.
@@ -181,7 +188,7 @@ async def fetch_media(url: str, policy: MediaPolicy) -> Held:
     temporary file is removed whatever ends it (an error, the deadline, a cancellation)."""
     import httpx
 
-    store = policy.store
+    store = _store(policy)
     if store is None:
         raise ClientError(400, "remote media is off: the server has no download directory")
     host = (urlsplit(url).hostname or "").lower()
@@ -212,7 +219,7 @@ async def _download(url: str, host: str, policy: MediaPolicy, path: str,
     the bytes go to ``out`` (the file at ``path``)."""
     import httpx
 
-    store = policy.store
+    store = _store(policy)
     assert store is not None, "downloads are stored in the policy's media store"
     digest = hashlib.sha256()
     asked, conditions = url, store.conditions(url)
@@ -270,7 +277,7 @@ def store_data_url(url: str, policy: MediaPolicy) -> Held:
     :data:`DATA_SUFFIXES`), stored in the policy's store like a download (by content, the
     same byte limit: 413 naming ``--max-download-mb``) and held for the request; ClientError
     400 naming what is wrong. Its file then goes through the same checks as any video."""
-    store = policy.store
+    store = _store(policy)
     if store is None:
         raise ClientError(400, "data: URLs are off: the server has no download directory")
     head, comma, payload = url.partition(",")

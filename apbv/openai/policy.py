@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
-
-if TYPE_CHECKING:
-    from apbv.openai.download import MediaStore
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
 """File name suffixes taken for videos: the media listing's, and the only ones a download is
@@ -84,6 +81,14 @@ def _amount(value: float, size: bool) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
 
+class Store(Protocol):
+    """Where downloads are kept, as the policy names it (the store itself is
+    :class:`apbv.openai.download.MediaStore`, which uses this module's errors)."""
+
+    directory: str
+    budget_bytes: int
+
+
 @dataclass(frozen=True)
 class MediaPolicy:
     """Which videos a request may name: local files under ``roots`` (real paths), and http(s)
@@ -93,7 +98,7 @@ class MediaPolicy:
 
     roots: tuple[str, ...] = ()
     allow_domains: tuple[str, ...] = field(default=())
-    store: MediaStore | None = field(default=None, compare=False)
+    store: Store | None = field(default=None, compare=False)
     max_download_bytes: int = 512 << 20
     download_timeout_s: float = 120.0
     """Wall-clock seconds of one whole download: connect, headers and body."""

@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from apbv.openai import request_id
 
@@ -84,7 +83,7 @@ class AccessEntry:
 def _message_of(body: bytes) -> str:
     """The ``error.message`` of a JSON error body, or '' when it is none."""
     try:
-        value: Any = json.loads(body)
+        value = json.loads(body)
         message = value["error"]["message"]
     except (ValueError, TypeError, KeyError):
         return ""

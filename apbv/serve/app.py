@@ -1,9 +1,9 @@
 """The HTTP front end: FastAPI routes, API key, the bounded admission queue.
 
-The metrics (:mod:`apbv.serve.metrics`) are served at ``/metrics``, open (as vLLM's and
+The metrics (:mod:`apbv.serve.front.metrics`) are served at ``/metrics``, open (as vLLM's and
 SGLang's: keep it behind the network's firewall) unless ``protect_metrics``; a request body is
 read as :mod:`apbv.openai.chat` parses it, the answer shaped by :mod:`apbv.openai.responses`, or
-streamed by :mod:`apbv.serve.sse`.
+streamed by :mod:`apbv.serve.front.sse`.
 
 One :class:`Server` owns the replicas (:mod:`apbv.serve.scheduler.replicas`: R rank groups, each
 with a bounded queue and one worker): requests are validated here (media policy, limits; remote
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import os
@@ -28,32 +27,34 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from apbv import package_version
 from apbv.model.families import family_of
 from apbv.openai import chat as api
 from apbv.openai import responses
-from apbv.openai.bodies import check_content_type, decode_json
+from apbv.openai.bodies import decode_json
 from apbv.openai.chat_body import ChatBody
 from apbv.openai.download import Held, discard, fetch_media
 from apbv.openai.policy import ClientError, Limits, MediaPolicy, error_body
 from apbv.openai.request_id import RequestIdMiddleware
-from apbv.serve import log_format, page, sse
+from apbv.serve import log_format, page
+from apbv.serve.front.front import Front, Processor
+from apbv.serve.front.metrics import Metrics, StreamLoad
 from apbv.serve.http_guard import HostRule, HttpGuard
-from apbv.serve.metrics import Metrics
 from apbv.serve.model_card import checkpoint_positions, max_model_len, model_card
-from apbv.serve.scheduler.admission import Admission, Job
+from apbv.serve.scheduler.admission import Admission
 from apbv.serve.scheduler.replicas import Replica, overall_status, pick
+from apbv.serve.streams.registry import StreamRegistry
 from apbv.serve.streams.routes import StreamOptions, Streams
+from apbv.serve.watches.routes import Watches
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
-    from apbv.engine.request import Result
     from apbv.serve.ranks.group import RankGroup
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -94,7 +95,7 @@ class ServerOptions:
 class Server:
     """The routes, the router and the replicas (each a rank group with its queue and worker)."""
 
-    def __init__(self, cfg: RuntimeConfig, groups: list[RankGroup], processor: Any,
+    def __init__(self, cfg: RuntimeConfig, groups: list[RankGroup], processor: Processor,
                  options: ServerOptions,
                  admissions: list[Admission] | None = None):
         self.cfg, self.processor, self.opt = cfg, processor, options
@@ -106,13 +107,18 @@ class Server:
                                cfg is not None and cfg.cache.vision_gb > 0, self.max_model_len)
         if admissions is None:
             admissions = [Admission(options.max_queue) for _ in groups]
-        self.replicas = [Replica(i, g, a, self.metrics, self.observe)
+        self.front = Front(cfg, options.limits, options.policy, options.model_name, self.metrics,
+                           processor, options.api_key, options.webhook_hosts)
+        self.replicas = [Replica(i, g, a, self.metrics, self.front.observe)
                          for i, (g, a) in enumerate(zip(groups, admissions, strict=True))]
         for replica in self.replicas:
             replica.peers = self.replicas
         self.affinity = len(groups) > 1 and cfg.cache.vision_gb > 0
         self.workers: list[asyncio.Task] = []
-        self.streams = Streams(self, options.streams) if options.streams is not None else None
+        self.streams: Streams | None = None
+        self.watches: Watches | None = None
+        if options.streams is not None:
+            self.streams, self.watches = live_streams(self.front, self.replicas, options.streams)
         self.downloads: set[asyncio.Task] = set()
         """The remote videos downloading now (:meth:`_fetch`)."""
         self.closing = False
@@ -138,8 +144,8 @@ class Server:
             yield
         finally:
             self.app.shut()  # whatever is still in flight is answered 503
-            if self.streams is not None:  # their webhooks' last events, briefly
-                await self.streams.watches.finished(SHUTDOWN_WEBHOOKS_S)
+            if self.watches is not None:  # their webhooks' last events, briefly
+                await self.watches.finished(SHUTDOWN_WEBHOOKS_S)
             for worker in self.workers:
                 worker.cancel()
             await asyncio.gather(*self.workers, return_exceptions=True)
@@ -153,7 +159,8 @@ class Server:
         self.stop_downloads()
         if self.streams is not None:
             self.streams.registry.shutdown()
-            self.streams.watches.hub.close()
+        if self.watches is not None:
+            self.watches.hub.close()
 
     def stop_downloads(self) -> None:
         """Shutting down: every download ends now (its client gets a 503), none begins."""
@@ -184,59 +191,13 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(
             self.checks, functools.partial(fn, *args, **kwargs))
 
-    def observe(self, result: Result) -> None:
-        self.metrics.ttft.observe(result.ttft_s)
-        for stage, seconds in result.seconds.items():
-            self.metrics.stage.labels(stage).observe(seconds)
-
-    def drop(self, job: Job) -> bool:
-        """Drop a job still waiting (its download deleted); False if it already started."""
-        if job.replica.admission.drop(job):
-            discard(job.downloaded)
-            self.metrics.finished(job, "disconnected")
-            return True
-        return False
-
     def _count_refused(self, status: int) -> None:
         if status < 500 or status == 503:
             self.metrics.requests.labels(f"refused_{status}").inc()
 
-    # --- HTTP ---------------------------------------------------------------------------------
-    def authorize(self, request: Request) -> None:
-        key = self.opt.api_key
-        if not key:
-            return
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(token.encode(), key.encode()):
-            raise ClientError(401, "missing or wrong API key (Authorization: Bearer KEY; "
-                                   "set with --api-key or APBV_API_KEY)")
-
-    async def read_json(self, request: Request) -> Any:
-        """The request's JSON body (:mod:`apbv.openai.bodies`: application/json only, strictly
-        decoded), within --max-body-bytes."""
-        return decode_json(await self.read_body(request))
-
-    async def read_body(self, request: Request, data: bool = False) -> bytes:
-        """The request's body bytes if it is JSON, within --max-body-bytes; with ``data`` (a
-        chat body, whose ``data:`` URLs :func:`apbv.openai.chat.parse_chat` bounds by
-        --max-data-bytes and the rest by --max-body-bytes), within both limits' sum."""
-        check_content_type(request.headers.get("content-type"))
-        limits = self.opt.limits
-        limit = limits.max_body_bytes + (limits.max_data_bytes if data else 0)
-        flag = "max-body-bytes" + (" plus --max-data-bytes" if data else "")
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit():
-            limits.check("body", int(declared), limit, flag, "the request body")
-        body = b""
-        async for piece in request.stream():
-            body += piece
-            limits.check("body", len(body), limit, flag, "the request body")
-        return body
-
     async def chat(self, request: Request) -> Response:
-        self.authorize(request)
-        raw = await self.read_body(request, data=True)
+        self.front.authorize(request)
+        raw = await self.front.read_body(request, data=True)
         call = await self._checked(api.parse_chat, decode_json(raw), self.cfg, self.opt.limits,
                                    self.opt.policy, self.opt.model_name,
                                    self.opt.ignore_unsupported_fields, body_bytes=len(raw))
@@ -260,36 +221,14 @@ class Server:
             log.warning("%s: ignored the request field(s) %s", cid, named)
             headers["X-Ignored-Fields"] = json.dumps(named)
         if call.sse:
-            response = self.sse(job, cid, request, call.model, call.request.stop_texts,
-                                include_usage=call.include_usage)
+            response = self.front.respond(job, cid, request, call.model,
+                                          call.request.stop_texts,
+                                          include_usage=call.include_usage)
             response.headers.update(headers)
             return response
-        result, wait = await self.outcome(job, request)
+        result, wait = await self.front.outcome(job, request)
         return JSONResponse(responses.completion(call, cid, result, wait, replica.index,
                                            self.processor.tokenizer), headers=headers)
-
-    async def outcome(self, job: Job, request: Request) -> tuple[Result, float]:
-        """The job's outcome; a client gone while its job is still queued drops the job, and
-        one gone while it runs cancels its decode (the ranks stop at the next token)."""
-        try:
-            while True:
-                done, _ = await asyncio.wait([job.future], timeout=0.25)
-                if done:
-                    return job.future.result()
-                if not job.cancel.is_set() and await request.is_disconnected():
-                    if job.started is None and self.drop(job):
-                        raise ClientError(499, "the client disconnected while queued")
-                    job.cancel.set()
-        except asyncio.CancelledError:  # the handler itself was cancelled: nobody awaits it
-            sse.retrieve_later(job.future)
-            raise
-
-    def sse(self, job: Job, cid: str, request: Request, model: str,
-            stop_texts: tuple[str, ...] = (), include_usage: bool = False,
-            **apbv: object) -> StreamingResponse:
-        """The answer of a job admitted with ``sse``, as chat.completion.chunk server-sent
-        events (:func:`apbv.serve.sse.respond`)."""
-        return sse.respond(self, job, cid, request, model, stop_texts, include_usage, apbv)
 
     def _routes(self) -> FastAPI:
         app = FastAPI(title="apbv", version=package_version(), docs_url="/docs",
@@ -311,7 +250,7 @@ class Server:
 
         @app.get("/v1/models")
         async def models(request: Request) -> dict:
-            self.authorize(request)
+            self.front.authorize(request)
             return {"object": "list", "data": [model_card(
                 self.opt.model_name, self.started, self.max_model_len,
                 family_of(self.cfg.model.path).name)]}
@@ -335,13 +274,36 @@ class Server:
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
             if self.opt.protect_metrics:
-                self.authorize(request)
-            self.metrics.count_load(self.replicas, self.streams)
+                self.front.authorize(request)
+            self.metrics.count_load(self.replicas, self._stream_load())
             return Response(generate_latest(self.metrics.registry),
                             media_type=CONTENT_TYPE_LATEST)
 
         app.add_middleware(RequestIdMiddleware)
-        page.register(app, self)
+        page.register(app, self.front)
         if self.streams is not None:
             self.streams.register(app)
+        if self.watches is not None:
+            self.watches.register(app)
         return app
+
+    def _stream_load(self) -> StreamLoad | None:
+        """What the metrics count of the live streams at a scrape (None: not served)."""
+        if self.streams is None or self.watches is None:
+            return None
+        registry = self.streams.registry
+        return StreamLoad(len(registry.live), sum(len(sw.watches)
+                                                  for sw in self.watches.of.values()),
+                          registry.opt.budget_bytes,
+                          tuple(registry.held(replica) for replica in self.replicas))
+
+
+def live_streams(front: Front, replicas: list[Replica],
+                 options: StreamOptions) -> tuple[Streams, Watches]:
+    """The live streams' routes over a new registry of ``replicas`` and, beside them, the
+    watches: the registry's listener, made by the registry as it is built."""
+    registry = StreamRegistry(replicas, front.limits, options,
+                              listener=lambda registry: Watches(front, registry))
+    watches = registry.listener
+    assert isinstance(watches, Watches), "the registry's listener is the watches it made"
+    return Streams(front, registry), watches

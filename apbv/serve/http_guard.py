@@ -303,7 +303,7 @@ def serve(guard: HttpGuard, host: str, port: int, read_timeout_s: float,
     import uvicorn
 
     class Server(uvicorn.Server):
-        async def shutdown(self, sockets: Any = None) -> None:
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             guard.shut()
             await super().shutdown(sockets)
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from apbv.openai.policy import Limits, MediaPolicy
 from apbv.serve import log_format
-from apbv.serve.metric_rules import DEFAULT_PREFIX, check_prefix
+from apbv.serve.front.metric_rules import DEFAULT_PREFIX, check_prefix
 
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig

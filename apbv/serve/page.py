@@ -29,7 +29,7 @@ from fastapi.responses import HTMLResponse
 from apbv.openai.policy import VIDEO_SUFFIXES, ClientError, MediaPolicy, resolve_media
 
 if TYPE_CHECKING:
-    from apbv.serve.app import Server
+    from apbv.serve.front.front import Front
 
 MAX_LISTED = 1000
 """Entries of one listing at most (``truncated`` says when more exist)."""
@@ -81,7 +81,7 @@ def page_html() -> str:
     return html
 
 
-def register(app: FastAPI, server: Server) -> None:
+def register(app: FastAPI, front: Front) -> None:
     """Add ``GET /`` and ``GET /v1/media`` to the server's app."""
     html = page_html()
 
@@ -94,5 +94,5 @@ def register(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/media")
     async def media(request: Request) -> dict:
-        server.authorize(request)
-        return await asyncio.to_thread(list_media, server.opt.policy)
+        front.authorize(request)
+        return await asyncio.to_thread(list_media, front.policy)

@@ -49,7 +49,7 @@ def test_watch_prints_one_event_in_the_batch_of_the_flash() -> None:
     footage only the baseline."""
     from apbv.capture.sources import Frame
     from apbv.cli.watch_loop import WatchOptions, run_watch
-    from apbv.cli.watch_standing import StandingQuestion
+    from apbv.cli.watch_standing import StandingWatch
     from apbv.config import load_config
     from apbv.distributed import init_distributed
     from apbv.engine.engine import Engine
@@ -58,9 +58,9 @@ def test_watch_prints_one_event_in_the_batch_of_the_flash() -> None:
     cfg = load_config("tiny_cpu", [f"model.path={str(NEEDLE_TINY)!r}"])
     engine = Engine(cfg, init_distributed(backend="gloo"))
 
-    def watch(sample) -> tuple[list[dict], StandingQuestion]:
+    def watch(sample) -> tuple[list[dict], StandingWatch]:
         frames = [Frame(image, i / FPS) for i, image in enumerate(sample.frames)]
-        standing = StandingQuestion(QUESTIONS["presence"], PRESENCE_ANSWERS)
+        standing = StandingWatch(QUESTIONS["presence"], PRESENCE_ANSWERS)
         out = io.StringIO()
         options = WatchOptions(source="fake", as_json=True, standing=standing)
         assert run_watch(engine, engine.info, options, out=out,

@@ -78,9 +78,9 @@ def test_a_client_gone_before_its_first_token_leaves_no_unretrieved_error():
     retrieved")."""
     from types import SimpleNamespace
 
-    from apbv.serve.app import Server
+    from apbv.serve.front.front import Front
+    from apbv.serve.front.sse import _events
     from apbv.serve.scheduler.admission import Job
-    from apbv.serve.sse import _events
 
     errors: list[dict] = []
 
@@ -88,8 +88,8 @@ def test_a_client_gone_before_its_first_token_leaves_no_unretrieved_error():
         asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
         job = Job(op=None, call=None, predicted_s=1.0, key=(0.0, 0), tokens=asyncio.Queue())
         job.started = time.monotonic()  # running: not dropped, cancelled
-        fake = SimpleNamespace(processor=SimpleNamespace(tokenizer=None), drop=lambda j: False)
-        fake.outcome = lambda job, request: Server.outcome(fake, job, request)  # type: ignore
+        fake = SimpleNamespace(tokenizer=None, drop=lambda j: False)
+        fake.outcome = lambda job, request: Front.outcome(fake, job, request)  # type: ignore
 
         class Client:
             async def is_disconnected(self) -> bool:

@@ -123,7 +123,7 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
 
     pytest.importorskip("prometheus_client")
 
-    from apbv.serve.metrics import Metrics
+    from apbv.serve.front.metrics import Metrics
     from apbv.serve.watches.evaluator import Evaluator
     from apbv.serve.watches.events import EventHub
     from apbv.serve.watches.state import StreamWatches

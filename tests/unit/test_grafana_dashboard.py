@@ -17,7 +17,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics, StreamLoad  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica  # noqa: E402
 
@@ -69,9 +69,7 @@ def test_every_queried_metric_is_exported(prefix):
     metrics = Metrics("tiny", prefix)
     group = SimpleNamespace(pids=[], world_size=1)
     replicas = [Replica(i, group, Admission(2), metrics, lambda _: None) for i in range(2)]
-    registry = SimpleNamespace(opt=SimpleNamespace(budget_bytes=1 << 30), held=lambda _: 0,
-                               live={})
-    metrics.count_load(replicas, SimpleNamespace(registry=registry,
-                                                 watches=SimpleNamespace(of={})))
+    metrics.count_load(replicas, StreamLoad(open=0, watches=0, budget_bytes=1 << 30,
+                                            held=(0, 0)))
     text = generate_latest(metrics.registry).decode()
     assert not missing(text, prefix), f"queried, not exported: {sorted(missing(text, prefix))}"

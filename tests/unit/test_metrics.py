@@ -15,7 +15,7 @@ pytest.importorskip("prometheus_client")
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from apbv.serve.metric_rules import (  # noqa: E402
+from apbv.serve.front.metric_rules import (  # noqa: E402
     ITL_BUCKETS,
     REQUEST_BUCKETS,
     TTFT_BUCKETS,
@@ -24,7 +24,7 @@ from apbv.serve.metric_rules import (  # noqa: E402
     finished_reason,
     one_two_five,
 )
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics, StreamLoad  # noqa: E402
 from apbv.serve.ranks.ops import Append, Generate  # noqa: E402
 
 VLLM_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -169,12 +169,7 @@ def test_scrape_gauges_and_one_naming_style():
     m = Metrics("tiny", "vllm")
     replicas = [SimpleNamespace(index=0, admission=_Queue(object(), 2)),
                 SimpleNamespace(index=1, admission=_Queue(None, 0))]
-    held = {0: 3 << 20, 1: 0}
-    registry = SimpleNamespace(opt=SimpleNamespace(budget_bytes=4 << 20),
-                               held=lambda r: held[r.index], live={"a": 1, "b": 2})
-    streams = SimpleNamespace(registry=registry, watches=SimpleNamespace(
-        of={"a": SimpleNamespace(watches={"w1": 1, "w2": 2}),
-            "b": SimpleNamespace(watches={"w3": 3})}))
+    streams = StreamLoad(open=2, watches=3, budget_bytes=4 << 20, held=(3 << 20, 0))
     m.count_load(replicas, streams)  # type: ignore[arg-type]
     assert _value(m, "vllm:kv_cache_usage_perc", model_name="tiny", engine="0") == 0.75
     assert _value(m, "vllm:kv_cache_usage_perc", model_name="tiny", engine="1") == 0

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 
 from apbv.engine.request import Request, StreamRef  # noqa: E402
 from apbv.openai.policy import ClientError  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.watches.routes import Watches  # noqa: E402
 from apbv.serve.watches.state import StreamWatches, Watch, lag_s  # noqa: E402
 from apbv.watch.rules import Rule  # noqa: E402
@@ -24,14 +24,14 @@ from apbv.watch.rules import Rule  # noqa: E402
 def _watches(live: dict) -> Watches:
     registry = SimpleNamespace(live=live, on_append=None, on_forget=None,
                                appends=lambda replica: (0.0, 1.0))
-    server = SimpleNamespace(metrics=Metrics("m"), opt=SimpleNamespace(model_name="m"))
-    return Watches(SimpleNamespace(server=server, registry=registry))
+    front = SimpleNamespace(metrics=Metrics("m"), model_name="m")
+    return Watches(front, registry)
 
 
 def _watch(stream: str, eval_s: float | None = None, every_s: float | None = None) -> Watch:
     request = Request(video=StreamRef(stream), question="Is there a flash?", mode="exact",
                       max_new_tokens=1, choices=("yes", "no"))
-    return Watch(f"w-{stream}-{eval_s}-{every_s}", stream, request, Rule(), every_s,
+    return Watch(request, Rule(), every_s, id=f"w-{stream}-{eval_s}-{every_s}", stream=stream,
                  eval_s=eval_s)
 
 

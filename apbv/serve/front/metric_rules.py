@@ -1,4 +1,4 @@
-"""The pure rules of the server's metrics (:mod:`apbv.serve.metrics`): the name prefix, the
+"""The pure rules of the server's metrics (:mod:`apbv.serve.front.metrics`): the name prefix, the
 bucket lists, and which ``endpoint`` and ``finished_reason`` a finished job is counted under.
 
 Buckets: the metrics that carry vLLM's names use vLLM's bucket bounds (so a vLLM dashboard's
@@ -10,7 +10,10 @@ take milliseconds): every vLLM bound is kept.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from apbv.serve.scheduler.admission import Job
 
 DEFAULT_PREFIX = "apbv"
 PREFIX_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}\Z")
@@ -66,12 +69,12 @@ def one_two_five(most: int) -> tuple[int, ...]:
     return tuple(bounds)
 
 
-def endpoint_of(job: Any) -> str | None:
+def endpoint_of(job: Job) -> str | None:
     """The :data:`ENDPOINTS` value of a finished replica job
-    (:class:`~apbv.serve.scheduler.admission.
-    Job`): ``chat`` for a chat request's, ``watch`` for a standing question's evaluation,
-    ``stream_ask`` for another question on a live stream; None for a stream's other
-    operations (open, append, describe, close), which are not requests."""
+    (:class:`~apbv.serve.scheduler.admission.Job`): ``chat`` for a chat request's, ``watch``
+    for a standing question's evaluation, ``stream_ask`` for another question on a live
+    stream; None for a stream's other operations (open, append, describe, close), which are
+    not requests."""
     if job.call is not None:
         return "chat"
     if getattr(job.op, "what", None) != "generate":

@@ -4,7 +4,7 @@ Every name is ``PREFIX:name`` (``--metrics-prefix``, default ``apbv``; ``vllm`` 
 dashboards and benchmark tools read them unchanged): vLLM's metrics under vLLM's names and
 labels (``model_name``; the per-request ones add ``endpoint``: ``chat``, ``stream_ask`` or
 ``watch``), beside apbv's own per-stage, per-replica, stream and watch ones. The bucket lists
-and labels are :mod:`apbv.serve.metric_rules`; ``docs/metrics.md`` lists every metric.
+and labels are :mod:`apbv.serve.front.metric_rules`; ``docs/metrics.md`` lists every metric.
 
 A replica job's request metrics are observed once, as the replica finishes it
 (:meth:`Metrics.finished`): its times from its admission (``Job.enqueued``), its start on the
@@ -14,11 +14,13 @@ ranks and its tokens' arrivals, whichever endpoint it came from.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
-from apbv.serve.metric_rules import (
+from apbv.serve.front.metric_rules import (
     DEFAULT_PREFIX,
     ENDPOINTS,
     FINISHED_REASONS,
@@ -134,7 +136,7 @@ class Metrics:
         """Every labelled series that does not depend on a replica exists from the start, at
         0 (a dashboard's rate() reads 0, not "no data", before the first request)."""
         name = self.model_name
-        metric: Any
+        metric: MetricWrapperBase
         for metric in (self.num_running, self.num_waiting, self.mm_queries, self.mm_hits,
                        self.streams_open, self.watches):
             metric.labels(name)
@@ -149,7 +151,7 @@ class Metrics:
 
     def finished(self, job: Job, outcome: str, result: Any = None) -> None:
         """A replica job ended with ``outcome`` (and ``result``, None without one): counted
-        by outcome, and when it is a request (:func:`~apbv.serve.metric_rules.endpoint_of`)
+        by outcome, and when it is a request (:func:`~apbv.serve.front.metric_rules.endpoint_of`)
         by finished reason, its times and tokens observed under its endpoint."""
         self.requests.labels(outcome).inc()
         endpoint = endpoint_of(job)
@@ -181,20 +183,32 @@ class Metrics:
             if getattr(result, "vision_cache_hit", False):
                 self.mm_hits.labels(self.model_name).inc()
 
-    def count_load(self, replicas: list[Replica], streams: Any = None) -> None:
+    def count_load(self, replicas: list[Replica], streams: StreamLoad | None = None) -> None:
         """Set the gauges read at a scrape: requests running and waiting, and with live
-        ``streams`` (:class:`~apbv.serve.streams.routes.Streams`, None: not served) the streams and
-        watches open and each replica's KV reserved against the stream budget."""
+        ``streams`` (None: not served) the streams and watches open and each replica's KV
+        reserved against the stream budget."""
         name = self.model_name
         self.num_running.labels(name).set(
             sum(r.admission.running is not None for r in replicas))
         self.num_waiting.labels(name).set(sum(len(r.admission) for r in replicas))
-        registry = None if streams is None else streams.registry
-        budget = 0 if registry is None else registry.opt.budget_bytes
-        for replica in replicas:
-            held = 0 if registry is None else registry.held(replica)
+        budget = 0 if streams is None else streams.budget_bytes
+        for i, replica in enumerate(replicas):
+            held = 0 if streams is None else streams.held[i]
             self.kv_usage.labels(name, str(replica.index)).set(held / budget if budget else 0.0)
-        if registry is not None:
-            self.streams_open.labels(name).set(len(registry.live))
-            self.watches.labels(name).set(sum(len(sw.watches)
-                                              for sw in streams.watches.of.values()))
+        if streams is not None:
+            self.streams_open.labels(name).set(streams.open)
+            self.watches.labels(name).set(streams.watches)
+
+
+@dataclass(frozen=True)
+class StreamLoad:
+    """The live streams at a scrape, as the metrics count them."""
+
+    open: int
+    """Streams open."""
+    watches: int
+    """Watches on them."""
+    budget_bytes: int
+    """The stream budget of each replica (bytes of KV)."""
+    held: tuple[int, ...]
+    """Bytes of KV each replica's streams reserve, in the order of the replicas."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -25,10 +25,22 @@ from apbv.openai.detok import IncrementalText, Tokenizer
 from apbv.openai.policy import ClientError, error_body
 
 if TYPE_CHECKING:
-    from apbv.serve.app import Server
+    from apbv.engine.request import Result
     from apbv.serve.scheduler.admission import Job
 
 DONE = b"data: [DONE]\n\n"
+
+
+class Answering(Protocol):
+    """What :func:`respond` needs of its caller (the :class:`~apbv.serve.front.front.Front`):
+    the tokenizer, a job's outcome as its client waits, and dropping a job still queued."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    async def outcome(self, job: Job, request: Request) -> tuple[Result, float]: ...
+
+    def drop(self, job: Job) -> bool: ...
 
 
 def event(payload: dict) -> bytes:
@@ -36,25 +48,25 @@ def event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-def respond(server: Server, job: Job, cid: str, request: Request, model: str,
+def respond(front: Answering, job: Job, cid: str, request: Request, model: str,
             stop_texts: tuple[str, ...] = (), include_usage: bool = False,
             extra: Mapping[str, object] | None = None) -> StreamingResponse:
     """The answer of ``job`` (admitted with ``sse``) as server-sent events: text that may begin
     one of ``stop_texts`` is held back until it is known not to; ``extra`` adds fields to the
     last chunk's ``apbv`` block; ``include_usage``: the usage follows in its own event with no
     choices."""
-    return StreamingResponse(_events(server, job, cid, request, model, stop_texts,
+    return StreamingResponse(_events(front, job, cid, request, model, stop_texts,
                                      include_usage, dict(extra or {})),
                              media_type="text/event-stream")
 
 
-async def _events(server: Server, job: Job, cid: str, request: Request, model: str,
+async def _events(front: Answering, job: Job, cid: str, request: Request, model: str,
                   stop_texts: tuple[str, ...], include_usage: bool,
                   extra: dict[str, object]) -> AsyncIterator[bytes]:
     """The events of :func:`respond`."""
-    tokenizer = server.processor.tokenizer
+    tokenizer = front.tokenizer
     sent: list[str] = []
-    waiter = asyncio.ensure_future(server.outcome(job, request))
+    waiter = asyncio.ensure_future(front.outcome(job, request))
     try:
         yield event(responses.chunk(model, cid, {"role": "assistant", "content": ""}))
         records: list[dict | None] = []  # of the tokens read so far (None: not recorded)
@@ -86,7 +98,7 @@ async def _events(server: Server, job: Job, cid: str, request: Request, model: s
         yield DONE
     finally:  # the client went away: a job still waiting is dropped, a running one stopped
         if job.started is None:
-            server.drop(job)
+            front.drop(job)
         if not job.future.done():
             job.cancel.set()
             retrieve_later(job.future)  # its 499 (or error) comes after the waiter is gone

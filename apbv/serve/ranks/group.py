@@ -1,20 +1,18 @@
 """The H engine ranks as Ray actors in one placement group, one torch.distributed group.
 
-:class:`RankGroup` reserves a placement group for H ranks (1 CPU and ``gpus_per_rank`` GPUs each;
-one node when one holds them all, else whole nodes in rank order:
-:mod:`apbv.serve.ranks.placement`),
-starts one :class:`RankActor` per rank, and has every actor join the process group (rank 0's
-node and a free port rank 0 picks) and load the engine once. A GPU actor runs on the device Ray
-gave it (``cuda:0`` of its own visible set), made the current device in every thread that
-runs engine work. :meth:`RankGroup.submit` hands the same
-operation (:mod:`apbv.serve.ranks.ops`) to every actor and returns rank 0's outcome; for an answer,
-rank 0 streams each token id as soon as it is known (a Ray streaming generator fed by the
-engine's ``on_token`` hook). A request whose
-``cancel`` event is set (its client went away) is stopped at its next decode step: rank 0, the
-query rank, takes the cancel beside the running request (the actors take two calls at once) and
-broadcasts the stop with the next token, so every rank ends together. A dead actor makes
-the request fail with :class:`RankLost` naming the rank; :meth:`RankGroup.rebuild` then starts
-new actors, a new process group and reloads the model.
+:class:`RankGroup` reserves a placement group for H ranks (1 CPU and ``gpus_per_rank`` GPUs
+each; one node when one holds them all, else whole nodes in rank order:
+:mod:`apbv.serve.ranks.placement`), starts one :class:`RankActor` per rank, and has every actor
+join the process group (rank 0's node and a free port rank 0 picks) and load the engine once. A
+GPU actor runs on the device Ray gave it (``cuda:0`` of its own visible set), made the current
+device in every thread that runs engine work. :meth:`RankGroup.submit` hands the same operation
+(:mod:`apbv.serve.ranks.ops`) to every actor and returns rank 0's outcome; for an answer, rank 0
+streams each token id as soon as it is known (a Ray streaming generator fed by the engine's
+``on_token`` hook). A request whose ``cancel`` event is set (its client went away) is stopped at
+its next decode step: rank 0, the query rank, takes the cancel beside the running request (the
+actors take two calls at once) and broadcasts the stop with the next token, so every rank ends
+together. A dead actor makes the request fail with :class:`RankLost` naming the rank;
+:meth:`RankGroup.rebuild` then starts new actors, a new process group and reloads the model.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import ray
 from ray.exceptions import (
@@ -48,6 +46,7 @@ from apbv.serve.ranks.placement import group_layout, rank_device
 if TYPE_CHECKING:
     from apbv.config import RuntimeConfig
     from apbv.engine.engine import Engine
+    from apbv.serve.ranks.ops import Outcome, T
 
 PING_TIMEOUT_S = 5.0
 """How long a rank's actor has to answer a ping (:meth:`RankGroup.unanswered`)."""
@@ -153,8 +152,8 @@ class RankActor:
         late cancel of a finished request names a ticket no later request has)."""
         return None if ticket is None else lambda: self.cancelled == ticket
 
-    def run(self, op: Op, ticket: int | None = None,
-            on_token: Callable[[int], None] | None = None) -> Any:
+    def run(self, op: Op[object], ticket: int | None = None,
+            on_token: Callable[[int], None] | None = None) -> Outcome:
         """``op``'s outcome on this rank (:func:`apbv.serve.ranks.ops.apply`); ``ticket``: the
         request :meth:`cancel` may name (its ``stop``)."""
         self._use_device()
@@ -164,12 +163,12 @@ class RankActor:
             out.first_logits = None  # a tensor the client never reads
         return out
 
-    def run_tokens(self, op: Op, ticket: int | None = None) -> Iterator[Any]:
+    def run_tokens(self, op: Op[object], ticket: int | None = None) -> Iterator[int | Outcome]:
         """Yield each token id of ``op``'s answer as soon as it is known, then its outcome."""
         yield from _streamed(lambda on_token: self.run(op, ticket, on_token))
 
 
-def _streamed(work: Callable[[Callable[[int], None]], Any]) -> Iterator[Any]:
+def _streamed(work: Callable[[Callable[[int], None]], Outcome]) -> Iterator[int | Outcome]:
     """Run ``work(on_token)`` in a thread; yield each token id it reports, then its result
     (or raise its error)."""
     items: queue.Queue = queue.Queue()
@@ -203,7 +202,7 @@ class RankGroup:
         self.cfg, self.world_size, self.gpus_per_rank = cfg, world_size, gpus_per_rank
         self.backend = backend
         self.threads, self.env = threads, env or {}
-        self.actors: list[Any] = []
+        self.actors: list[ray.actor.ActorHandle[RankActor]] = []
         self.pids: list[int] = []
         self.local_pids: list[int] = []
         """The pids of the ranks on this process's node (their liveness is a local check)."""
@@ -213,7 +212,8 @@ class RankGroup:
     def start(self) -> None:
         """Reserve the bundles, start the actors, join the process group, load the model."""
         self.start_actors()
-        addresses = ray.get([a.address.remote() for a in self.actors], timeout=600)
+        addresses: list[tuple[str, int, int]] = ray.get(
+            [a.address.remote() for a in self.actors], timeout=600)
         master, port, _ = addresses[0]  # rank 0 listens on its node's IP
         local_ranks: list[int] = []
         seen: dict[str, int] = {}
@@ -235,12 +235,12 @@ class RankGroup:
         ray.get(self.pg.ready(), timeout=600)
         cls = ray.remote(RankActor)
         self.actors = [
-            cls.options(
+            cast("ray.actor.ActorHandle[RankActor]", cls.options(
                 num_cpus=1, num_gpus=self.gpus_per_rank, max_concurrency=2,
                 max_restarts=0, runtime_env={"env_vars": dict(self.env)},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle),
-            ).remote(self.cfg, r, self.world_size, self.threads)
+            ).remote(self.cfg, r, self.world_size, self.threads))
             for r, bundle in enumerate(layout.rank_bundle)
         ]
 
@@ -269,7 +269,7 @@ class RankGroup:
         :func:`lost_cause` names it (``died``, ``killed by Ray's out-of-memory monitor``, ...).
         Blocking: the pings share one deadline, so it returns within about ``timeout_s``."""
         lost = {}
-        refs = [a.ping.remote() for a in self.actors]
+        refs: list[ray.ObjectRef[int]] = [a.ping.remote() for a in self.actors]
         ends = time.monotonic() + timeout_s
         for r, ref in enumerate(refs):
             try:
@@ -280,8 +280,8 @@ class RankGroup:
                 lost[r] = lost_cause(exc)
         return lost
 
-    async def submit(self, op: Op, on_token: Callable[[int], None] | None = None,
-                     cancel: asyncio.Event | None = None) -> Any:
+    async def submit(self, op: Op[T], on_token: Callable[[int], None] | None = None,
+                     cancel: asyncio.Event | None = None) -> T:
         """Rank 0's outcome of ``op`` handed to every rank alike. For an answer
         (``op.answers``), ``on_token`` (in the event loop) gets each token id from rank 0 as
         soon as it is known, and once ``cancel`` is set the decode stops at its next step (the
@@ -291,24 +291,24 @@ class RankGroup:
         refused on the ranks, RuntimeError for other failures.
         """
         if op.answers:
-            return await self._streaming(
+            return cast("T", await self._streaming(
                 lambda ticket: self.actors[0].run_tokens.options(
                     num_returns="streaming").remote(op, ticket),
-                [a.run.remote(op) for a in self.actors[1:]], on_token, cancel)
+                [a.run.remote(op) for a in self.actors[1:]], on_token, cancel))
         tasks = [asyncio.ensure_future(_tagged(r, a.run.remote(op)))
                  for r, a in enumerate(self.actors)]
-        return await self._outcome(tasks)
+        return cast("T", await self._outcome(tasks))  # every rank ran op: its outcome is a T
 
-    async def _streaming(self, start: Callable[[int], Any], others: list[Any],
-                         on_token: Callable[[int], None] | None,
-                         cancel: asyncio.Event | None) -> Any:
+    async def _streaming(self, start: Callable[[int], ray.ObjectRefGenerator],
+                         others: list[ray.ObjectRef], on_token: Callable[[int], None] | None,
+                         cancel: asyncio.Event | None) -> object:
         """Rank 0's streamed result (``start(ticket)``: its generator of token ids, to
         ``on_token`` as they come, then the result) and the other ranks' refs, as in
         :meth:`_outcome`; ``cancel`` set sends rank 0 the cancel of the ticket."""
         ticket = next(self.tickets)
         gen = start(ticket)
 
-        async def rank0() -> Any:
+        async def rank0() -> object:
             async for ref in gen:
                 item = await ref
                 if isinstance(item, int):
@@ -332,7 +332,7 @@ class RankGroup:
             if watcher is not None:
                 watcher.cancel()
 
-    async def _outcome(self, tasks: Sequence[asyncio.Future]) -> Any:
+    async def _outcome(self, tasks: Sequence[asyncio.Future]) -> object:
         """The first task's result once every rank is done; RankLost when an actor died (the
         others are not waited for: they may hang in a collective), else the ranks' error."""
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -388,7 +388,7 @@ def brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def _tagged(rank: int, ref: ray.ObjectRef) -> Any:
+async def _tagged(rank: int, ref: ray.ObjectRef) -> object:
     """``ref``'s value; :class:`RankLost` for a Ray error that means the rank is gone (any but
     the rank's own exception, :class:`RayTaskError`, and a timeout)."""
     try:

@@ -1,16 +1,17 @@
 """The one typed operation that crosses Ray: what the front end asks every rank of a group.
 
-Each operation is a frozen dataclass handed to every rank alike; :func:`apply` runs it on one
-rank's :class:`~apbv.engine.engine.Engine`. A chat request and a question about a live stream
-are both :class:`Generate` (the stream is the request's video); the others open, feed,
-describe and close a live stream by id.
+Each operation is a frozen dataclass handed to every rank alike, generic in its outcome
+(``Op[T]``: :meth:`RankGroup.submit <apbv.serve.ranks.group.RankGroup.submit>` answers a T);
+:func:`apply` runs it on one rank's :class:`~apbv.engine.engine.Engine`. A chat request and
+a question about a live stream are both :class:`Generate` (the stream is the request's video);
+the others open, feed, describe and close a live stream by id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -22,9 +23,25 @@ if TYPE_CHECKING:
     Outcome: TypeAlias = Result | Appended | StreamInfo | None
     """What an op returns (:func:`apply`)."""
 
+T = TypeVar("T", covariant=True)
+
+
+class Op(Generic[T]):
+    """An operation whose outcome on every rank is a ``T``."""
+
+    answers: ClassVar[bool] = False
+    """Rank 0 streams its tokens as they come and takes a cancel."""
+    what: ClassVar[str]
+    """What the server's log calls it."""
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens it may generate (admission's decode time)."""
+        return 0
+
 
 @dataclass(frozen=True)
-class Generate:
+class Generate(Op["Result"]):
     """Answer ``request`` (a one-shot video or a live stream's)."""
 
     request: Request
@@ -39,22 +56,15 @@ class Generate:
         return self.request.max_new_tokens
 
 
-class _StreamOp:
-    """A live stream's operation on every rank: no answer to stream, no tokens to generate."""
-
-    answers: ClassVar[bool] = False
-    max_tokens: ClassVar[int] = 0
-
-
 @dataclass(frozen=True)
-class OpenStream(_StreamOp):
+class OpenStream(Op["StreamInfo"]):
     stream_id: str
     spec: StreamSpec
     what: ClassVar[str] = "open"
 
 
 @dataclass(frozen=True)
-class Append(_StreamOp):
+class Append(Op["Appended"]):
     """Frames (uint8 (F, 3, H, W) at the stream's size) and their timestamps (seconds)."""
 
     stream_id: str
@@ -64,21 +74,18 @@ class Append(_StreamOp):
 
 
 @dataclass(frozen=True)
-class CloseStream(_StreamOp):
+class CloseStream(Op[None]):
     stream_id: str
     what: ClassVar[str] = "close"
 
 
 @dataclass(frozen=True)
-class DescribeStream(_StreamOp):
+class DescribeStream(Op["StreamInfo"]):
     stream_id: str
     what: ClassVar[str] = "describe"
 
 
-Op = Generate | OpenStream | Append | CloseStream | DescribeStream
-
-
-def apply(op: Op, engine: Engine, on_token: Callable[[int], None] | None = None,
+def apply(op: Op[object], engine: Engine, on_token: Callable[[int], None] | None = None,
           stop: Callable[[], bool] | None = None) -> Outcome:
     """Run ``op`` on this rank's ``engine`` (every rank alike): a Result (Generate), the
     Appended record (Append), the StreamInfo (OpenStream, DescribeStream) or None

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from apbv.openai import request_id
 from apbv.openai.policy import ClientError
@@ -43,8 +43,6 @@ from apbv.serve.scheduler.fair_order import next_job, run_order, take_turn
 if TYPE_CHECKING:
     from apbv.openai.chat import ChatCall
     from apbv.openai.download import Held
-    from apbv.serve.scheduler.memory_budget import MemoryBudget
-    from apbv.serve.scheduler.replicas import Replica
 
 Predictor = Callable[["ChatCall", dict[str, int]], float]
 """(ChatCall, what check_request measured) -> predicted TTFT in seconds."""
@@ -69,7 +67,7 @@ place in arrival order there (:meth:`Admission.take`)."""
 
 @dataclass(eq=False)
 class Job:
-    op: Op
+    op: Op[object]
     """What every rank of the replica runs: a chat request's Generate, or a live stream's
     operation (:mod:`apbv.serve.ranks.ops`)."""
     call: ChatCall | None
@@ -105,7 +103,7 @@ class Job:
     host_bytes: int = 0
     """Host memory its ranks hold for it (:class:`apbv.serve.scheduler.memory_budget.MemoryBudget`;
     0: not sized, as a live stream's operation, whose memory is its stream's reservation)."""
-    replica: Replica = field(init=False)
+    replica: Runner = field(init=False)
     """The replica whose queue holds it (set by the server once admitted)."""
     request_id: str | None = field(default_factory=request_id.current)
     """The id of the HTTP request that made it (:mod:`apbv.openai.request_id`), for the log."""
@@ -116,12 +114,29 @@ class Job:
         return None if self.call is None else self.call.downloaded
 
 
+class Runner(Protocol):
+    """The replica a job was handed to (:class:`apbv.serve.scheduler.replicas.Replica`), as
+    far as the job's handlers use it."""
+
+    index: int
+    admission: Admission
+
+
+class HostBudget(Protocol):
+    """The host memory budget every replica's admission shares
+    (:class:`apbv.serve.scheduler.memory_budget.MemoryBudget`)."""
+
+    def register(self, admission: Admission) -> None: ...
+
+    def admit(self, call: ChatCall, measured: dict[str, int], admission: Admission) -> int: ...
+
+
 class Admission:
     """The waiting requests, taken in the order of
     :func:`apbv.serve.scheduler.fair_order.next_job`; one runs at a time."""
 
     def __init__(self, max_queue: int, predictor: Predictor | None = None,
-                 decode_s: float = DECODE_PRIOR_S, memory: MemoryBudget | None = None):
+                 decode_s: float = DECODE_PRIOR_S, memory: HostBudget | None = None):
         self.max_queue = max_queue
         self.memory = memory
         """The host memory budget shared by every replica's admission (None: not counted)."""
@@ -154,8 +169,9 @@ class Admission:
                                                   - (now - (job.started or now)))
         return ttft_left + max(0, job.max_tokens - job.generated) * self.decode_s
 
-    def admit(self, call: ChatCall | None, measured: dict[str, int], *, op: Op | None = None,
-              sse: bool = False, predicted_s: float | None = None, max_tokens: int = 0,
+    def admit(self, call: ChatCall | None, measured: dict[str, int], *,
+              op: Op[object] | None = None, sse: bool = False,
+              predicted_s: float | None = None, max_tokens: int = 0,
               stream_id: str | None = None, generation: int = 0,
               evaluates: float | None = None) -> Job:
         """Queue ``call`` (its TTFT predicted from ``measured``, unless ``predicted_s`` is

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from apbv.openai.policy import ClientError
 
@@ -216,7 +216,7 @@ def served_sizer(model_path: str, world_size: int, dtype_bytes: int, on_gpu: boo
 
     dims = cost.checkpoint_dims(model_path)
 
-    def size(call: Any, measured: dict[str, int]) -> int:
+    def size(call: ChatCall, measured: dict[str, int]) -> int:
         request = call.request
         return request_host_bytes(dims, measured, mode=request.mode.name,
                                   world_size=world_size, dtype_bytes=dtype_bytes,

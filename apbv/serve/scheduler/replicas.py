@@ -48,6 +48,7 @@ from apbv.openai.download import discard
 from apbv.openai.policy import ClientError
 from apbv.serve.ranks.group import NO_ANSWER, RankGroup, RankLost, brief, describe_lost
 from apbv.serve.scheduler.admission import Admission, Job
+from apbv.serve.scheduler.recording import ReplicaMetrics
 from apbv.video import video_identity
 
 log = logging.getLogger("apbv.serve")
@@ -65,14 +66,14 @@ LIVENESS_POLL_S = 2.0
 
 if TYPE_CHECKING:
     from apbv.openai.chat import ChatCall
-    from apbv.serve.metrics import Metrics
     from apbv.serve.ranks.ops import Outcome
 
 
 class Replica:
     """One rank group, its queue and its worker."""
 
-    def __init__(self, index: int, group: RankGroup, admission: Admission, metrics: Metrics,
+    def __init__(self, index: int, group: RankGroup, admission: Admission,
+                 metrics: ReplicaMetrics,
                  observe: Callable[[Result], None]):
         self.index, self.group, self.admission = index, group, admission
         self.metrics, self.observe = metrics, observe

@@ -29,10 +29,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.openai.policy import ClientError
 from apbv.video.sampling import stream_frame_size
+
+if TYPE_CHECKING:
+    from apbv.cost.work import ModelDims
 
 GIB = 1024**3
 
@@ -80,7 +83,7 @@ class KVSizing:
                            max_frames_per_push)
 
     @classmethod
-    def of_dims(cls, dims: Any, max_positions: int, dtype_bytes: int, world_size: int,
+    def of_dims(cls, dims: ModelDims, max_positions: int, dtype_bytes: int, world_size: int,
                 max_frames_per_push: int) -> KVSizing:
         """From a family's :class:`apbv.cost.ModelDims` (a config's or a preset's) and its
         context length (positions); ValueError for a merge the resize rule cannot follow."""

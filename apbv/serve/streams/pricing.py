@@ -23,9 +23,9 @@ alone (0 before its first append).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from apbv.cost.hardware import Hardware
 from apbv.cost.stream import StreamCost, stream_seconds
@@ -62,8 +62,14 @@ class StreamPricing:
             choice_tokens=tuple(self.count_tokens(c) for c in choices))
 
 
+class TextTokenizer(Protocol):
+    """A transformers tokenizer, as far as pricing counts a text's tokens with it."""
+
+    def __call__(self, text: str, *, add_special_tokens: bool) -> Mapping[str, list[int]]: ...
+
+
 def server_pricing(model_path: str, world_size: int, hardware: str, chunk_frames: int,
-                   tokenizer: Any) -> StreamPricing:
+                   tokenizer: TextTokenizer) -> StreamPricing:
     """:class:`StreamPricing` of the checkpoint at ``model_path`` on a hardware preset (or
     calibration file) ``hardware``, counting tokens with ``tokenizer`` (a transformers one)."""
     from apbv import cost

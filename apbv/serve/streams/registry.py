@@ -21,13 +21,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
 from apbv.capture import Capture, Source
 from apbv.cost.stream import StreamCost
-from apbv.engine.stream_plan import StreamSpec
+from apbv.engine.stream_plan import Appended, StreamSpec
 from apbv.openai.policy import ClientError, Limits
 from apbv.serve.ranks.ops import Append, CloseStream, Op, OpenStream
 from apbv.serve.ranks.placement import ReplicaLoad, place_stream
@@ -35,10 +35,13 @@ from apbv.serve.scheduler.admission import Job
 from apbv.serve.scheduler.replicas import Replica
 from apbv.serve.streams import budget as stream_budget
 from apbv.serve.streams import pricing as stream_time
-from apbv.serve.streams.end import EndedStreams, Ending, ending, lost_detail
+from apbv.serve.streams.end import EndedStreams, ending, lost_detail
+from apbv.serve.streams.listener import NoListener, StreamListener
 from apbv.serve.streams.options import StreamOptions
 
 __all__ = ["LiveStream", "StreamOptions", "StreamRegistry", "start_capture"]
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -83,22 +86,19 @@ class LiveStream:
 
 class StreamRegistry:
     """The open streams of one server (``live``, by id) and their budget, over ``replicas``
-    (the server's list) under the server's ``limits``."""
+    (the server's list) under the server's ``limits``; ``listener`` makes, from the registry,
+    what is told of its appends and ends (:class:`~apbv.serve.streams.listener.StreamListener`:
+    the standing questions; None: nothing listens)."""
 
-    def __init__(self, replicas: list[Replica], limits: Limits, options: StreamOptions):
+    def __init__(self, replicas: list[Replica], limits: Limits, options: StreamOptions,
+                 listener: Callable[[StreamRegistry], StreamListener[LiveStream]] | None = None):
         self.replicas, self.limits, self.opt = replicas, limits, options
         self.live: dict[str, LiveStream] = {}
         self.ended = EndedStreams()
         for replica in replicas:  # its ranks lost: its streams end at once
             replica.on_lost.append(self.lost)
-        self.on_append: Callable[[LiveStream, float, float, float], None] | None = None
-        """Called after each append with (the stream, its last frame's timestamp, when the
-        frames arrived (monotonic s), their seconds of footage): the standing questions."""
-        self.on_forget: Callable[[LiveStream, Ending | None], None] | None = None
-        """Called when a stream is closed or lost, with how it ended (None: it never was
-        handed to a client)."""
-        self.watch_load: Callable[[Replica], float] | None = None
-        """A replica's share of time its standing questions take (seconds per second)."""
+        self.listener: StreamListener[LiveStream] = \
+            NoListener() if listener is None else listener(self)
 
     def held(self, replica: Replica) -> int:
         return sum(s.reserved for s in self.live.values() if s.replica is replica)
@@ -135,14 +135,13 @@ class StreamRegistry:
         end = ending(live.id, reason, detail) if known and reason is not None else None
         if end is not None:
             self.ended.add(live.id, end)
-        if self.on_forget is not None:
-            self.on_forget(live, end)
+        self.listener.forget(live, end)
         if live.feeder is not None:
             live.feeder.cancel()
         if live.capture is not None:
             live.capture.close()
 
-    def admit(self, live: LiveStream, op: Op, *, sse: bool = False,
+    def admit(self, live: LiveStream, op: Op[object], *, sse: bool = False,
               evaluates: float | None = None) -> Job:
         """Queue ``op`` for every rank of the stream's replica, in turn with every other job
         there; ``sse``: the job's token queue gets the answer's ids as they come; ``evaluates``:
@@ -170,10 +169,12 @@ class StreamRegistry:
         job.future.add_done_callback(forget_if_lost)
         return job
 
-    async def run(self, live: LiveStream, op: Op, evaluates: float | None = None) -> Any:
+    async def run(self, live: LiveStream, op: Op[T], evaluates: float | None = None
+                  ) -> tuple[T, float]:
         """``op`` on every rank of the stream's replica (:meth:`admit`): (its outcome, the
         seconds it waited)."""
-        return await self.admit(live, op, evaluates=evaluates).future
+        done = await self.admit(live, op, evaluates=evaluates).future
+        return cast(tuple[T, float], done)  # the replica answers the job's op with a T
 
     def need(self, spec: StreamSpec, sized: bool, max_pixels: int | None) -> int:
         sizing = self.opt.sizing
@@ -230,9 +231,8 @@ class StreamRegistry:
 
     def time_share(self, replica: Replica) -> float:
         """Seconds ``replica``'s open streams' appends and watches take on its ranks per second
-        of footage (:meth:`appends` and the watches' :attr:`watch_load`)."""
-        watches = 0.0 if self.watch_load is None else self.watch_load(replica)
-        return self.appends(replica)[0] + watches
+        of footage (:meth:`appends` and the listener's share, the watches')."""
+        return self.appends(replica)[0] + self.listener.replica_load(replica)
 
     def size_of(self, pixels: tuple[int | None, int | None],
                 native: tuple[int, int]) -> tuple[int, int]:
@@ -260,7 +260,9 @@ class StreamRegistry:
         live.spec, live.sized, live.reserved = spec, True, need
         live.predicted = self.price(spec, True, None)
 
-    async def append(self, live: LiveStream, frames: torch.Tensor, stamps: list[float]) -> dict:
+    async def append(self, live: LiveStream, frames: torch.Tensor,
+                     stamps: list[float]) -> Appended:
+        """Append ``frames`` (at ``stamps``) to ``live`` on its ranks: what the engine did."""
         arrived = time.monotonic()
         if not live.opened_on_ranks:
             await self.run(live, OpenStream(live.id, live.spec))
@@ -273,10 +275,8 @@ class StreamRegistry:
         live.pushes += 1
         live.last_ts = stamps[-1]
         live.last_push_wall = time.monotonic()
-        if self.on_append is not None:
-            self.on_append(live, stamps[-1], arrived, len(stamps) / live.spec.fps)
-        return {"appended": len(stamps), "chunk": result.chunk, "owner": result.owner,
-                "tokens": result.tokens, "evicted": result.evicted}
+        self.listener.appended(live, stamps[-1], arrived, len(stamps) / live.spec.fps)
+        return result
 
     async def feed(self, live: LiveStream) -> None:
         """Move frames from the stream's capture to its ranks until the capture ends."""

@@ -23,19 +23,18 @@ import asyncio
 import dataclasses
 import math
 import uuid
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from apbv.capture import Source, local_source
-from apbv.engine.request import Request as EngineRequest
-from apbv.engine.request import StreamRef
 from apbv.engine.stream_plan import StreamSpec
 from apbv.openai import chat_body, responses
+from apbv.openai.ask import parse_ask
 from apbv.openai.bodies import check_url
 from apbv.openai.frames import parse_push, resize_to
 from apbv.openai.policy import ClientError, resolve_media
+from apbv.serve.front.front import Front
 from apbv.serve.ranks.ops import DescribeStream, Generate, OpenStream
 from apbv.serve.streams.registry import (
     LiveStream,
@@ -43,19 +42,11 @@ from apbv.serve.streams.registry import (
     StreamRegistry,
     start_capture,
 )
-from apbv.serve.watches.routes import Watches
-
-if TYPE_CHECKING:
-    from apbv.serve.app import Server
 
 __all__ = ["StreamOptions", "Streams"]
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
                "window_tokens", "keep_vision", "source"}
-ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream", "stop"}
-FRESH_MODE = "spava"
-"""The mode of a fresh ask (a one-shot prefill of the held window); an ask over the held KV
-is ``exact``."""
 PROBE_TIMEOUT_S = 10.0
 """The longest a source's probe at open may take (seconds; it reads a few MiB at most)."""
 
@@ -63,10 +54,8 @@ PROBE_TIMEOUT_S = 10.0
 class Streams:
     """The ``/v1/streams`` routes of one server over its :class:`StreamRegistry`."""
 
-    def __init__(self, server: Server, options: StreamOptions):
-        self.server, self.opt = server, options
-        self.registry = StreamRegistry(server.replicas, server.opt.limits, options)
-        self.watches = Watches(self)
+    def __init__(self, front: Front, registry: StreamRegistry):
+        self.front, self.registry, self.opt = front, registry, registry.opt
 
     def _spec(self, body: dict) -> tuple[StreamSpec, bool, tuple[int | None, int | None],
                                          tuple[int, int] | None]:
@@ -97,8 +86,8 @@ class Streams:
         return spec, size is not None, (min_pixels, max_pixels), native
 
     async def open(self, request: Request) -> JSONResponse:
-        self.server.authorize(request)
-        body = await self.server.read_json(request)
+        self.front.authorize(request)
+        body = await self.front.read_json(request)
         if not isinstance(body, dict):
             raise ClientError(400, "the body must be a JSON object")
         unknown = sorted(set(body) - OPEN_FIELDS)
@@ -132,7 +121,7 @@ class Streams:
         """The path and source a stream's ``source`` URL names (:func:`resolve_media`),
         probed: a 400 naming the file when it is no video that can be followed, before any
         rank works."""
-        path = resolve_media(url, self.server.opt.policy, directory=True)
+        path = resolve_media(url, self.front.policy, directory=True)
         source = local_source(path, end_after_s=self.opt.end_after_s, follow_symlinks=False)
         try:
             await asyncio.wait_for(asyncio.to_thread(source.probe), PROBE_TIMEOUT_S)
@@ -144,63 +133,45 @@ class Streams:
         return path, source
 
     async def push(self, stream_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         if live.capture is not None:
             raise ClientError(409, f"stream {stream_id!r} is fed by its source; it takes no "
                                    "pushed frames")
         done = self.registry.busy(live)
         try:
-            return await self._push(live, await self.server.read_json(request))
+            return await self._push(live, await self.front.read_json(request))
         finally:
             done()
 
     async def _push(self, live: LiveStream, body: object) -> JSONResponse:
         async with live.lock:
             size = (live.spec.height, live.spec.width) if live.sized else None
-            push = await asyncio.to_thread(parse_push, body, self.server.opt.limits,
+            push = await asyncio.to_thread(parse_push, body, self.front.limits,
                                            live.native, size, live.last_ts, live.spec.fps)
             if not live.sized:
                 self.registry.fix_size(live, self.registry.size_of(live.pixels, push.native))
                 live.native = push.native
                 push = dataclasses.replace(push, frames=await asyncio.to_thread(
                     resize_to, push.frames, (live.spec.height, live.spec.width)))
-            out = await self.registry.append(live, push.frames, push.timestamps)
-        return JSONResponse({"id": live.id, **out, "frames_pushed": live.frames_pushed})
+            done = await self.registry.append(live, push.frames, push.timestamps)
+        return JSONResponse({"id": live.id, "appended": len(push.timestamps),
+                             "chunk": done.chunk, "owner": done.owner, "tokens": done.tokens,
+                             "evicted": done.evicted, "frames_pushed": live.frames_pushed})
 
     async def ask(self, stream_id: str, request: Request) -> Response:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         done = self.registry.busy(live)
         try:
-            return await self._ask(live, request, await self.server.read_json(request))
+            return await self._ask(live, request, await self.front.read_json(request))
         finally:
             done()
 
     async def _ask(self, live: LiveStream, request: Request, body: object) -> Response:
         stream_id = live.id
-        limits = self.server.opt.limits
-        if not isinstance(body, dict) or set(body) - ASK_FIELDS:
-            raise ClientError(400, f"the body must be a JSON object with fields among "
-                                   f"{sorted(ASK_FIELDS)}")
-        question = body.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise ClientError(400, "question must be a non-empty string")
-        limits.check("question", len(question), limits.max_question_chars, "max-question-chars",
-                     "the question's length in characters")
-        max_tokens = chat_body.typed_field(body, "max_tokens", (int,), 1) or \
-            self.server.cfg.generate.max_new_tokens
-        limits.check("max_tokens", max_tokens, limits.max_tokens, "max-tokens", "max_tokens")
-        fresh = bool(chat_body.typed_field(body, "fresh", (bool,)))
-        streamed = bool(chat_body.typed_field(body, "stream", (bool,)))
-        try:  # the engine's Request checks, as for a chat request
-            ask = EngineRequest.from_config(
-                self.server.cfg, StreamRef(stream_id, fresh), question,
-                mode=FRESH_MODE if fresh else "exact", max_new_tokens=max_tokens,
-                choices=body.get("choices"),
-                stop_texts=() if body.get("stop") is None else body["stop"])
-        except ValueError as exc:
-            raise ClientError(400, str(exc)) from None
+        asked = parse_ask(body, stream_id, self.front.cfg, self.front.limits)
+        ask, streamed = asked.request, asked.streamed
         choices, stop_texts = ask.choices, ask.stop_texts
         if not live.opened_on_ranks:
             raise ClientError(400, f"stream {stream_id!r} holds no frames yet: push at least 2")
@@ -208,31 +179,32 @@ class Streams:
             raise ClientError(400, "stream and choices do not go together: a closed-vocabulary "
                                    "answer is one scored choice, not a token stream")
         live.asks += 1
-        model, cid = self.server.opt.model_name, responses.completion_id()
+        model, cid = self.front.model_name, responses.completion_id()
         if streamed:
             job = self.registry.admit(live, Generate(ask), sse=True)
             job.future.add_done_callback(
                 lambda f: None if f.cancelled() or f.exception() else
-                self.server.observe(f.result()[0]))
-            return self.server.sse(job, cid, request, model, stop_texts, stream=live.id)
+                self.front.observe(f.result()[0]))
+            return self.front.respond(job, cid, request, model, stop_texts,
+                                      extra={"stream": live.id})
         result, wait = await self.registry.run(live, Generate(ask))
         out = responses.answer(model, cid, result, wait, live.replica.index)
         out["apbv"]["stream"] = live.id
-        self.server.observe(result)
+        self.front.observe(result)
         return JSONResponse(out)
 
     async def stats(self, stream_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         out = self.registry.summary(live)
-        out["watches"] = self.watches.stats(live)
+        out["watches"] = self.registry.listener.stats(live)
         if live.opened_on_ranks:
             info, _ = await self.registry.run(live, DescribeStream(live.id))
             out["engine"] = dataclasses.asdict(info)
         return JSONResponse(out)
 
     async def close(self, stream_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         await self.registry.close(live)
         return JSONResponse({"id": live.id, "closed": True})
@@ -243,4 +215,3 @@ class Streams:
         app.post("/v1/streams/{stream_id}/ask")(self.ask)
         app.get("/v1/streams/{stream_id}")(self.stats)
         app.delete("/v1/streams/{stream_id}")(self.close)
-        self.watches.register(app)

@@ -26,16 +26,16 @@ import asyncio
 import contextvars
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from apbv.serve.ranks.ops import Generate
 from apbv.serve.streams.registry import LiveStream, StreamRegistry
 from apbv.serve.watches.events import EventHub
 from apbv.serve.watches.state import StreamWatches, Watch
-from apbv.watch.rules import observe, top_choice
 
 if TYPE_CHECKING:
-    from apbv.serve.metrics import Metrics
+    from apbv.engine.request import Result
+    from apbv.serve.front.metrics import Metrics
 
 log = logging.getLogger("apbv.serve")
 
@@ -110,26 +110,20 @@ class Evaluator:
                       "eval_wait_s": wait, "eval_s": watch.eval_s}
             self._judge(watch, result, footage_ts, arrived, stages)
 
-    def _judge(self, watch: Watch, result: Any, footage_ts: float, arrived: float,
+    def _judge(self, watch: Watch, result: Result, footage_ts: float, arrived: float,
                stages: dict[str, float | None] | None = None) -> None:
         """Fold an evaluation's ``result`` into ``watch``'s rule; publish an event if any
         (``stages``: the seconds its latency is made of, see the module docstring)."""
-        probs = {c["text"]: float(c["prob"]) for c in result.choices}
-        watch.evaluations += 1
-        watch.last, watch.last_ts, watch.error = probs, footage_ts, None
+        watch.error = None
         self.evaluations.inc()
-        watch.state, change = observe(watch.rule, watch.state, probs)
+        change = watch.fold(result, footage_ts)
         if change is None:
             return
         latency = time.monotonic() - arrived
         event = {"object": "watch.event", "watch": watch.id, "stream": watch.stream,
-                 "question": watch.request.question, "rule": watch.rule.kind,
-                 "choice": watch.rule.choice, "answer": change.answer,
-                 "previous": change.previous, "top": top_choice(probs), "probs": probs,
-                 "footage_ts": footage_ts, "capture_to_event_s": latency,
-                 "ttft_s": result.ttft_s, "stages": stages, "evaluation": watch.evaluations,
-                 "created": time.time()}
-        watch.events += 1
+                 **watch.event(change), "rule": watch.rule.kind, "choice": watch.rule.choice,
+                 "capture_to_event_s": latency, "ttft_s": result.ttft_s, "stages": stages,
+                 "evaluation": watch.evaluations, "created": time.time()}
         self.events_total.inc()
         self.latency.observe(latency)
         before = self.hub.dropped

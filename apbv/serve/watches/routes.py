@@ -18,21 +18,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from apbv.openai.policy import ClientError
+from apbv.serve.front.front import Front
 from apbv.serve.streams.end import Ending, closed_event
-from apbv.serve.streams.registry import LiveStream
+from apbv.serve.streams.registry import LiveStream, StreamRegistry
 from apbv.serve.watches.body import parse_watch
 from apbv.serve.watches.evaluator import Evaluator
 from apbv.serve.watches.events import EventHub
 from apbv.serve.watches.state import MAX_WATCHES, StreamWatches, Watch, lag_s, share
 
 if TYPE_CHECKING:
-    from apbv.serve.streams.routes import Streams
+    from apbv.serve.scheduler.replicas import Replica
 
 __all__ = ["MAX_WATCHES", "StreamWatches", "Watch", "Watches", "lag_s"]
 
@@ -40,27 +41,30 @@ log = logging.getLogger("apbv.serve")
 
 
 class Watches:
-    """The watches of one server's streams, their event streams and metrics."""
+    """The watches of one server's streams, their event streams and metrics: the
+    ``registry``'s listener (:class:`~apbv.serve.streams.listener.StreamListener`, which it
+    makes at its construction)."""
 
-    def __init__(self, streams: Streams):
-        self.streams, self.server = streams, streams.server
-        self.registry = streams.registry
+    def __init__(self, front: Front, registry: StreamRegistry):
+        self.front, self.registry = front, registry
         self.of: dict[str, StreamWatches] = {}
         self.hub = EventHub()
         self.finishing: set[asyncio.Task] = set()
         """The webhook senders of watches whose stream ended (sending its last events)."""
-        self.evaluator = Evaluator(self.registry, self.of, self.hub, self.server.metrics)
-        self.registry.on_append = self.evaluator.appended
-        self.registry.on_forget = self.forget
-        self.registry.watch_load = self.replica_load
+        self.evaluator = Evaluator(self.registry, self.of, self.hub, front.metrics)
+
+    def appended(self, live: LiveStream, last_ts: float, arrived: float,
+                 footage_s: float) -> None:
+        """Frames were appended to ``live``: its watches are evaluated when due."""
+        self.evaluator.appended(live, last_ts, arrived, footage_s)
 
     # --- the routes -------------------------------------------------------------------------
 
     async def create(self, stream_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
-        body = await self.server.read_json(request)
-        watch = parse_watch(self.server, live.id, body)
+        body = await self.front.read_json(request)
+        watch = parse_watch(self.front, live.id, body)
         sw = self.of.setdefault(live.id, StreamWatches())
         if len(sw.watches) >= MAX_WATCHES:
             raise ClientError(429, f"stream {live.id!r} holds {len(sw.watches)} watches, the "
@@ -78,14 +82,14 @@ class Watches:
         return JSONResponse(watch.describe(), status_code=201)
 
     async def list_watches(self, stream_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         sw = self.of.get(live.id, StreamWatches())
         return JSONResponse({"stream": live.id, "object": "list",
                              "data": [w.describe() for w in sw.watches.values()]})
 
     async def delete(self, stream_id: str, watch_id: str, request: Request) -> JSONResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         watch = self.of.get(live.id, StreamWatches()).watches.pop(watch_id, None)
         if watch is None:
@@ -95,7 +99,7 @@ class Watches:
 
     async def events(self, request: Request) -> StreamingResponse:
         """Every stream's events; ``?stream=ID`` and ``?watch=ID`` filter them."""
-        self.server.authorize(request)
+        self.front.authorize(request)
         stream, watch = request.query_params.get("stream"), request.query_params.get("watch")
         ended = None if stream is None else self.registry.ended.refusal(stream)
         if ended is not None:  # it would never send anything
@@ -103,7 +107,7 @@ class Watches:
         return self._subscribe(stream, watch, request)
 
     async def stream_events(self, stream_id: str, request: Request) -> StreamingResponse:
-        self.server.authorize(request)
+        self.front.authorize(request)
         live = self.registry.get(stream_id)
         return self._subscribe(live.id, request.query_params.get("watch"), request)
 
@@ -127,7 +131,7 @@ class Watches:
         """The share of ``live``'s replica's time its watches take (:meth:`replica_load`)."""
         return self.replica_load(live.replica)
 
-    def replica_load(self, replica: Any) -> float:
+    def replica_load(self, replica: Replica) -> float:
         """The share of ``replica``'s time its watches take: evaluation seconds per footage
         seconds between evaluations, summed over the watches measured so far."""
         total = 0.0
@@ -172,7 +176,7 @@ class Watches:
                                    "(every_s) or on fewer streams, or lower the streams' fps, "
                                    "frame size or window")
 
-    def stats(self, live: LiveStream) -> dict[str, Any]:
+    def stats(self, live: LiveStream) -> dict[str, object]:
         """What a stream's GET shows of its watches: how far evaluation lags behind the
         stream (footage seconds and wall seconds), chunks coalesced, the replica's load."""
         sw = self.of.get(live.id)

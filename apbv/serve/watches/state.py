@@ -12,9 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.engine.request import Request as EngineRequest
 from apbv.serve.watches.events import Webhook
-from apbv.watch.rules import Rule, RuleState
+from apbv.watch.question import StandingQuestion
 
 MAX_WATCHES = 8
 """Watches one stream may hold."""
@@ -23,38 +22,24 @@ WEBHOOK_FINISH_S = 30.0
 ended (:meth:`Watch.finish`); then its sender is stopped."""
 
 
-@dataclass(eq=False)
-class Watch:
+@dataclass(eq=False, kw_only=True)
+class Watch(StandingQuestion):
+    """A standing question (:class:`apbv.watch.question.StandingQuestion`: the request, the
+    rule and its state, when it is due) held by the server on one stream: its id, its webhook
+    and the figures its GET and the replica's budget read."""
+
     id: str
     stream: str
-    request: EngineRequest
-    rule: Rule
-    every_s: float | None
     webhook: Webhook | None = None
     sender: asyncio.Task | None = None
-    state: RuleState = field(default_factory=RuleState)
-    evaluations: int = 0
-    events: int = 0
     errors: int = 0
     error: str | None = None
-    last_ts: float | None = None
-    """Footage timestamp of the last frame its last evaluation saw (seconds)."""
-    last: dict[str, float] | None = None
-    """Its last evaluation's probabilities."""
     eval_s: float | None = None
     """Seconds of its last evaluation (queue wait excluded)."""
     predicted: tuple[float, float] | None = None
     """(Seconds of one evaluation as the cost model predicts it, scaled as
     :mod:`apbv.serve.streams.pricing` says; footage seconds between evaluations before its stream
     measured a chunk); None: not priced."""
-
-    def due(self, footage_ts: float) -> bool:
-        """Whether the state whose last frame is at ``footage_ts`` is to be evaluated (never
-        twice the same state)."""
-        if self.last_ts is None:
-            return True
-        return footage_ts != self.last_ts if self.every_s is None else \
-            footage_ts - self.last_ts >= self.every_s
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "stream": self.stream, "question": self.request.question,

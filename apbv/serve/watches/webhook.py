@@ -20,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from apbv.openai.policy import ClientError
+
+if TYPE_CHECKING:
+    import httpx
 
 READ_BYTES = 4096
 """Bytes of a receiver's answer read at most (its status decides; the body is discarded)."""
@@ -92,8 +95,8 @@ async def check_addresses(url: str, hosts: tuple[str, ...]) -> None:
                                   "not listed by IP in --allow-webhook-host")
 
 
-async def post_event(client: Any, url: str, event: dict[str, Any], hosts: tuple[str, ...],
-                     timeout_s: float) -> str | None:
+async def post_event(client: httpx.AsyncClient, url: str, event: dict[str, Any],
+                     hosts: tuple[str, ...], timeout_s: float) -> str | None:
     """POST ``event`` as JSON to ``url`` with the httpx ``client``: None when the receiver
     answered 2xx, else why not (HTTP status, error, deadline, refused address); never raises
     for the receiver's doing."""

@@ -294,15 +294,14 @@ def test_guard_ends_an_event_stream_with_the_shutdown_error():
 
 
 def test_a_stream_window_whose_frame_count_overflows_is_a_400():
-    from types import SimpleNamespace
 
-    from apbv.serve.metrics import Metrics
-    from apbv.serve.streams.routes import StreamOptions, Streams
+    from apbv.serve.app import live_streams
+    from apbv.serve.front.front import Front
+    from apbv.serve.front.metrics import Metrics
+    from apbv.serve.streams.routes import StreamOptions
 
-    streams = Streams(SimpleNamespace(replicas=[],
-                                      opt=SimpleNamespace(limits=Limits(), model_name="m"),
-                                      metrics=Metrics()),
-                      StreamOptions(budget_bytes=1 << 30))
+    front = Front(None, Limits(), MediaPolicy(), "m", Metrics(), None)
+    streams, _ = live_streams(front, [], StreamOptions(budget_bytes=1 << 30))
     assert "window_s x fps (1e+308 x 2) overflows" in _refused(
         streams._spec, {"fps": 2, "window_s": 1e308})
     assert "overflows" in _refused(streams._spec, {"fps": 1e10, "window_s": 1e300})

@@ -202,7 +202,7 @@ def test_a_client_leaving_mid_answer_leaves_no_task_pending(tokenizer):
     import asyncio
     from types import SimpleNamespace
 
-    from apbv.serve.sse import deltas as read_deltas
+    from apbv.serve.front.sse import deltas as read_deltas
 
     ids = tokenizer.encode("magenta", add_special_tokens=False)
 

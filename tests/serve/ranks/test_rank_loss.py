@@ -26,7 +26,7 @@ from ray.exceptions import (  # noqa: E402
 )
 
 from apbv.openai.policy import ClientError  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.ranks import group as group_module  # noqa: E402
 from apbv.serve.ranks.group import RankGroup, RankLost, _tagged, brief  # noqa: E402
 from apbv.serve.scheduler import replicas as replicas_module  # noqa: E402

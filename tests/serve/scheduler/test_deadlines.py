@@ -19,7 +19,7 @@ pytest.importorskip("ray")
 
 from apbv.openai.chat_body import typed_field  # noqa: E402
 from apbv.openai.policy import ClientError  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.ranks.group import RankGroup, RankLost, describe_lost  # noqa: E402
 from apbv.serve.scheduler import replicas as replicas_module  # noqa: E402
 from apbv.serve.scheduler.admission import DECODE_BOUNDS, LEARN_RATE, Admission  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from apbv.openai.policy import ClientError, MediaPolicy, remote_url  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica, overall_status, pick  # noqa: E402
 from apbv.video import (

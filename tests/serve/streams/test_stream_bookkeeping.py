@@ -16,8 +16,10 @@ pytest.importorskip("fastapi")
 
 from apbv.engine.request import Request, StreamRef  # noqa: E402
 from apbv.engine.stream_plan import StreamSpec  # noqa: E402
-from apbv.openai.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.serve.app import live_streams  # noqa: E402
+from apbv.serve.front.front import Front  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.ranks.ops import Generate  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica  # noqa: E402
@@ -32,10 +34,8 @@ def _streams(**options) -> tuple[Streams, Replica]:
     group = SimpleNamespace(pids=[], world_size=1)
     replica = Replica(0, group, Admission(2), Metrics(), lambda _: None)
     replica.status = "ready"
-    streams = Streams(SimpleNamespace(replicas=[replica],
-                                      opt=SimpleNamespace(limits=Limits(), model_name="m"),
-                                      metrics=Metrics()),
-                      StreamOptions(budget_bytes=100 * KIB, **options))
+    front = Front(None, Limits(), MediaPolicy(), "m", Metrics(), None)
+    streams, _ = live_streams(front, [replica], StreamOptions(budget_bytes=100 * KIB, **options))
     return streams, replica
 
 
@@ -166,13 +166,12 @@ def test_every_end_is_told_once_to_its_event_streams_and_webhooks_and_remembered
 
     async def scenario() -> dict:
         streams, replica = _streams(idle_s=30)
-        registry, hub = streams.registry, streams.watches.hub
+        registry, hub = streams.registry, streams.registry.listener.hub
         live = {name: _add(streams, replica, name) for name in "abcd"}
-        watch = Watch("w-b", "b", None, None, None,  # its question is never evaluated here
-                      webhook=Webhook(hooks.url,
-                                      hosts=("127.0.0.1",)))
+        watch = Watch(None, None, None,  # its question is never evaluated here
+                      id="w-b", stream="b", webhook=Webhook(hooks.url, hosts=("127.0.0.1",)))
         watch.sender = asyncio.ensure_future(watch.webhook.run())
-        streams.watches.of["b"] = StreamWatches(watches={"w-b": watch})
+        streams.registry.listener.of["b"] = StreamWatches(watches={"w-b": watch})
         wires = {name: hub.stream(hub.subscribe(**filters)) for name, filters in
                  [("a", {"stream": "a"}), ("w-b", {"watch": "w-b"}), ("every", {})]}
         for wire in wires.values():

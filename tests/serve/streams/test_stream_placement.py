@@ -12,8 +12,10 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("fastapi")
 
-from apbv.openai.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.openai.policy import ClientError, Limits, MediaPolicy  # noqa: E402
+from apbv.serve.app import live_streams  # noqa: E402
+from apbv.serve.front.front import Front  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.ranks.placement import ReplicaLoad, place_stream  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica  # noqa: E402
@@ -41,9 +43,8 @@ def _two_replicas() -> tuple[Streams, list[Replica]]:
     replicas = [Replica(i, group, Admission(4), metrics, lambda _: None) for i in range(2)]
     for replica in replicas:
         replica.status = "ready"
-    streams = Streams(SimpleNamespace(replicas=replicas, metrics=Metrics(),
-                                      opt=SimpleNamespace(limits=Limits(), model_name="m")),
-                      StreamOptions(budget_bytes=100 * KIB))
+    front = Front(None, Limits(), MediaPolicy(), "m", Metrics(), None)
+    streams, _ = live_streams(front, replicas, StreamOptions(budget_bytes=100 * KIB))
     return streams, replicas
 
 
@@ -55,7 +56,7 @@ def test_a_stream_goes_where_appends_and_watches_take_the_least_time():
     assert registry.place(10 * KIB) is zero  # nothing measured: the fewer bytes held
     a.append_load = 0.2  # a's appends take 0.2 s per s of footage ...
     watch: Watch = _watch("a", eval_s=0.5)  # ... and its watch 0.5 s per 1 s chunk
-    streams.watches.of["a"] = StreamWatches({watch.id: watch}, chunk_s=1.0)
+    streams.registry.listener.of["a"] = StreamWatches({watch.id: watch}, chunk_s=1.0)
     b.append_load = c.append_load = 0.1
     assert registry.time_share(zero) == pytest.approx(0.7)
     assert registry.time_share(one) == pytest.approx(0.2)

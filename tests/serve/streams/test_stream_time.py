@@ -18,7 +18,8 @@ pytest.importorskip("fastapi")
 from apbv import cost  # noqa: E402
 from apbv.config import load_config  # noqa: E402
 from apbv.openai.policy import ClientError, Limits  # noqa: E402
-from apbv.serve.metrics import Metrics  # noqa: E402
+from apbv.serve.app import live_streams  # noqa: E402
+from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica  # noqa: E402
 from apbv.serve.streams.budget import GIB, KVSizing  # noqa: E402
@@ -42,13 +43,13 @@ def _streams() -> tuple[Streams, Replica]:
     async def read_json(request):
         return request
 
-    server = SimpleNamespace(replicas=[replica], metrics=Metrics(), authorize=lambda _: None,
-                             read_json=read_json, cfg=load_config("tiny_cpu"),
-                             opt=SimpleNamespace(limits=Limits(), model_name="m"))
+    front = SimpleNamespace(metrics=Metrics(), authorize=lambda _: None, read_json=read_json,
+                            cfg=load_config("tiny_cpu"), limits=Limits(), model_name="m",
+                            webhook_hosts=())
     pricing = StreamPricing(DIMS, cost.hardware("cpu"), 2, 8, lambda text: len(text.split()))
     options = StreamOptions(budget_bytes=GIB, sizing=KVSizing.of_dims(DIMS, 32768, 2, 2, 8),
                             pricing=pricing)
-    return Streams(server, options), replica
+    return live_streams(front, [replica], options)[0], replica
 
 
 def _open(streams: Streams, body: dict) -> dict:
@@ -98,7 +99,7 @@ WATCH = {"question": "Is there a flash in the last second?", "choices": ["yes", 
 
 def _watch(streams: Streams, stream_id: str) -> dict:
     """A watch created through the route (the stand-in server reads the body as is)."""
-    response = asyncio.run(streams.watches.create(stream_id, WATCH))
+    response = asyncio.run(streams.registry.listener.create(stream_id, WATCH))
     assert response.status_code == 201
     return json.loads(response.body)
 
@@ -107,13 +108,13 @@ def test_a_watch_is_refused_from_its_prediction_before_anything_was_measured():
     streams, replica = _streams()
     small = _open(streams, SMALL)["id"]
     created = _watch(streams, small)
-    first = streams.watches.of[small].watches[created["id"]]
+    first = streams.registry.listener.of[small].watches[created["id"]]
     assert first.predicted is not None and first.predicted[1] == 16.0  # 8 frames at 0.5 fps
     assert 0.5 < first.predicted[0] < 1.0  # about 0.7 s per 16 s of footage: admitted
     streams.registry.forget(streams.registry.live[small])
     busy = _open(streams, {**SMALL, "fps": 2})["id"]  # appends about 0.97 of the replica
     _refused(lambda: _watch(streams, busy), "cannot sustain this watch", "per 4 s of footage",
              "the streams' appends 97% (its seconds predicted)")
-    measured = Watch("m", busy, first.request, first.rule, None, eval_s=0.02)
-    streams.watches.of[busy] = StreamWatches({"m": measured}, chunk_s=4.0)
+    measured = Watch(first.request, first.rule, None, id="m", stream=busy, eval_s=0.02)
+    streams.registry.listener.of[busy] = StreamWatches({"m": measured}, chunk_s=4.0)
     _watch(streams, busy)  # measured on the stream: 0.02 s per 4 s fits
