@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from apbv.modes import get_mode
 from apbv.serve.watch_rules import Rule, RuleState, observe, top_choice
 from apbv.validate import positive
+
+if TYPE_CHECKING:
+    from apbv.engine.engine import Engine
 
 
 def parse_choices(text: str) -> tuple[str, ...]:
@@ -51,7 +55,7 @@ class StandingQuestion:
         if self.every_s is not None:
             positive("watch_every", self.every_s)
 
-    def after_append(self, engine: Any, stream: str, stamps: list[float], taken: float,
+    def after_append(self, engine: Engine, stream: str, stamps: list[float], taken: float,
                      printer: Any | None) -> None:
         """Frames at ``stamps`` were appended (taken from the capture at ``taken``, rank 0's
         monotonic clock): ask again when due (on every rank alike); ``printer`` (rank 0)
@@ -64,11 +68,12 @@ class StandingQuestion:
                                and ts - self.last_ts < self.every_s):
             return
         result = engine.generate(Request(video=StreamRef(stream), question=self.question,
-                                         mode="exact", max_new_tokens=1,
+                                         mode=get_mode("exact"), max_new_tokens=1,
                                          choices=self.choices))
         self.last_ts, self.evaluations = ts, self.evaluations + 1
         if printer is None:
             return
+        assert result.choices is not None  # a closed-vocabulary request answers with them
         probs = {c["text"]: float(c["prob"]) for c in result.choices}
         baseline = self.state.answer is None
         self.state, change = observe(self.rule, self.state, probs)
