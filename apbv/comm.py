@@ -68,9 +68,12 @@ def _scalar_device(group: dist.ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
-def _wait(work: dist.Work, group: dist.ProcessGroup | None) -> None:
+def _wait(work: dist.Work | None, group: dist.ProcessGroup | None) -> None:
     """Wait for an async collective: bounded on gloo (a CPU wait anyway); on NCCL without a
-    CPU-side timeout, so the host keeps running ahead of the GPU (the stream waits instead)."""
+    CPU-side timeout, so the host keeps running ahead of the GPU (the stream waits instead).
+    ``work`` is what a collective called with ``async_op=True`` returns (torch types it
+    ``Work | None``; None only without ``async_op``)."""
+    assert work is not None, "an async collective returns its Work"
     if dist.get_backend(group) == "nccl":
         work.wait()
     else:
@@ -292,13 +295,13 @@ def startup_barrier(store: dist.Store, name: str, rank: int, world_size: int,
             late = [r for r in members if not store.check([keys[r]])]
             if not late:  # they all arrived since the first check
                 return
-            ranks = ", ".join(map(str, late))
+            named = ", ".join(map(str, late))
             if now - start >= timeout_s:
                 raise StartupTimeout(
-                    f"rank {rank}: rank(s) {ranks} did not reach the start-up point {name!r} "
+                    f"rank {rank}: rank(s) {named} did not reach the start-up point {name!r} "
                     f"within parallel.startup_timeout_s = {timeout_s:g} s (raise it with "
                     f"--set parallel.startup_timeout_s=SECONDS if loading is that slow)", late)
-            log(f"rank {rank}: waiting for rank(s) {ranks} at the start-up point {name!r} "
+            log(f"rank {rank}: waiting for rank(s) {named} at the start-up point {name!r} "
                 f"({len(members) - len(late)}/{len(members)} there, {now - start:.0f} s so far; "
                 f"parallel.startup_timeout_s = {timeout_s:g} s)")
             next_report = now + report_every_s
@@ -315,6 +318,7 @@ def new_groups(ranks: list[list[int]]) -> dist.ProcessGroup | None:
     me = dist.get_rank()
     for members in ranks:
         group = dist.new_group(members, timeout=_timeout)
-        if me in members:
+        if me in members:  # a member gets its group (others: GroupMember.NON_GROUP_MEMBER)
+            assert isinstance(group, dist.ProcessGroup), group
             mine = group
     return mine

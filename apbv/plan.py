@@ -172,7 +172,7 @@ class Plan:
         for start, end in self.global_ranges(rank):
             out.append((offset, offset + end - start))
             offset += end - start
-        return tuple(out)  # type: ignore[return-value]
+        return tuple(out)
 
     def local_len(self, rank: int) -> int:
         return self.local_ranges(rank)[-1][1]

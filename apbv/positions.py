@@ -92,7 +92,8 @@ def mrope_positions(
     cursor = 0
     for i, ((start, end), (t, h, w), seconds) in enumerate(zip(runs, video_grids,
                                                                second_per_grid_ts)):
-        patches = range(t) if kept is None or kept[i] is None else kept[i]
+        held = None if kept is None else kept[i]
+        patches: Sequence[int] = range(t) if held is None else held
         t = len(patches)
         gh, gw = h // spatial_merge_size, w // spatial_merge_size
         if end - start != t * gh * gw:

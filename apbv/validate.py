@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 
 def one_of(name: str, value: Any, allowed: Sequence[Any]) -> None:
@@ -75,6 +75,16 @@ def number(name: str, value: Any, *, low: float = 0.0, low_open: bool = True,
     if value < low or (low_open and value == low) or (high is not None and value > high):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
+
+
+@overload
+def positive(name: str, value: object, *, allow_none: Literal[False] = False,
+             allow_zero: bool = False, unit: str | None = None) -> float: ...
+
+
+@overload
+def positive(name: str, value: object, *, allow_none: bool, allow_zero: bool = False,
+             unit: str | None = None) -> float | None: ...
 
 
 def positive(name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False,

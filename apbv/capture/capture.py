@@ -260,7 +260,7 @@ class Capture:
                 "frames_dropped": self._counts["dropped"],
                 "frames_delivered": self._counts["delivered"],
                 "buffered": len(self._buffer),
-                "ingest_lag_s": 0.0 if newest is None else newest - behind,
+                "ingest_lag_s": 0.0 if newest is None or behind is None else newest - behind,
                 "idle_s": idle,
                 "stalled": not self._ended and idle > self.stall_s,
                 "ended": self._ended,

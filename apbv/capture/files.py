@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from apbv.capture.sources import (
@@ -314,7 +314,7 @@ class SegmentDir(Source):
             idle_since = time.monotonic()
 
     def _segment(self, av: Any, directory: int, name: str, offset: float,
-                 stop: threading.Event) -> Iterator[RawFrame | None]:
+                 stop: threading.Event) -> Generator[RawFrame | None, None, float]:
         """Yield the frames of segment ``name`` of the open ``directory`` at ``offset``;
         returns the next segment's offset."""
         last: float | None = None

@@ -79,16 +79,17 @@ class PushSource(Source):
         with self._cond:  # one pusher at a time: timestamps continue from the last push
             if self._ended:
                 raise ValueError("push after end(): this source has ended")
-            last = self._last
+            previous = self._last
             if rate is not None:
-                start = 0.0 if last is None else last + 1.0 / rate
+                start = 0.0 if previous is None else previous + 1.0 / rate
                 times = [start + i / rate for i in range(count)]
             else:
+                assert given is not None  # exactly one of timestamps and fps, checked above
                 times = given
-                chain = ([] if last is None else [last]) + times
+                chain = ([] if previous is None else [previous]) + times
                 if any(b <= a for a, b in zip(chain, chain[1:])):
                     raise ValueError(f"timestamps must be strictly increasing and after the last "
-                                     f"pushed one ({last}), got {times}")
+                                     f"pushed one ({previous}), got {times}")
             self._queue.extend(zip(tensor.unbind(0), times))
             if times:
                 self._last = times[-1]

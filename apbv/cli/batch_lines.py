@@ -134,7 +134,8 @@ def read_line(line: str, where: str) -> dict[str, Any]:
 def read_requests(path: str | Path) -> list[dict[str, Any]]:
     """The input file's request lines (:func:`read_line`; blank lines skipped), or ValueError
     naming the first line that is no request, or a ``custom_id`` given twice."""
-    out, seen = [], {}
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}  # custom_id -> the line that gave it
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             line = raw.decode("utf-8", "surrogateescape")  # bad bytes: the body's reader says

@@ -28,6 +28,7 @@ itself failed (bad input, refused settings, a rank lost).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -36,9 +37,14 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from apbv.cli.batch_lines import BATCH_URL, read_requests
+
+if TYPE_CHECKING:
+    from apbv.config import RuntimeConfig
+    from apbv.distributed import DistInfo
+    from apbv.engine.engine import Engine
 
 __all__ = ["BATCH_URL", "read_requests", "run_batch", "main"]
 
@@ -52,7 +58,8 @@ def seeded(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def batch_settings(cfg: Any, limits: Any, world_size: int, groups: int = 1) -> dict[str, Any]:
+def batch_settings(cfg: RuntimeConfig, limits: Any, world_size: int,
+                   groups: int = 1) -> dict[str, Any]:
     """What decides a row's answer, stored beside the output and checked on resume
     (``groups`` only when > 1, so outputs of earlier runs still resume)."""
     from apbv.eval.settings import file_digest
@@ -84,7 +91,8 @@ def _check_settings(path: Path, settings: dict[str, Any]) -> None:
     path.write_text(json.dumps(settings, indent=1) + "\n")
 
 
-def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], out: Path,
+def run_batch(cfg: RuntimeConfig, info: DistInfo, engine: Engine,
+              requests: list[dict[str, Any]], out: Path,
               media_roots: tuple[str, ...], *, retry_failed: bool = True,
               progress: TextIO = sys.stderr, limits: Any = None, groups: int = 1) -> int:
     """Answer ``requests`` (:func:`read_requests`) into ``out`` with ``engine`` (every rank
@@ -113,8 +121,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             if len(kept) != len(rows):
                 log.rewrite(kept)
             done = {r["custom_id"]: r for r in kept}
-        done = _agree(set(done), info)
-        todo = [item for item in requests if item["custom_id"] not in done]
+        answered = _agree(set(done), info)
+        todo = [item for item in requests if item["custom_id"] not in answered]
         from apbv.distributed import group_ranks
         from apbv.eval.groups import deal
 
@@ -159,8 +167,8 @@ def run_batch(cfg: Any, info: Any, engine: Any, requests: list[dict[str, Any]], 
             lock.release()
 
 
-def _answer(item: dict[str, Any], cfg: Any, ranks: Any, engine: Any, limits: Any,
-            policy: Any) -> tuple[int, dict[str, Any]]:
+def _answer(item: dict[str, Any], cfg: RuntimeConfig, ranks: DistInfo, engine: Engine,
+            limits: Any, policy: Any) -> tuple[int, dict[str, Any]]:
     """(status, body) of one request line, as the server would answer its body: a body the
     strict reader refused, a refused field, a failed request each become an error row (400,
     or 500 for a failure that is not the request's fault) and the run goes on. Every rank
@@ -193,7 +201,7 @@ def _answer(item: dict[str, Any], cfg: Any, ranks: Any, engine: Any, limits: Any
         discard(call.downloaded if call is not None else None)
 
 
-def _agreement(info: Any) -> Any:
+def _agreement(info: DistInfo) -> contextlib.AbstractContextManager[None]:
     """:func:`apbv.engine.agree.agreement` over the ranks (nothing to agree on with one)."""
     if info.world_size == 1:
         return contextlib.nullcontext()
@@ -202,7 +210,7 @@ def _agreement(info: Any) -> Any:
     return agreement(info.group)
 
 
-def _gather(row: dict[str, Any] | None, info: Any, groups: int,
+def _gather(row: dict[str, Any] | None, info: DistInfo, groups: int,
             size: int) -> list[dict[str, Any]]:
     """The rows this round's groups finished (each from its group's first rank)."""
     if groups == 1:
@@ -226,7 +234,7 @@ def _write(rows: list[dict[str, Any]], log: Any, writer: bool, n: int, total: in
     return n
 
 
-def api_model(body: dict[str, Any], cfg: Any) -> str:
+def api_model(body: dict[str, Any], cfg: RuntimeConfig) -> str:
     """The model name a body may give: the checkpoint directory's name (as ``serve``'s
     default ``--served-model-name``), or whatever the body says when it names one."""
     name = Path(cfg.model.path.rstrip("/")).name
@@ -253,7 +261,7 @@ def _completion_id(custom_id: str) -> str:
     return "chatcmpl-" + _digest(custom_id)
 
 
-def _agree(done: set[str], info: Any) -> set[str]:
+def _agree(done: set[str], info: DistInfo) -> set[str]:
     """Rank 0's ``done`` on every rank (the rows only rank 0 read)."""
     if info.world_size == 1:
         return done
@@ -262,7 +270,7 @@ def _agree(done: set[str], info: Any) -> set[str]:
     return set(comm.broadcast_object(sorted(done), src=0, group=info.group))
 
 
-def main(args: Any, cfg: Any) -> int:
+def main(args: argparse.Namespace, cfg: RuntimeConfig) -> int:
     """``apbv batch``: the command line's entry (``args``: -i, -o, --media-root,
     --no-retry-failed, --fail-on-error); the exit status (0 with failed rows unless
     ``--fail-on-error``)."""

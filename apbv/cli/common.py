@@ -8,10 +8,14 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from apbv import MissingExtra
 from apbv.modes import MODE_NAMES
+
+if TYPE_CHECKING:  # the command line starts without torch (apbv.distributed imports it)
+    from apbv.config import RuntimeConfig
+    from apbv.distributed import DistInfo
 
 
 def add_plan_args(p: argparse.ArgumentParser, *, context_len: int, world_size: int) -> None:
@@ -50,7 +54,7 @@ def add_group_args(p: argparse.ArgumentParser, items: str) -> None:
                         "failed rows included; the last line counts them)")
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
+def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     """The :class:`~apbv.config.RuntimeConfig` of ``--config`` with ``--set`` and the flags of
     :func:`add_config_args` applied (a flag wins over ``--set``)."""
     from apbv.config import load_config
@@ -98,14 +102,14 @@ def config_name(name: str | None) -> str | None:
     return alias
 
 
-def require_model(cfg: Any) -> None:
+def require_model(cfg: RuntimeConfig) -> None:
     """ValueError unless the config names a checkpoint (``--model`` or ``model.path``)."""
     if not cfg.model.path:
         raise ValueError("no model: pass --model DIR or set model.path in the config")
 
 
 @contextmanager
-def distributed(cfg: Any) -> Iterator[Any]:
+def distributed(cfg: RuntimeConfig) -> Iterator[DistInfo]:
     """This process's rank (:class:`~apbv.distributed.DistInfo`) under torchrun (or alone),
     with ``parallel.backend``, ``parallel.timeout_s`` and ``parallel.startup_timeout_s``; the
     process group is destroyed on the way out."""

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -99,7 +100,8 @@ def run_demo(cfg: DemoConfig, *, as_json: bool = False) -> bool:
     full_s = time.perf_counter() - start
 
     n = plan.context_len
-    report = {"config": asdict(cfg), "full_attention_s": full_s, "modes": {}}
+    modes: dict[str, dict[str, float]] = {}
+    report: dict[str, Any] = {"config": asdict(cfg), "full_attention_s": full_s, "modes": modes}
     outputs = {}
     for mode in DEMO_MODES:
         out = unshard([r[mode][0] for r in per_rank], plan)

@@ -19,10 +19,14 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
+from apbv.modes import get_mode
+
+if TYPE_CHECKING:
+    from apbv.synthetic.needles import NeedleSample
 
 CACHE = Path(".cache")
 DEMO_VIDEO = CACHE / "demo-40s.mp4"
@@ -32,7 +36,7 @@ NEEDLE = {"kind": "retrieval", "tokens": 8192, "seed": 2026, "index": 0, "depth"
 """The default job's video: a held-out retrieval sample (the trainer never sees seed 2026)."""
 
 
-def needle_sample(job: dict[str, Any] = NEEDLE):
+def needle_sample(job: dict[str, Any] = NEEDLE) -> NeedleSample:
     from apbv.synthetic.needles import make_sample, patches_for_tokens
 
     return make_sample(job["kind"], patches=patches_for_tokens(job["tokens"]), seed=job["seed"],
@@ -66,7 +70,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str | None,
     results = []
     for mode in DEMO_MODES:
         if video is None:  # the needle video, made on every rank alike
-            request = Request(video=needle_sample().video(), question=question, mode=mode,
+            request = Request(video=needle_sample().video(), question=question,
+                              mode=get_mode(mode),
                               max_new_tokens=cfg.generate.max_new_tokens)
         else:
             request = engine.request(video, question, mode=mode)

@@ -7,9 +7,12 @@ import builtins
 import functools
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.cli.common import add_config_args, config_from_args, distributed, require_model
+
+if TYPE_CHECKING:
+    from apbv.engine.request import Result
 
 
 def register(sub: Any) -> None:
@@ -28,7 +31,7 @@ def register(sub: Any) -> None:
     gen.set_defaults(run=run)
 
 
-def print_result(result: Any, *, as_json: bool) -> None:
+def print_result(result: Result, *, as_json: bool) -> None:
     """The answer, its TTFT and stage times, and the bytes moved, as rank 0 prints them (on
     stderr with ``as_json``: stdout then holds only the JSON)."""
     print = functools.partial(builtins.print, file=sys.stderr if as_json else sys.stdout)

@@ -142,8 +142,10 @@ def run(args: argparse.Namespace) -> int:
     if predicting and dims is None:
         raise ValueError("a prediction needs the model's sizes: pass --model DIR or --preset "
                          f"({', '.join(cost.MODEL_PRESETS)})")
-    context_len, grid, frames = args.context_len, None, 0
+    context_len, frames = args.context_len, 0
+    grid: tuple[int, int] | None = None
     if args.frames is not None:
+        assert dims is not None  # --frames is a prediction: refused above without the sizes
         if dims.frame_side is not None:  # every frame one fixed tile (InternVL3)
             side = dims.frame_side // dims.patch_size // dims.spatial_merge_size
             grid, patches = (side, side), args.frames // dims.temporal_patch_size
@@ -160,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
                 args.height = args.width = DEFAULT_FRAME_SIDE
                 print(f"frames of {DEFAULT_FRAME_SIDE}x{DEFAULT_FRAME_SIDE} pixels assumed "
                       "(--height/--width set the source's size)")
-            patches, *grid = cost.video_grid(args.frames, args.height, args.width,
-                                             patch_size=dims.patch_size)
+            patches, rows, cols = cost.video_grid(args.frames, args.height, args.width,
+                                                  patch_size=dims.patch_size)
+            grid = (rows, cols)
         frames = dims.temporal_patch_size * patches
         if dims.video_start is None:  # a checkpoint: its own chat template says
             dims = cost.checkpoint_dims(args.model)
@@ -173,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         merge = dims.spatial_merge_size
         for line in cost.memory_lines(
                 plan, dims, patches=frames // dims.temporal_patch_size,
-                grid_hw=(grid[0] * merge, grid[1] * merge) if frames else (0, 0),
+                grid_hw=(grid[0] * merge, grid[1] * merge) if frames and grid else (0, 0),
                 dtype_bytes=args.dtype_bytes or 2,
                 reserve_tokens=GenerateConfig().max_new_tokens):
             print(line)
@@ -194,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                             keep_rate=keep_rate, keep_by=keep_by)
     predictions = [cost.estimate(get_mode(mode), dims, work, hw) for mode in modes]
     video = (f"{frames} frames, {grid[0]}x{grid[1]} tokens per {dims.temporal_patch_size} "
-             f"frame{'s' if dims.temporal_patch_size > 1 else ''}" if frames else "no video")
+             f"frame{'s' if dims.temporal_patch_size > 1 else ''}" if frames and grid
+             else "no video")
     if work.pruned:
         video += _pruned_note(work, predictions[0], dims.temporal_patch_size)
     if args.answer_tokens > 1:

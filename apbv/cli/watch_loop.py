@@ -34,14 +34,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
 from apbv import comm
 from apbv.cli.watch_standing import StandingWatch
 from apbv.distributed import DistInfo
+from apbv.modes import get_mode
 from apbv.validate import integer, positive
+
+if TYPE_CHECKING:
+    from apbv.capture import Capture
+    from apbv.engine.engine import Engine
 
 WATCHED = "watched"
 """The id of the one stream the engine holds while watching."""
@@ -145,7 +150,8 @@ def _read_lines(stream: IO[str], out: queue.Queue, eof: threading.Event) -> None
 class _Planner:
     """Rank 0's side: the capture, the questions, and each iteration's steps."""
 
-    def __init__(self, options: WatchOptions, capture: Any, questions: IO[str] | None) -> None:
+    def __init__(self, options: WatchOptions, capture: Capture,
+                 questions: IO[str] | None) -> None:
         self.options, self.capture = options, capture
         self.lines: queue.Queue[str] = queue.Queue()
         self.eof = threading.Event()
@@ -157,6 +163,7 @@ class _Planner:
         self.pending: list[str] = []
         self.t0: float | None = None
         self.next_mark = options.ask_every
+        self.every = options.ask_every or 0.0
         self.appended = 0
         self.asked_patches = 0  # whole temporal patches held at the last periodic ask
         self.errors_seen = 0
@@ -191,7 +198,7 @@ class _Planner:
                 if self.appended >= 2:
                     steps.append(("ask", opts.question, "every", self.next_mark))
                     self.asked_patches = self.appended // 2
-                self.next_mark += opts.ask_every
+                self.next_mark += self.every  # ask_every (set with next_mark)
             batch.append(frame)
         flush()
         if self.appended >= 2:
@@ -225,9 +232,9 @@ class _Printer:
             print(text, file=self.out, flush=True)
 
 
-def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
+def run_watch(engine: Engine, info: DistInfo, options: WatchOptions, *,
               questions: IO[str] | None = None, out: IO[str] | None = None,
-              make_capture: Callable[[], Any] | None = None) -> int:
+              make_capture: Callable[[], Capture] | None = None) -> int:
     """Watch ``options.source`` on every rank alike (rank 0 captures, reads ``questions`` and
     prints to ``out``). Returns 0 when the stream ended normally, 1 when it ended with an
     error (printed). A source that cannot be opened is a ValueError before any work."""
@@ -260,7 +267,7 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                     reason = "interrupted"
                     break
                 taken = time.monotonic()  # when this iteration's frames left the capture
-                if lead:
+                if planner is not None:  # rank 0
                     message = planner.step()
                     comm.broadcast_object({k: v for k, v in message.items() if k != "stats"},
                                           src=0, group=group)
@@ -289,12 +296,13 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
                                       printer if lead else None)
                     elif step[0] == "ask":
                         _, question, why, mark = step
+                        assert stream is not None  # asked only after frames were appended
                         _ask(engine, stream, question, why, mark, options,
                              printer if lead else None, stats)
                     elif lead:
                         printer.emit("unanswered", f"not answered (no frames): {step[1]!r}",
                                      question=step[1])
-                if lead:
+                if planner is not None:
                     _report_source_errors(planner, stats, printer)
                 if code or message["stop"]:
                     reason = reason or message["stop"]
@@ -310,7 +318,7 @@ def run_watch(engine: Any, info: DistInfo, options: WatchOptions, *,
         raise ValueError(f"the source failed before any frame: {failure}")
     if failure is not None:
         code = 1
-    if lead:
+    if planner is not None:  # rank 0
         stats = planner.capture.stats()
         _report_source_errors(planner, stats, printer)
         fields = {"reason": reason, "source_error": failure,
@@ -342,7 +350,7 @@ def _report_source_errors(planner: _Planner, stats: dict[str, Any], printer: _Pr
     planner.errors_seen = len(errors)
 
 
-def _standing(engine: Any, stream: str, standing: StandingWatch, stamps: list[float],
+def _standing(engine: Engine, stream: str, standing: StandingWatch, stamps: list[float],
               taken: float, printer: _Printer | None) -> None:
     try:
         standing.after_append(engine, stream, stamps, taken, printer)
@@ -352,12 +360,12 @@ def _standing(engine: Any, stream: str, standing: StandingWatch, stamps: list[fl
                          question=standing.question, message=str(exc))
 
 
-def _ask(engine: Any, stream: str, question: str, why: str, mark: float | None,
+def _ask(engine: Engine, stream: str, question: str, why: str, mark: float | None,
          options: WatchOptions, printer: _Printer | None, stats: dict[str, Any] | None) -> None:
     from apbv.engine.request import Request, StreamRef
 
     try:
-        request = Request(video=StreamRef(stream), question=question, mode="exact",
+        request = Request(video=StreamRef(stream), question=question, mode=get_mode("exact"),
                           max_new_tokens=options.max_new_tokens)
         result = engine.generate(request)
     except ValueError as exc:  # raised on every rank alike (e.g. past the model's context)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apbv.validate import positive
 from apbv.watch.question import StandingQuestion
 from apbv.watch.rules import Rule, top_choice
+
+if TYPE_CHECKING:
+    from apbv.engine.engine import Engine
 
 
 @dataclass
@@ -42,7 +45,7 @@ class StandingWatch:
         if self.every_s is not None:
             positive("watch_every", self.every_s)
 
-    def after_append(self, engine: Any, stream: str, stamps: list[float], taken: float,
+    def after_append(self, engine: Engine, stream: str, stamps: list[float], taken: float,
                      printer: Any | None) -> None:
         """Frames at ``stamps`` were appended (taken from the capture at ``taken``, rank 0's
         monotonic clock): ask again when due (on every rank alike); ``printer`` (rank 0)

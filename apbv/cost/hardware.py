@@ -204,7 +204,7 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
     :data:`HOST_SPEEDUP` times faster, frame work spread over :data:`HOST_CORES_PER_GPU`."""
     if attention_efficiency is not None and not 0 < attention_efficiency <= 1:
         raise ValueError(f"attention_efficiency must be in (0, 1], got {attention_efficiency}")
-    measured = dict(H200_MEASURED)
+    measured: dict[str, Any] = dict(H200_MEASURED)  # Hardware's measured fields by name
     kernel = H200_KERNELS
     if attention_efficiency is not None:
         measured["attention_flops"] = attention_efficiency * measured["matmul_flops"]

@@ -75,7 +75,8 @@ def layer_events(plan: Plan, rank: int, dims: ModelDims, m: Machine, overlap: bo
     events: list[Event] = [("compute", pre)]
 
     def start(j: int) -> list[Event]:
-        return [("start", j)] + ([] if overlap else [("wait", j)])
+        started: list[Event] = [("start", j)]
+        return started if overlap else [*started, ("wait", j)]
 
     for j, b in enumerate(blocks):  # select each block, start its all-gather
         n, count = plan.block_len(b), plan.selected_len(b)

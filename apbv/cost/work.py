@@ -337,6 +337,9 @@ def video_context_len(dims: ModelDims, patches: int, grid: tuple[int, int]) -> i
     tokens: the template's ``dims.video_start`` tokens, the video tokens with
     ``dims.unit_text_tokens`` between patches, and what closes the video (Qwen2.5-VL:
     ``<|vision_end|>``; InternVL3: ``</img>`` and a new line)."""
+    if dims.video_start is None:
+        raise ValueError("a prompt with video needs video_start (the context tokens before the "
+                         "video): the sizes of a checkpoint, whose chat template gives them")
     tokens = patches * grid[0] * grid[1]
     if dims.unit_text_tokens:
         return dims.video_start + tokens + (patches - 1) * dims.unit_text_tokens + \

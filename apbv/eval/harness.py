@@ -347,7 +347,7 @@ def run_eval(
         rows = [r for r in plan.rows if r["id"] in order] if plan is not None else []
         tracker = Progress(progress if rank == 0 else None, len(samples), rows,
                            spec.compare is not None, predicted)
-        if rank == 0 and progress is not None:
+        if plan is not None and progress is not None:  # rank 0 (the one that planned)
             if plan.note:
                 print(f"[apbv eval] {plan.note}", file=progress, flush=True)
             extra = f", {plan.retried} failed before and run again" if plan.retried else ""
@@ -377,13 +377,13 @@ def run_eval(
             finished = [row] if spec.groups == 1 else comm.all_gather_object(
                 row if group_rank == 0 else None)
             for done_row in (r for r in finished if r is not None):
-                if rank == 0:
+                if plan is not None:  # rank 0
                     log.append(done_row)
                     rows.append(done_row)
                     plan.rows.append(done_row)
                 tracker.update(done_row)
         tracker.close()
-        if rank != 0:
+        if plan is None:  # not rank 0
             return None
         if plan.retried or spec.groups > 1:  # rows written out of order: put them in order
             log.rewrite(sorted(plan.rows, key=lambda r: order.get(r["id"], len(order))))

@@ -50,6 +50,7 @@ def write_needle_video(path: str | os.PathLike[str], colour: str, *, seconds: fl
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream(codec, rate=int(FPS))
+        assert isinstance(stream, av.VideoStream), stream  # a video codec's stream
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "yuv444p" if codec == "libx264" else "yuv420p"
         stream.codec_context.thread_count = 1  # the same bytes on every run

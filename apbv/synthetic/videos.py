@@ -140,6 +140,7 @@ def write_test_video(
         # benchmarks/stress_decoders.py; frame QPs differ, a decoded pixel by up to 6).
         stream = container.add_stream(codec, rate=rate, options={"x264-params": "mbtree=0"}
                                       if codec == "libx264" else {})
+        assert isinstance(stream, av.VideoStream), stream  # a video codec's stream
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         # One encoder thread and no mbtree: the same bytes on every run, however busy the
         # machine is and whatever the process did before.

@@ -135,6 +135,7 @@ def write_camera_video(
     tick = Fraction(1, 1) / rate / time_base  # 90 kHz ticks per nominal frame
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream(encoder, rate=rate, options=options)
+        assert isinstance(stream, av.VideoStream), stream  # a video codec's stream
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.thread_count = 1
         stream.codec_context.gop_size = keyint

@@ -47,11 +47,11 @@ def resize_frames(frames: torch.Tensor, size: Sequence[int], *,
     on_cpu = frames.device.type == "cpu"
     if fast and on_cpu and not processor and frames.dim() == 4 and frames.shape[0] \
             and frames[0].numel() >= FAST_MIN_VALUES:
-        resize = frame_resizer((int(frames.shape[2]), int(frames.shape[3])),
-                               (int(size[0]), int(size[1])))
+        resize_into = frame_resizer((int(frames.shape[2]), int(frames.shape[3])),
+                                    (int(size[0]), int(size[1])))
         out = torch.empty((frames.shape[0], 3, *size), dtype=torch.uint8)
         for i in range(frames.shape[0]):
-            resize(frames[i].permute(1, 2, 0), out[i])
+            resize_into(frames[i].permute(1, 2, 0), out[i])
         return out
     functional = _import("torchvision.transforms.v2.functional" if processor
                          else "torchvision.transforms.functional", "torchvision",

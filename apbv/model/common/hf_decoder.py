@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -19,7 +19,15 @@ from apbv.model.checkpoint import read_config, validate_checkpoint
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
 
-A = TypeVar("A", bound="HFVisionLM")
+
+
+class _Adapter(Protocol):
+    """What :func:`load_stock` makes (``adapter(model=..., processor=...)``) and sets up."""
+
+    def set_vision(self, vision: VisionConfig) -> None: ...
+
+
+A = TypeVar("A", bound=_Adapter)
 
 
 @dataclass
@@ -168,7 +176,7 @@ class QwenVideoLM(HFVisionLM):
                              "the frames first (apbv.video does)")
 
 
-def load_stock(adapter: type[A], model_class: Any, path: str | Path, *, model_type: str,
+def load_stock(adapter: Callable[..., A], model_class: Any, path: str | Path, *, model_type: str,
                family: str, device: torch.device, dtype: torch.dtype,
                vision: VisionConfig | None, text_types: tuple[str, ...] | None = None,
                config: Callable[[Path], Any] | None = None) -> A:

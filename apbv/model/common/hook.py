@@ -26,7 +26,7 @@ VISION_ATTN_IMPLEMENTATION = "apbv_vision_flash"
 
 
 def hf_attention(
-    module: torch.nn.Module,
+    module: Any,  # transformers' attention module (its layer_idx: an int)
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,

@@ -30,9 +30,11 @@ and take the float product.
 from __future__ import annotations
 
 import functools
+import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -87,7 +89,8 @@ def fold_levels(weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
         terms.append(q)
         scales.append(scale / 254.0 ** t)
         rest = (rest - q) * 254.0
-    quantised = sum(s * q for s, q in zip(scales, terms))  # what the integer product computes
+    # what the integer product computes (summed in order, as sum() did)
+    quantised = functools.reduce(operator.add, (s * q for s, q in zip(scales, terms)))
     e = w.shape[0]
     combine = torch.zeros(LEVEL_TERMS * e, e, dtype=torch.float64)
     for t, s in enumerate(scales):
@@ -123,7 +126,7 @@ def _faster_levels_product() -> str:
     terms = torch.randint(-127, 128, (1176, LEVEL_TERMS * 64), dtype=torch.int8, generator=g)
     dense = torch.randn(1176, 64, generator=g)
 
-    def best(fn) -> float:
+    def best(fn: Callable[[], object]) -> float:
         times = []
         for _ in range(3):
             start = time.perf_counter()
@@ -150,7 +153,7 @@ def _blocked(rows: torch.Tensor, kernel: torch.Tensor,
     return out
 
 
-def _folded(module: torch.nn.Module, weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
+def _folded(module: Any, weight: torch.Tensor, spec: PatchSpec) -> FoldedKernel:
     """``module``'s folded kernel, made again when its weight or the row settings change."""
     key = (weight.data_ptr(), weight._version, spec)
     cached = module.__dict__.get("_apbv_folded")
@@ -160,8 +163,9 @@ def _folded(module: torch.nn.Module, weight: torch.Tensor, spec: PatchSpec) -> F
     return cached[1]
 
 
-def linear_patch_embed(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The forward of transformers' ``Qwen2_5_VisionPatchEmbed`` as a matrix product:
+def linear_patch_embed(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of ``module``, transformers' ``Qwen2_5_VisionPatchEmbed`` (typed ``Any``:
+    torch's ``Module`` stub types every attribute ``Tensor | Module``), as a matrix product:
     patch rows (N, C * T * P * P) -> embeddings (N, E); on CPU in blocks of
     :data:`CPU_BLOCK_ROWS` rows. int8 rows are pixel levels, read with ``module.levels_spec``
     (the :class:`~apbv.video.patches.PatchSpec` they were made with; see the module notes)."""

@@ -20,6 +20,8 @@ about 600. The norms' five passes in fp32 were most of the rest of the elementwi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 CUDA_MLP_PAD = 64
@@ -28,10 +30,12 @@ this (3420 -> 3456 for the 3B/7B/72B towers), enough for 16-byte aligned bf16 ro
 tiles of the fast kernels."""
 
 
-def pad_mlp(visual: torch.nn.Module, multiple: int) -> None:
-    """Pad the hidden width of every MLP of the vision tower ``visual`` with zero units to a
-    multiple of ``multiple`` (0: back to the checkpoint's width, ``config.intermediate_size``).
-    The weights of the real units are kept as they are; only this instance changes."""
+def pad_mlp(visual: Any, multiple: int) -> None:
+    """Pad the hidden width of every MLP of the vision tower ``visual`` (a transformers module,
+    typed ``Any``: torch's ``Module`` stub types its attributes ``Tensor | Module``) with zero
+    units to a multiple of ``multiple`` (0: back to the checkpoint's width,
+    ``config.intermediate_size``). The weights of the real units are kept as they are; only
+    this instance changes."""
     if multiple < 0:
         raise ValueError(f"vision.mlp_pad must be >= 0, got {multiple}")
     width = visual.config.intermediate_size
@@ -59,7 +63,7 @@ def _resized(param: torch.nn.Parameter, dim: int, keep: int, size: int) -> torch
     return torch.nn.Parameter(out, requires_grad=param.requires_grad)
 
 
-def fused_rms_norm(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+def fused_rms_norm(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     """The forward of transformers' Qwen2.5-VL RMSNorm, ``weight * (x * rsqrt(mean(x^2) +
     eps)).to(x.dtype)`` with the statistic in fp32: one ``torch.rms_norm`` kernel (fp32
     statistics, rounded once to the input dtype) for bf16/fp16 on CUDA, the stock forward
