@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from apbv.modes import get_mode
 from apbv.validate import positive
 from apbv.watch.question import StandingQuestion
 from apbv.watch.rules import Rule, top_choice
@@ -58,7 +59,7 @@ class StandingWatch:
             return
         if self.asked is None:  # its first evaluation (due: nothing seen yet)
             self.asked = StandingQuestion(
-                Request(video=StreamRef(stream), question=self.question, mode="exact",
+                Request(video=StreamRef(stream), question=self.question, mode=get_mode("exact"),
                         max_new_tokens=1, choices=self.choices), self.rule, self.every_s)
         asked = self.asked
         result = engine.generate(asked.request)
