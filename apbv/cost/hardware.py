@@ -94,6 +94,11 @@ class Hardware:
     """Seconds to capture a decode step besides dispatching it twice (the warm-up and the
     recording): the device sync and cache release that open a capture and
     ``cudaGraphInstantiate`` of its nodes. 0.0: no CUDA graphs here (decode is eager)."""
+    sample_overhead_s: float = 0.0
+    """Host seconds per evaluated sample outside the engine's stages (``apbv eval``'s
+    harness: the request and its checks, the video's header probe for the ETA, the row, its
+    fsync and the round's gather), which :mod:`apbv.eval.forecast` adds per sample; measured
+    by ``benchmarks/bench_eval.py`` (0.0: not measured, as on the GPU presets)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
