@@ -74,8 +74,8 @@ def register(sub: Any) -> None:
     ev.add_argument("--min-pixels", type=int, help="per-frame pixel floor (video.min_pixels)")
     ev.add_argument("--idle", action="store_true",
                     help="with --hardware cpu: the preset's idle-machine rates as they are "
-                         "(default: measured first in --world-size processes, a few seconds, "
-                         "so a loaded machine is predicted as loaded)")
+                         "(default: each of --world-size processes measures its share of a "
+                         "core first, about 2 s, so a loaded machine is predicted as loaded)")
     plan.set_defaults(run=run)
 
 

@@ -150,9 +150,12 @@ CPU = Hardware(
     coded_frame_s_per_pixel=4.099e-10,
     keyframe_s_per_pixel=3.752e-09,
     convert_s_per_pixel=1.888e-09,
+    sample_overhead_s=0.005,
 )
 """The 2-core development machine, one thread per rank: the values of
-benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
+benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``;
+``sample_overhead_s`` from ``benchmarks/bench_eval.py``: 0.021-0.023 s of harness per sample
+measured at 3.5-5.8x an idle core's host times, about 4-7 ms idle)."""
 
 H200_MEASURED: dict[str, float] = {
     "matmul_flops": 7.59e14,

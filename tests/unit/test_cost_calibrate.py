@@ -1,5 +1,5 @@
-"""The CPU rates as loaded now (:mod:`apbv.cost.calibrate`): probes that find the machine k
-times slower make every predicted second k times longer; ``plan --eval --hardware cpu``
+"""The CPU rates as loaded now (:mod:`apbv.cost.calibrate`): probes that find a process gets
+1/k of a core make every predicted second k times longer; ``plan --eval --hardware cpu``
 measures first (``--idle`` does not); the eval's ETA weights read the checkpoint's sizes
 without its processor. No timing is asserted: the probes are given."""
 
@@ -20,12 +20,9 @@ from apbv.eval.forecast import SampleWork, forecast
 CPU = dataclasses.replace(cost.CPU, sample_overhead_s=0.002)
 
 
-def _probes(slower: float, link: bool = True) -> list[dict[str, float]]:
-    """Two ranks' probes of a machine ``slower`` times the preset's (memory and link too)."""
-    probe = {"matmul_flops": CPU.matmul_flops / slower, "memory_bw": CPU.memory_bw / slower}
-    if link:
-        probe["link_latency_s"] = CPU.link_latency_s * slower
-    return [probe, dict(probe)]
+def _probes(slower: float) -> list[dict[str, float]]:
+    """Two ranks' probes of a machine ``slower`` times the preset's."""
+    return [{"host_share": 1.0 / slower}, {"host_share": 1.0 / slower}]
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +34,14 @@ def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
     loaded = calibrate.as_loaded(CPU, _probes(3.0))
     assert loaded.name == "cpu as loaded now (3.00x its times)"
     assert calibrate.slowdown(loaded, CPU) == pytest.approx(3.0)
-    for name in calibrate.HOST_FIELDS:
+    for name in calibrate.SECONDS_FIELDS:
         assert getattr(loaded, name) == pytest.approx(3.0 * getattr(CPU, name)), name
     for name in calibrate.RATE_FIELDS:
         assert getattr(loaded, name) == pytest.approx(getattr(CPU, name) / 3.0), name
+    # every float constant is a rate, a time or one of the two ratios
+    floats = {f.name for f in dataclasses.fields(CPU) if isinstance(getattr(CPU, f.name), float)}
+    assert floats == {*calibrate.RATE_FIELDS, *calibrate.SECONDS_FIELDS, "thread_efficiency",
+                      "vision_elementwise_efficiency"}
     dims = cost.preset_dims("qwen2.5-vl-3b")
     work = [SampleWork(str(i), 8, (6, 8), cost.video_context_len(dims, 4, (6, 8)), 20 + i)
             for i in range(3)]
@@ -54,17 +55,15 @@ def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
                          groups=[1])[0] for hw in (CPU, more))
     assert two.sample_s - one.sample_s == pytest.approx(0.5)
     assert two.wall_s - one.wall_s == pytest.approx(0.5 * len(work))
-    # a probe without a link measurement keeps the preset's latency
-    assert calibrate.as_loaded(CPU, _probes(2.0, link=False)).link_latency_s == \
-        CPU.link_latency_s
     with pytest.raises(ValueError, match="as_loaded needs at least one probe"):
         calibrate.as_loaded(CPU, [])
+    with pytest.raises(ValueError, match=r"share of a core must be in \(0, 1\], got 0.0"):
+        calibrate.as_loaded(CPU, [{"host_share": 0.0}])
 
 
-def test_probe_measures_positive_rates() -> None:
-    got = calibrate.probe(seconds=0.01)
-    assert set(got) == {"matmul_flops", "memory_bw"}
-    assert all(v > 0 for v in got.values()), got
+def test_probe_measures_a_share_of_a_core() -> None:
+    got = calibrate.probe(seconds=0.02)
+    assert set(got) == {"host_share"} and 0 < got["host_share"] <= 1.05, got
 
 
 def test_plan_eval_on_cpu_measures_the_machine_first(
@@ -84,7 +83,8 @@ def test_plan_eval_on_cpu_measures_the_machine_first(
 
     assert main(args) == 0
     loaded = capsys.readouterr().out
-    assert asked == [2] and "ranks of cpu as loaded now (2.00x its times)" in loaded, loaded
+    assert asked == [2], asked
+    assert "ranks of cpu as loaded now (2.00x its times)" in loaded, loaded
     assert main([*args, "--idle"]) == 0
     idle = capsys.readouterr().out
     assert asked == [2] and "ranks of cpu (" in idle, idle
