@@ -7,7 +7,8 @@ does (kernels, frame decoding, Python and op dispatch, the eval harness, the cop
 collective) takes that much longer. So each process measures the share of a core it gets: CPU
 seconds over wall seconds of a busy Python loop of about ``seconds`` (a window long enough to
 average the scheduler's slices and the other jobs' bursts), all processes at once, as the
-run's ranks will be. The preset's rates are then divided, and its seconds multiplied, by the
+run's ranks will be (:func:`calibrate_here` forks them; a benchmark's own ranks call
+:func:`probe_rank`). The preset's rates are then divided, and its seconds multiplied, by the
 inverse of the mean share.
 """
 
@@ -67,10 +68,24 @@ def slowdown(loaded: Hardware, idle: Hardware) -> float:
     return idle.matmul_flops / loaded.matmul_flops
 
 
-def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> Hardware:
-    """:func:`as_loaded` of ``processes`` probes run at once (the run's ranks, each one
-    thread), as spawned local processes."""
-    from apbv.distributed import spawn_local
+def _probe_into(queue: Any, seconds: float) -> None:
+    queue.put(probe(seconds))
 
-    probes = spawn_local(probe_rank, processes, (seconds,), timeout_s=300)
+
+def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> Hardware:
+    """:func:`as_loaded` of ``processes`` probes run at once (the run's ranks), each in a
+    process forked from this one (no start-up to wait for)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    children = [ctx.Process(target=_probe_into, args=(queue, seconds), daemon=True)
+                for _ in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        probes = [queue.get(timeout=seconds + 60) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=5)
     return as_loaded(hw, probes)

@@ -64,6 +64,9 @@ def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
 def test_probe_measures_a_share_of_a_core() -> None:
     got = calibrate.probe(seconds=0.02)
     assert set(got) == {"host_share"} and 0 < got["host_share"] <= 1.05, got
+    loaded = calibrate.calibrate_here(CPU, 2, seconds=0.05)  # two forked probes at once
+    assert loaded.name.startswith("cpu as loaded now (") and loaded.layer_overhead_s == \
+        pytest.approx(calibrate.slowdown(loaded, CPU) * CPU.layer_overhead_s)
 
 
 def test_plan_eval_on_cpu_measures_the_machine_first(
