@@ -10,13 +10,19 @@ The data is ``make-eval-fixtures``' LongVideoBench set (``--count`` questions). 
 (one thread each) load the model twice, as one group of 2 ranks (G, H) = (1, 2) and as two
 groups of 1 rank (2, 1), warm each up with one sample, then run the whole set in each split
 ``--repeats`` times, taking turns (so drift on a shared machine hits both alike); a split's
-wall time is its best run of :func:`apbv.eval.harness.run_eval` (the model load is not
-counted, nor is it in the prediction). Beside them: the engine's own TTFT per sample (the
-rows' ``timing``) and the cost model's, to tell the engine's time from the harness's. The
-prediction is :func:`apbv.eval.forecast.forecast` on the ``cpu`` hardware with the
-checkpoint's sizes; the GPU tables are the same forecast for Qwen2.5-VL-7B on ``h200`` at
-``--gpu-frames`` frames per video (default 2 fps; default pixel limits). The machine's load
-average is printed with the results: on a shared machine the measured ratio moves with it.
+wall time is the median of its runs of :func:`apbv.eval.harness.run_eval` (the model load is
+not counted, nor is it in the prediction). Beside them: the engine's own TTFT per sample (the
+rows' ``timing``) and the cost model's, and the harness's seconds per sample (the wall time
+less the engine's stages), to tell the engine's time from the harness's. The prediction is
+:func:`apbv.eval.forecast.forecast` with the checkpoint's sizes on the ``cpu`` hardware as
+loaded at the start of the timed runs: right after the warm-up both ranks measure their
+share of a core at once (:func:`apbv.cost.calibrate.probe_rank`, a busy loop of 2 s), and
+:func:`apbv.cost.calibrate.as_loaded` scales the idle preset by it, as ``plan --eval
+--hardware cpu`` does. The same measurement after each round of runs gives the prediction at
+the run's mean load (what the model says given the load the runs met), and the idle preset's
+prediction is printed too. The
+GPU tables are the same forecast for Qwen2.5-VL-7B on ``h200`` at ``--gpu-frames`` frames per
+video (default 2 fps; default pixel limits).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import io
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +49,8 @@ SPLITS = (1, 2)
 
 
 def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
-         tokens: int) -> dict[int, list[float]]:
+         tokens: int) -> dict[Any, Any]:
+    from apbv.cost.calibrate import probe_rank
     from apbv.engine.engine import Engine
     from apbv.eval.harness import EvalSpec, run_eval
 
@@ -50,8 +58,11 @@ def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
     for groups in SPLITS:
         _, group = rank_groups(info, groups)
         engines[groups] = Engine(cfg, group)
-    times: dict[int, list[float]] = {g: [] for g in SPLITS}
+    times: dict[Any, Any] = {g: [] for g in SPLITS}
+    times["probes"] = []
     for run in range(-1, repeats):  # run -1: the warm-up (one sample)
+        if run >= 0:  # the machine as loaded for the timed runs, every rank at once
+            times["probes"].append(probe_rank(info))
         for groups in SPLITS:
             spec = EvalSpec("longvideobench", data, f"{out}/g{groups}_r{run}.jsonl",
                             max_new_tokens=tokens, groups=groups,
@@ -60,7 +71,24 @@ def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
             run_eval(spec, cfg, lambda g=groups: engines[g], progress=io.StringIO())
             if run >= 0:
                 times[groups].append(time.perf_counter() - start)
+    times["probes"].append(probe_rank(info))
     return times
+
+
+def _stage_means(work: Any, dims: Any, hw: Any, ranks: int, mode: str,
+                 tokens: int) -> dict[str, float]:
+    """The cost model's mean seconds per stage of the samples of ``work`` on ``ranks``."""
+    from apbv.cost import Workload, estimate
+    from apbv.modes import get_mode
+
+    out: dict[str, float] = {}
+    for w in work:
+        p = estimate(get_mode(mode), dims, Workload.of(
+            dims, context_len=w.context_len, query_len=w.query_len, world_size=ranks,
+            frames=w.frames, grid=w.grid, answer_tokens=tokens), hw)
+        for stage, s in p.seconds.items():
+            out[stage] = out.get(stage, 0.0) + s / len(work)
+    return out
 
 
 def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...]) -> list[str]:
@@ -82,6 +110,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from apbv import cost
+    from apbv.cost.calibrate import as_loaded, slowdown
     from apbv.eval.data import load_samples
     from apbv.eval.fixtures import make_eval_fixtures
     from apbv.eval.forecast import forecast, forecast_lines, sample_work
@@ -98,23 +127,41 @@ def main() -> int:
         dims = cost.checkpoint_dims(model)
         video = {"min_pixels": args.pixels, "max_pixels": args.pixels}
         work = sample_work(samples, dims, video)
-        predicted = {f.groups: f for f in forecast(
-            work, dims, cost.hardware("cpu"), world_size=2, mode=cfg.attention.mode,
-            answer_tokens=args.max_new_tokens, groups=SPLITS)}
         (root / "out").mkdir()
-        ttft = {g: [] for g in SPLITS}
-        times = spawn_local(_job, 2, (cfg, str(data), str(root / "out"), args.repeats,
-                                      args.max_new_tokens),
-                            timeout_s=3000, collective_timeout_s=600)[0]
+        ttft: dict[int, list[float]] = {g: [] for g in SPLITS}
+        harness: dict[int, list[float]] = {g: [] for g in SPLITS}
+        stage_rows: dict[int, list[dict[str, float]]] = {g: [] for g in SPLITS}
+        per_rank = spawn_local(_job, 2, (cfg, str(data), str(root / "out"), args.repeats,
+                                         args.max_new_tokens),
+                               timeout_s=3000, collective_timeout_s=600)
+        times = per_rank[0]
+        idle = cost.hardware("cpu")
+        loaded = as_loaded(idle, [r["probes"][0] for r in per_rank])
+        during = as_loaded(idle, [p for r in per_rank for p in r["probes"]])
+        predicted = {f.groups: f for f in forecast(
+            work, dims, loaded, world_size=2, mode=cfg.attention.mode,
+            answer_tokens=args.max_new_tokens, groups=SPLITS)}
+        predicted_during = {f.groups: f for f in forecast(
+            work, dims, during, world_size=2, mode=cfg.attention.mode,
+            answer_tokens=args.max_new_tokens, groups=SPLITS)}
+        predicted_idle = {f.groups: f for f in forecast(
+            work, dims, idle, world_size=2, mode=cfg.attention.mode,
+            answer_tokens=args.max_new_tokens, groups=SPLITS)}
         for g in SPLITS:  # the engine's own TTFT of each sample (rank 0's row), every run
-            for path in (root / "out").glob(f"g{g}_r[0-9]*.jsonl"):
-                ttft[g] += [json.loads(line)["timing"]["ttft_s"]
-                            for line in path.read_text().splitlines()]
+            for run in range(args.repeats):
+                rows = [json.loads(line) for line in
+                        (root / "out" / f"g{g}_r{run}.jsonl").read_text().splitlines()]
+                ttft[g] += [r["timing"]["ttft_s"] for r in rows]
+                stage_rows[g] += [r["timing"]["seconds"] for r in rows]
+                engine_s = sum(sum(r["timing"]["seconds"].values()) for r in rows) / g
+                harness[g].append((times[g][run] - engine_s) / (len(rows) / g))
         from apbv.eval.forecast import predict_one
 
-        cpu = cost.hardware("cpu")
-        ttft_predicted = {g: sum(predict_one(w, dims, cpu, 2 // g, cfg.attention.mode, 1)
-                                 for w in work) / len(work) for g in SPLITS}
+        stage_predicted = {g: _stage_means(work, dims, loaded, 2 // g, cfg.attention.mode,
+                                           args.max_new_tokens) for g in SPLITS}
+        ttft_predicted = {g: sum(predict_one(w, dims, loaded, 2 // g, cfg.attention.mode, 1)
+                                 - loaded.sample_overhead_s for w in work) / len(work)
+                          for g in SPLITS}
         gpu_dims = cost.preset_dims("qwen2.5-vl-7b")
         gpu_video = {} if args.gpu_frames is None else {"nframes": args.gpu_frames}
         gpu_work = sample_work(samples, gpu_dims, gpu_video)
@@ -123,14 +170,21 @@ def main() -> int:
                for world in (8, 16)}
     load_after = os.getloadavg()
     n = len(samples)
-    best = {g: min(times[g]) for g in SPLITS}
+    best = {g: statistics.median(times[g]) for g in SPLITS}
+
+    def factors(hw: Any) -> str:
+        return f"{slowdown(hw, idle):.2f}x"
+
     rows = []
     for g in SPLITS:
         p = predicted[g]
         rows.append((g, 2 // g, f"{best[g]:.2f}", " / ".join(f"{t:.2f}" for t in times[g]),
                      f"{3600 * n / best[g]:.0f}", f"{p.wall_s:.2f}",
-                     f"{p.samples_per_hour:.0f}", f"{p.wall_s / best[g]:.2f}",
-                     f"{sum(ttft[g]) / len(ttft[g]):.3f}", f"{ttft_predicted[g]:.3f}"))
+                     f"{p.samples_per_hour:.0f}", f"**{p.wall_s / best[g]:.2f}**",
+                     f"{predicted_during[g].wall_s / best[g]:.2f}",
+                     f"{predicted_idle[g].wall_s / best[g]:.2f}",
+                     f"{sum(ttft[g]) / len(ttft[g]):.3f}", f"{ttft_predicted[g]:.3f}",
+                     f"{statistics.median(harness[g]):.4f}"))
     lines = [f"# apbv eval: rank groups on 2 CPU ranks ({n} LongVideoBench fixture questions)",
              "",
              f"`python benchmarks/bench_eval.py --count {args.count} --repeats {args.repeats}` "
@@ -138,12 +192,28 @@ def main() -> int:
              f"tiny random model, mode {cfg.attention.mode}, {args.pixels} pixels a frame, "
              f"{args.max_new_tokens} new tokens; load average (1/5/15 min) "
              f"{'/'.join(f'{x:.1f}' for x in load_before)} before and "
-             f"{'/'.join(f'{x:.1f}' for x in load_after)} after the run.", "",
-             *_table(rows, ("G", "H", "wall s (best)", "runs s", "samples/h",
+             f"{'/'.join(f'{x:.1f}' for x in load_after)} after the run. Measured at the "
+             f"start of the timed runs: {factors(loaded)} "
+             f"the idle `cpu` preset's times (the mean of that and the probes after each "
+             f"round of runs: {factors(during)}); the harness's "
+             f"seconds per sample in the prediction: {loaded.sample_overhead_s:.4f} "
+             f"({idle.sample_overhead_s:.4f} idle).", "",
+             *_table(rows, ("G", "H", "wall s (median)", "runs s", "samples/h",
                             "predicted wall s", "predicted samples/h",
-                            "predicted / measured", "engine TTFT s (mean)",
-                            "predicted TTFT s")),
+                            "predicted / measured",
+                            "predicted at the run's mean load / measured",
+                            "idle preset's / measured",
+                            "engine TTFT s (mean)", "predicted TTFT s",
+                            "harness s/sample (measured)")),
              "",
+             "Engine stages, mean seconds per sample, measured / predicted (as loaded):", "",
+             *_table([(stage, *(f"{statistics.fmean(r.get(stage, 0.0) for r in stage_rows[g]):.4f}"
+                                f" / {stage_predicted[g][stage]:.4f}" for g in SPLITS))
+                      for stage in stage_predicted[1]],
+                     ("stage", *(f"G={g}, H={2 // g}" for g in SPLITS))),
+             "", "Share of a core per rank, each probe (start, then after each round): "
+             + "; ".join(", ".join(f"{p['host_share']:.3f}" for p in r["probes"])
+                         for r in per_rank), "",
              f"samples per hour, (2, 1) over (1, 2): measured "
              f"{best[1] / best[2]:.2f}x, predicted "
              f"{predicted[1].wall_s / predicted[2].wall_s:.2f}x", ""]

@@ -72,6 +72,10 @@ def register(sub: Any) -> None:
     ev.add_argument("--mode", default="spava", help="the mode of the run (default spava)")
     ev.add_argument("--max-pixels", type=int, help="per-frame pixel cap (video.max_pixels)")
     ev.add_argument("--min-pixels", type=int, help="per-frame pixel floor (video.min_pixels)")
+    ev.add_argument("--idle", action="store_true",
+                    help="with --hardware cpu: the preset's idle-machine rates as they are "
+                         "(default: each of --world-size processes measures its share of a "
+                         "core first, about 2 s, so a loaded machine is predicted as loaded)")
     plan.set_defaults(run=run)
 
 
@@ -90,6 +94,10 @@ def run_eval_plan(args: argparse.Namespace) -> int:
     else:
         dims = cost.preset_dims(args.preset or "qwen2.5-vl-7b")
     hw = cost.hardware(args.hardware or "h200")
+    if args.hardware == "cpu" and not args.idle:
+        from apbv.cost.calibrate import calibrate_here
+
+        hw = calibrate_here(hw, args.world_size)
     samples = load_samples(args.bench, args.data, args.annotation)[:args.limit]
     video = {k: v for k, v in (("nframes", args.frames), ("max_pixels", args.max_pixels),
                                ("min_pixels", args.min_pixels)) if v is not None}

@@ -6,11 +6,12 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
 1. Counted work, exact and pure (:mod:`apbv.cost.work`): :func:`rank_pairs` counts the
    query-key pairs a rank scores in one layer under a plan, :func:`full_pairs` those of
    single-process causal attention; :class:`ModelDims` holds a checkpoint's sizes
-   (:func:`checkpoint_dims`, :func:`model_dims` of a config.json, or a preset of
-   :data:`MODEL_PRESETS`).
+   (:func:`checkpoint_dims`, :func:`config_dims` without the processor, :func:`model_dims` of
+   a config.json, or a preset of :data:`MODEL_PRESETS`).
 2. What runs where (:mod:`apbv.cost.hardware`): :class:`Hardware`, a dozen throughput, bandwidth
    and host-overhead constants; presets in :data:`HARDWARE_PRESETS`, or a calibration JSON
-   written by ``benchmarks/calibrate_cpu.py``.
+   written by ``benchmarks/calibrate_cpu.py``; :func:`apbv.cost.calibrate.calibrate_here`
+   scales the ``cpu`` preset to the load of the moment.
 3. :func:`estimate` of a resolved mode and a :class:`Workload` (:mod:`apbv.cost.predict`, by
    stage in :mod:`apbv.cost.stages`, on the schedule of :mod:`apbv.cost.schedule`;
    :func:`predict` takes the mode's name and the workload's fields): for one mode, per rank
@@ -48,6 +49,7 @@ from apbv.cost.work import (
     attention_flops,
     block_pairs,
     checkpoint_dims,
+    config_dims,
     full_pairs,
     model_dims,
     preset_dims,
@@ -89,6 +91,7 @@ __all__ = [
     "attention_flops",
     "block_pairs",
     "checkpoint_dims",
+    "config_dims",
     "decode_token_s",
     "estimate",
     "full_pairs",

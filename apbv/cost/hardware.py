@@ -94,6 +94,11 @@ class Hardware:
     """Seconds to capture a decode step besides dispatching it twice (the warm-up and the
     recording): the device sync and cache release that open a capture and
     ``cudaGraphInstantiate`` of its nodes. 0.0: no CUDA graphs here (decode is eager)."""
+    sample_overhead_s: float = 0.0
+    """Host seconds per evaluated sample outside the engine's stages (``apbv eval``'s
+    harness: the request and its checks, the video's header probe for the ETA, the row, its
+    fsync and the round's gather), which :mod:`apbv.eval.forecast` adds per sample; measured
+    by ``benchmarks/bench_eval.py`` (0.0: not measured, as on the GPU presets)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -145,9 +150,12 @@ CPU = Hardware(
     coded_frame_s_per_pixel=4.099e-10,
     keyframe_s_per_pixel=3.752e-09,
     convert_s_per_pixel=1.888e-09,
+    sample_overhead_s=0.005,
 )
 """The 2-core development machine, one thread per rank: the values of
-benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``)."""
+benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``;
+``sample_overhead_s`` from ``benchmarks/bench_eval.py``: 0.021-0.023 s of harness per sample
+measured at 3.5-5.8x an idle core's host times, about 4-7 ms idle)."""
 
 H200_MEASURED: dict[str, float] = {
     "matmul_flops": 7.59e14,

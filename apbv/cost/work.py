@@ -294,6 +294,21 @@ def template_video_start(model_dir: str | Path) -> int:
     return ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD))
 
 
+RELEASED_VIDEO_STARTS = {"qwen2_5_vl": RELEASED_VIDEO_START, "internvl": INTERNVL_VIDEO_START,
+                         "qwen3_vl": QWEN3_VL_VIDEO_START}
+"""Context tokens before the video in each family's released chat template, by model_type."""
+
+
+def config_dims(model_dir: str | Path) -> ModelDims:
+    """ModelDims of a checkpoint from its config.json alone, the context before the video
+    taken as its family's released template's (:data:`RELEASED_VIDEO_STARTS`): no processor
+    is loaded (seconds of tokenizer files), for relative costs such as the eval's ETA weights,
+    which a few tokens do not move. :func:`checkpoint_dims` reads the checkpoint's own."""
+    config = read_config(model_dir)
+    return model_dims(config, video_start=RELEASED_VIDEO_STARTS.get(
+        str(config.get("model_type")), RELEASED_VIDEO_START))
+
+
 def checkpoint_dims(model_dir: str | Path) -> ModelDims:
     """ModelDims of a checkpoint directory: its config.json and its chat template's
     :func:`template_video_start`."""

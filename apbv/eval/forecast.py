@@ -1,13 +1,16 @@
 """The predicted wall time of an evaluation for each split of the world into rank groups.
 
 A benchmark's wall time is what its user pays for: with G groups of H = world/G ranks, each
-sample runs on H ranks (its time from the cost model, :func:`apbv.cost.predict`: TTFT and the
-answer's decode, the slowest rank), and the samples are dealt as the run deals them
+sample runs on H ranks (its time from the cost model, :func:`apbv.cost.estimate`: TTFT and the
+answer's decode, the slowest rank, plus the harness's own work per sample,
+``Hardware.sample_overhead_s``), and the samples are dealt as the run deals them
 (:func:`apbv.eval.groups.deal`, by predicted seconds here), a round lasting as long as its
 slowest group. Each sample's video is probed for its frame count, rate and size (the file's
 headers, no frame decoded); its frames and tokens follow the runtime's sampling rules
 (:func:`apbv.video.plan_sampling`). The question's tokens are estimated from its text (about
-4 characters a token); the model load and the process start are not counted.
+4 characters a token); the model load and the process start are not counted. On a CPU
+machine shared with other work, the ``cpu`` constants are an idle machine's:
+:func:`apbv.cost.calibrate.calibrate_here` scales them to the load of the moment.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def predicted_seconds(samples: Sequence[Sample], cfg: Any, ranks: int,
     from apbv import cost
 
     try:
-        dims = cost.checkpoint_dims(cfg.model.path)
+        dims = cost.config_dims(cfg.model.path)  # relative weights: no tokenizer to load
         video = {k: getattr(cfg.video, k) for k in ("fps", "nframes", "min_pixels",
                                                      "max_pixels", "total_pixels")
                  if getattr(cfg.video, k) is not None}
@@ -173,9 +176,13 @@ def predicted_seconds(samples: Sequence[Sample], cfg: Any, ranks: int,
 
 def predict_one(work: SampleWork, dims: Any, hw: Any, ranks: int, mode: str,
                 answer_tokens: int) -> float:
-    """One sample's predicted seconds to its last token on ``ranks`` ranks."""
-    from apbv.cost.predict import predict
+    """One sample's predicted seconds on ``ranks`` ranks: to its last token, and the
+    harness's work around it (``hw.sample_overhead_s``)."""
+    from apbv.cost.predict import estimate
+    from apbv.cost.workload import Workload
+    from apbv.modes import get_mode
 
-    return predict(mode, dims, context_len=work.context_len, query_len=work.query_len,
-                   world_size=ranks, frames=work.frames, grid=work.grid, hw=hw,
-                   answer_tokens=answer_tokens).last_token_s
+    load = Workload.of(dims, context_len=work.context_len, query_len=work.query_len,
+                       world_size=ranks, frames=work.frames, grid=work.grid,
+                       answer_tokens=answer_tokens)
+    return estimate(get_mode(mode), dims, load, hw).last_token_s + hw.sample_overhead_s

@@ -1,0 +1,98 @@
+"""The CPU rates as loaded now (:mod:`apbv.cost.calibrate`): probes that find a process gets
+1/k of a core make every predicted second k times longer; ``plan --eval --hardware cpu``
+measures first (``--idle`` does not); the eval's ETA weights read the checkpoint's sizes
+without its processor. No timing is asserted: the probes are given."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from apbv import cost
+from apbv.__main__ import main
+from apbv.cost import calibrate
+from apbv.eval.fixtures import make_eval_fixtures
+from apbv.eval.forecast import SampleWork, forecast
+
+CPU = dataclasses.replace(cost.CPU, sample_overhead_s=0.002)
+
+
+def _probes(slower: float) -> list[dict[str, float]]:
+    """Two ranks' probes of a machine ``slower`` times the preset's."""
+    return [{"host_share": 1.0 / slower}, {"host_share": 1.0 / slower}]
+
+
+@pytest.fixture(scope="module")
+def lvb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_eval_fixtures("longvideobench", tmp_path_factory.mktemp("lvb"), count=2).parent
+
+
+def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
+    loaded = calibrate.as_loaded(CPU, _probes(3.0))
+    assert loaded.name == "cpu as loaded now (3.00x its times)"
+    assert calibrate.slowdown(loaded, CPU) == pytest.approx(3.0)
+    for name in calibrate.SECONDS_FIELDS:
+        assert getattr(loaded, name) == pytest.approx(3.0 * getattr(CPU, name)), name
+    for name in calibrate.RATE_FIELDS:
+        assert getattr(loaded, name) == pytest.approx(getattr(CPU, name) / 3.0), name
+    # every float constant is a rate, a time or one of the two ratios
+    floats = {f.name for f in dataclasses.fields(CPU) if isinstance(getattr(CPU, f.name), float)}
+    assert floats == {*calibrate.RATE_FIELDS, *calibrate.SECONDS_FIELDS, "thread_efficiency",
+                      "vision_elementwise_efficiency"}
+    dims = cost.preset_dims("qwen2.5-vl-3b")
+    work = [SampleWork(str(i), 8, (6, 8), cost.video_context_len(dims, 4, (6, 8)), 20 + i)
+            for i in range(3)]
+    for ranks in (1, 2):
+        idle, slow = (forecast(work, dims, hw, world_size=2, mode="spava", answer_tokens=4,
+                               groups=[2 // ranks])[0] for hw in (CPU, loaded))
+        assert slow.wall_s == pytest.approx(3.0 * idle.wall_s, rel=1e-9), (ranks, slow, idle)
+    # the harness's seconds per sample are part of each sample's
+    more = dataclasses.replace(CPU, sample_overhead_s=CPU.sample_overhead_s + 0.5)
+    one, two = (forecast(work, dims, hw, world_size=2, mode="spava", answer_tokens=4,
+                         groups=[1])[0] for hw in (CPU, more))
+    assert two.sample_s - one.sample_s == pytest.approx(0.5)
+    assert two.wall_s - one.wall_s == pytest.approx(0.5 * len(work))
+    with pytest.raises(ValueError, match="as_loaded needs at least one probe"):
+        calibrate.as_loaded(CPU, [])
+    with pytest.raises(ValueError, match=r"share of a core must be in \(0, 1\], got 0.0"):
+        calibrate.as_loaded(CPU, [{"host_share": 0.0}])
+
+
+def test_probe_measures_a_share_of_a_core() -> None:
+    got = calibrate.probe(seconds=0.02)
+    assert set(got) == {"host_share"} and 0 < got["host_share"] <= 1.05, got
+    loaded = calibrate.calibrate_here(CPU, 2, seconds=0.05)  # two forked probes at once
+    assert loaded.name.startswith("cpu as loaded now (") and loaded.layer_overhead_s == \
+        pytest.approx(calibrate.slowdown(loaded, CPU) * CPU.layer_overhead_s)
+
+
+def test_plan_eval_on_cpu_measures_the_machine_first(
+        lvb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    asked = []
+
+    def calibrate_here(hw: cost.Hardware, processes: int) -> cost.Hardware:
+        asked.append(processes)
+        return calibrate.as_loaded(hw, _probes(2.0))
+
+    monkeypatch.setattr(calibrate, "calibrate_here", calibrate_here)
+    args = ["plan", "--eval", "--bench", "longvideobench", "--data", str(lvb), "--world-size",
+            "2", "--hardware", "cpu", "--preset", "qwen2.5-vl-3b", "--frames", "8"]
+
+    def sample_s(out: str) -> list[float]:
+        return [float(s) for s in re.findall(r"^\s+\d+\s+\d+\s+([\d.]+)", out, re.M)]
+
+    assert main(args) == 0
+    loaded = capsys.readouterr().out
+    assert asked == [2], asked
+    assert "ranks of cpu as loaded now (2.00x its times)" in loaded, loaded
+    assert main([*args, "--idle"]) == 0
+    idle = capsys.readouterr().out
+    assert asked == [2] and "ranks of cpu (" in idle, idle
+    assert sample_s(loaded) == pytest.approx([2.0 * s for s in sample_s(idle)], rel=2e-3)
+
+
+def test_eta_weights_read_the_config_not_the_processor(tiny_model_dir: Path) -> None:
+    assert cost.config_dims(tiny_model_dir) == cost.checkpoint_dims(tiny_model_dir)
