@@ -14,7 +14,7 @@ different sequences.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +28,15 @@ from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine import readback
 from apbv.engine.agree import raise_if_any_failed
+from apbv.engine.answer import Answer, DecodeSettings, keeps_records
 from apbv.engine.kvcache import RankKVCache
-from apbv.engine.request import cut_at_stop
+from apbv.engine.request import Request, cut_at_stop
 from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
 
 if TYPE_CHECKING:  # decode_graph builds on this module
-    from apbv.engine.decode_graph import GraphSteps
     from apbv.engine.grammar import Guide
 
 
@@ -199,42 +199,42 @@ def greedy_continue(
     next_position: int,
     cache: RankKVCache,
     info: DistInfo,
+    request: Request,
+    settings: DecodeSettings,
     *,
-    max_new_tokens: int,
-    kernel: str | None = None,
-    on_token: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (),
-    graphs: GraphSteps | None = None,
-    sampling: Sampling = GREEDY,
-    logprobs: list[dict] | None = None,
+    sampling: Sampling | None = None,
     guide: Guide | None = None,
-) -> tuple[list[int], str]:
-    """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
-    the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
-    rank ends at the same step), ``length`` (``max_new_tokens`` in total) or ``cancelled``
-    (``stop()`` was true on the query rank before a step's token was picked; the other ranks'
-    ``stop`` is not asked). ``on_token`` is called with each new token as soon as it is
-    picked.
+) -> Answer:
+    """The :class:`Answer` from ``first_token`` on (it included): its tokens and why they
+    ended: ``stop`` (EOS, or the answer's text holds one of ``request.stop_texts``: every rank
+    sees the same tokens, so every rank ends at the same step), ``length``
+    (``request.max_new_tokens`` in total) or ``cancelled`` (``settings.stop()`` was true on the
+    query rank before a step's token was picked; the other ranks' ``stop`` is not asked).
+    ``settings.on_token`` is called with each new token as soon as it is picked.
 
     ``first_token`` is :func:`pick_token`'s (1,) tensor, ``first_id`` its value. The fed token
     stays on the device from step to step (the positions too: one tensor, advanced in place);
     each step reads back only its new token (:func:`host_token`). A step's only collectives
     are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
-    fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
-    steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
-    rank alike), the cache's reservation taking the new rows in place, the step kept across
-    requests where ``graphs`` keeps steps; only for greedy ``sampling`` without
-    log-probabilities and answers of at least ``graphs.min_tokens``. ``sampling`` picks each
-    token (every rank draws the same; ``guide``, with ``sampling.rules.grammar``, masks each
-    step's logits on every rank alike); with ``logprobs`` (a list, on the query rank) each new
-    token's :meth:`Sampling.record` is appended to it.
+    fed different tokens raise RuntimeError, on every rank at the same step.
+    ``settings.graphs``: the steps after the first replay one captured step
+    (:mod:`apbv.engine.decode_graph`; every rank alike), the cache's reservation taking the new
+    rows in place, the step kept across requests where ``graphs`` keeps steps; only for greedy
+    ``sampling`` without log-probabilities and answers of at least ``graphs.min_tokens``.
+    ``sampling`` (None: ``request.sampling``) picks each token (every rank draws the same;
+    ``guide``, with ``sampling.rules.grammar``, masks each step's logits on every rank alike);
+    with ``sampling.logprobs`` the query rank's answer has each new token's
+    :meth:`Sampling.record` (the first token's is the caller's).
     """
+    sampling = request.sampling if sampling is None else sampling
+    max_new_tokens, stop_texts = request.max_new_tokens, request.stop_texts
+    stop, on_token, graphs = settings.stop, settings.on_token, settings.graphs
+    logprobs = keeps_records(sampling, info)
     tokens = [first_id]
     eos = qwen.eos_token_ids
     eos_ids = tuple(sorted(eos))
     tokenizer = qwen.processor.tokenizer
-    ctx = DecodeContext(info, cache, kernel)
+    ctx = DecodeContext(info, cache, settings.kernel)
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
     signal = step_signal(token.device)
@@ -277,7 +277,7 @@ def greedy_continue(
         positions.add_(1)
         tokens.append(host_token(token, info.group, f"decode step {len(tokens)}'s token"))
         if tokens[-1] == STOP:
-            return tokens[:-1], "cancelled"
+            return Answer(tokens[:-1], None, "cancelled", logprobs)
         if tokens[-1] == DIVERGED:
             raise RuntimeError(
                 f"the ranks fed different tokens to decode step {len(tokens) - 1} (their "
@@ -287,7 +287,7 @@ def greedy_continue(
             logprobs.append(sampling.record(logits, tokens[-1]))
         if on_token is not None:
             on_token(reported(tokens[-1], logprobs))
-    return tokens, reason
+    return Answer(tokens, None, reason, logprobs)
 
 
 def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,

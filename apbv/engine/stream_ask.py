@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from apbv.distributed import DistInfo
+from apbv.engine.answer import DecodeSettings, PromptStats
 from apbv.engine.choice_tree import kv_reserve
 from apbv.engine.decode import choice_token_ids
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
@@ -116,8 +117,6 @@ def run_on_stream(
     reserve = kv_reserve(request.max_new_tokens, held.choice_ids)
     mark = cache.lengths()
     start = stream.max_position + 1
-    wants = request.sampling.logprobs is not None and info.rank == QUERY_RANK
-    logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     try:
         with torch.inference_mode():
             if info.rank == QUERY_RANK:  # the owner of the question's and answer's rows
@@ -126,14 +125,12 @@ def run_on_stream(
                 positions = torch.arange(start, start + len(rows)).expand(3, 1, -1)
                 hidden = stream.feed(qwen.embed(rows.unsqueeze(0)), positions, owner=QUERY_RANK)
                 logits = qwen.logits(hidden[0, -1]).float()
-        tokens, table, finish = finish_answer(
-            qwen, logits, start + len(rows), cache, info, timer, choices=request.choices,
-            choice_ids=held.choice_ids, max_new_tokens=request.max_new_tokens,
-            kernel=stream.kernel, on_token=on_token, stop=stop, stop_texts=request.stop_texts,
-            graphs=None if graphs is None else graphs.unkept(), sampling=request.sampling,
-            logprobs=logprobs)
+        answer = finish_answer(
+            qwen, logits, start + len(rows), cache, info, timer, request,
+            DecodeSettings(stream.kernel, None if graphs is None else graphs.unkept(),
+                           on_token, stop), choice_ids=held.choice_ids)
     finally:
         cache.truncate(mark)
-    return build_result(qwen, request, info, timer, cache, logits, tokens, table, finish,
-                        mode=HELD_MODE, frames=stream.frames_held,
-                        context_len=sum(stream.tokens), query_len=len(rows), logprobs=logprobs)
+    prompt = PromptStats(mode=HELD_MODE, frames=stream.frames_held,
+                         context_len=sum(stream.tokens), query_len=len(rows), logits=logits)
+    return build_result(qwen, request, answer, prompt, info, timer, cache)

@@ -26,6 +26,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runner
+from apbv.engine.answer import DecodeSettings
 from apbv.engine.decode import greedy_continue, host_token, pick_token
 from apbv.engine.engine import Engine
 from apbv.engine.request import RequestCancelled
@@ -50,9 +51,9 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         out = score(qwen, first_logits, ids, next_position, cache, info, **kw)
         after["lengths_equal"] = cache.lengths() == before
         first = pick_token(first_logits, info.group)  # greedy on the very same cache
-        after["tokens"], _ = greedy_continue(qwen, first, host_token(first), next_position,
-                                             cache, info,
-                                             max_new_tokens=NEW_TOKENS, **kw)
+        plain = engine.request(video, QUESTION, mode="exact", max_new_tokens=NEW_TOKENS)
+        after["tokens"] = greedy_continue(qwen, first, host_token(first), next_position, cache,
+                                          info, plain, DecodeSettings(**kw)).tokens
         return out
 
     runner.score_choices = score_then_decode

@@ -104,11 +104,11 @@ def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     def decoding(*args: Any, **kwargs: Any) -> Any:
         state["decode"] = True
         try:
-            tokens, finish = greedy(*args, **kwargs)
+            answer = greedy(*args, **kwargs)
         finally:
             state["decode"] = False
-        state["steps"] += len(tokens) - 1
-        return tokens, finish
+        state["steps"] += len(answer.tokens) - 1
+        return answer
 
     runner.greedy_continue = decoding
     try:
