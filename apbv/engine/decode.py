@@ -169,14 +169,14 @@ def host_token(token: torch.Tensor, group: dist.ProcessGroup | None = None,
 
 @torch.inference_mode()
 def decode_step(
-    qwen: VideoModel, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
+    model: VideoModel, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
 ) -> torch.Tensor:
     """Feed one token: ``ids`` (1, 1) int64 and ``positions`` (3, 1, 1) (its M-RoPE position,
     the same on all three axes), both on the model's device (nothing is built from host data
     here); returns its logits (vocab,) fp32 on the device."""
     with active(ctx):
-        hidden = qwen.decoder(qwen.embed(ids), positions)
-    return qwen.logits(hidden[0, -1]).float()
+        hidden = model.decoder(model.embed(ids), positions)
+    return model.logits(hidden[0, -1]).float()
 
 
 def check_decode_room(cache: RankKVCache, max_new_tokens: int, info: DistInfo) -> None:
@@ -193,7 +193,7 @@ def check_decode_room(cache: RankKVCache, max_new_tokens: int, info: DistInfo) -
 
 
 def greedy_continue(
-    qwen: VideoModel,
+    model: VideoModel,
     first_token: torch.Tensor,
     first_id: int,
     next_position: int,
@@ -231,9 +231,9 @@ def greedy_continue(
     stop, on_token, graphs = settings.stop, settings.on_token, settings.graphs
     logprobs = keeps_records(sampling, info)
     tokens = [first_id]
-    eos = qwen.eos_token_ids
+    eos = model.eos_token_ids
     eos_ids = tuple(sorted(eos))
-    tokenizer = qwen.processor.tokenizer
+    tokenizer = model.processor.tokenizer
     ctx = DecodeContext(info, cache, settings.kernel)
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
@@ -241,7 +241,7 @@ def greedy_continue(
     graph = kept = None
     if graphs is not None and sampling.plain and graphs.wanted(max_new_tokens):
         check_decode_room(cache, max_new_tokens, info)
-        graph = kept = graphs.step(qwen, ctx, max_new_tokens)
+        graph = kept = graphs.step(model, ctx, max_new_tokens)
     first = True
 
     rules = sampling.rules
@@ -264,15 +264,15 @@ def greedy_continue(
         else:
             fed = token
             mark = cache.lengths() if graph is not None else ()  # where a fallback goes back to
-            token, logits = _eager_step(qwen, fed, positions, signal, ctx, sampling,
+            token, logits = _eager_step(model, fed, positions, signal, ctx, sampling,
                                         tokens, eos_ids, guide)
             if graph is not None:  # the first step: the captured one must agree with it
-                graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
+                graph = _try_graph(graph, model, fed, positions, signal, logits, mark, info)
                 if graph is None:  # its row's KV is the graph's: redo the step eagerly
                     assert graphs is not None
                     graphs.forget(kept)
                     cache.truncate(mark)
-                    token, _ = _eager_step(qwen, fed, positions, signal, ctx)
+                    token, _ = _eager_step(model, fed, positions, signal, ctx)
         first = False
         positions.add_(1)
         tokens.append(host_token(token, info.group, f"decode step {len(tokens)}'s token"))
@@ -290,7 +290,7 @@ def greedy_continue(
     return Answer(tokens, None, reason, logprobs)
 
 
-def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
+def _eager_step(model: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                 signal: torch.Tensor, ctx: DecodeContext, sampling: Sampling = GREEDY,
                 previous: Sequence[int] = (0,), eos: Sequence[int] = (),
                 guide: Guide | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,13 +298,13 @@ def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
     number ``len(previous)`` after the answer's tokens ``previous``, picked by ``sampling``)
     and logits."""
     ctx.signal = signal
-    logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
+    logits = decode_step(model, fed.view(1, 1), positions, ctx)
     assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
     return step_token(logits, ctx.received, sampling, len(previous), previous, eos,
                       guide), logits
 
 
-def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
+def _try_graph(graph: Any, model: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                signal: torch.Tensor, eager_logits: torch.Tensor, mark: tuple[int, ...],
                info: DistInfo) -> Any:
     """The first step again as the captured step, over the rows the eager one had: the
@@ -321,7 +321,7 @@ def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch
         fall_back(failed or "another rank's capture failed")
         return None
     _, logits = graph.replay()
-    ok, why = agrees(logits, eager_logits, qwen.dtype, info.group)
+    ok, why = agrees(logits, eager_logits, model.dtype, info.group)
     if not ok:
         fall_back(why)
         return None

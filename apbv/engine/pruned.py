@@ -49,13 +49,13 @@ class Unpruned:
     snapped: tuple[tuple[int, int, int], ...] | None
 
 
-def unpruned_share(qwen: VideoModel, frames: RankFrames, patch_ranges: tuple[Range, ...], *,
+def unpruned_share(model: VideoModel, frames: RankFrames, patch_ranges: tuple[Range, ...], *,
                    split: bool, rank: int, choice_ids: list[list[int]] | None,
                    snapped: tuple[tuple[int, int, int], ...] | None) -> Unpruned:
     """This rank's decoded ``frames`` with their signatures over the family's merged-patch
     grid (one cell per LLM token of a frame)."""
-    _, h, w = qwen.video_grid(frames.sampling)
-    merge = qwen.spatial_merge_size
+    _, h, w = model.video_grid(frames.sampling)
+    merge = model.spatial_merge_size
     sigs = signatures(frames.frames, frames.sampling.temporal_patch_size,
                       (h // merge, w // merge))
     return Unpruned(frames.frames, sigs, frames.sampling, patch_ranges, split, rank, choice_ids,
@@ -73,22 +73,22 @@ def agreed_keep(share: Unpruned, threshold: float, group: dist.ProcessGroup | No
     return keep_mask(sigs, threshold)
 
 
-def pruned_inputs(qwen: VideoModel, request: Request, share: Unpruned,
+def pruned_inputs(model: VideoModel, request: Request, share: Unpruned,
                   keep: list[bool]) -> PromptInputs:
     """The request's :class:`PromptInputs` over the ``keep`` temporal patches: the pruned
     prompt, this rank's kept frames' tower rows (None when it keeps none) and the frame split
     in kept patches."""
     kept, ranges = kept_split(keep, share.patch_ranges)
-    grid = qwen.video_grid(share.sampling)
-    context_ids, query_ids = qwen.prompt(request.question, grid, request.system,
-                                         sampling=share.sampling, kept=kept)
+    grid = model.video_grid(share.sampling)
+    context_ids, query_ids = model.prompt(request.question, grid, request.system,
+                                          sampling=share.sampling, kept=kept)
     p0, p1 = share.patch_ranges[share.rank]
     unit = share.sampling.temporal_patch_size
     mine = torch.tensor(keep[p0:p1], dtype=torch.bool).repeat_interleave(unit)
     frames = share.frames[mine.to(share.frames.device)]
     pixel_values = None
     if len(frames):
-        pixel_values, local_grid = qwen.tower_rows(frames)
+        pixel_values, local_grid = model.tower_rows(frames)
         assert local_grid == (ranges[share.rank][1] - ranges[share.rank][0], *grid[1:]), \
             (local_grid, ranges, share.rank)
     return PromptInputs(

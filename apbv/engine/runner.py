@@ -58,7 +58,7 @@ def check_context(request: Request, context_len: int, query_len: int,
 
 
 def run_prompt(
-    qwen: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
+    model: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
     *, graphs: GraphSteps | None = None,
 ) -> Result:
@@ -75,8 +75,8 @@ def run_prompt(
     choice_ids = inputs.choice_ids
     plan = request.plan(len(inputs.context_ids), len(inputs.query_ids), info.world_size)
     t, h, w = inputs.video_grid
-    merge = qwen.spatial_merge_size
-    span = VideoSpan(tuple(qwen.video_runs(ids)), (h // merge) * (w // merge))
+    merge = model.spatial_merge_size
+    span = VideoSpan(tuple(model.video_runs(ids)), (h // merge) * (w // merge))
     if span.end > plan.context_len:
         raise ValueError(f"the video tokens [{span.start}, {span.end}) must lie inside the "
                          f"context of {plan.context_len} tokens")
@@ -89,14 +89,14 @@ def run_prompt(
                 if local_video is None:
                     if patch_range[0] == patch_range[1]:  # pruning kept none of this rank's
                         local_video = torch.zeros(
-                            0, qwen.text_config.hidden_size * (1 + qwen.extra_levels),
-                            dtype=qwen.dtype, device=qwen.device)
+                            0, model.text_config.hidden_size * (1 + model.extra_levels),
+                            dtype=model.dtype, device=model.device)
                     elif inputs.frame_chunks is not None:  # vision.pipeline: decoded here
-                        local_video = qwen.encode_frames(inputs.frame_chunks)
+                        local_video = model.encode_frames(inputs.frame_chunks)
                     else:
                         grid = (patch_range[1] - patch_range[0], h, w)
                         assert inputs.pixel_values is not None, "no frames and no embeddings"
-                        local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                        local_video = model.vision_tower(inputs.pixel_values, grid)
                     assert len(local_video) == (patch_range[1] - patch_range[0]) \
                         * span.tokens_per_patch, (local_video.shape, patch_range)
                     if inputs.vision_store is not None:
@@ -117,22 +117,22 @@ def run_prompt(
                 video_rows = torch.cat(pieces) if pieces else local_video[:0]
         with timer.stage("prefill"):
             local_ids = shard(ids.unsqueeze(0), plan, rank)
-            embeds = qwen.embed(local_ids)
-            is_video = (local_ids == qwen.video_token_id).to(embeds.device)
+            embeds = model.embed(local_ids)
+            is_video = (local_ids == model.video_token_id).to(embeds.device)
             assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()),
                                                                  video_rows.shape)
-            video_rows, features = split_features(qwen, video_rows, is_video)
+            video_rows, features = split_features(model, video_rows, is_video)
             embeds[is_video] = video_rows.to(embeds.dtype)
-            positions = qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t,
-                                       inputs.kept)
+            positions = model.positions(ids, inputs.video_grid, inputs.second_per_grid_t,
+                                        inputs.kept)
             local_positions = shard(positions, plan, rank, dim=2)
-            logits, cache = prefill(qwen, embeds, local_positions, plan, info,
+            logits, cache = prefill(model, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=kv_reserve(request.max_new_tokens, choice_ids),
                                     video_features=features)
     mark = cache.lengths()  # the prompt: where an n > 1 request's next answer starts
     next_position = int(positions.max()) + 1
-    answer = finish_answer(qwen, logits, next_position, cache, info, timer, request,
+    answer = finish_answer(model, logits, next_position, cache, info, timer, request,
                            DecodeSettings(request.kernel, graphs if request.n == 1 else None,
                                           on_token, stop), choice_ids=choice_ids)
     others = None
@@ -142,10 +142,10 @@ def run_prompt(
         with timer.stage("other_answers"):
             for index in range(1, request.n):
                 cache.truncate(mark)
-                more = finish_answer(qwen, logits, next_position, cache, info, scratch, request,
+                more = finish_answer(model, logits, next_position, cache, info, scratch, request,
                                      DecodeSettings(request.kernel, stop=stop),
                                      sampling=request.sampling.for_answer(index))
-                others.append({"answer": answer_text(qwen, more.tokens, None,
+                others.append({"answer": answer_text(model, more.tokens, None,
                                                      request.stop_texts),
                                "token_ids": more.tokens, "finish_reason": more.finish,
                                "logprobs": more.logprobs})
@@ -156,24 +156,24 @@ def run_prompt(
         query_len=plan.query_len, logits=logits, anchor_len=plan.anchor_len,
         passing_len=plan.passing_len, embedding_bytes=moved if mode.vit_split else 0,
         allgather_bytes=allgather, vision_cache_hit=cache_hit, snapped=inputs.snapped)
-    return build_result(qwen, request, answer, prompt, info, timer, cache, others=others)
+    return build_result(model, request, answer, prompt, info, timer, cache, others=others)
 
 
-def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
+def split_features(model: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
                    ) -> tuple[torch.Tensor, VideoFeatures | None]:
-    """A shard's routed tower rows (m, hidden * (1 + ``qwen.extra_levels``)) -> the main
+    """A shard's routed tower rows (m, hidden * (1 + ``model.extra_levels``)) -> the main
     embeddings (m, hidden) and, for a family with extra levels, the :class:`VideoFeatures`
     at the shard's video tokens ``is_video`` (1, T) (else None, the rows as they are)."""
-    if not qwen.extra_levels:
+    if not model.extra_levels:
         return rows, None
-    hidden = rows.shape[1] // (1 + qwen.extra_levels)
-    assert hidden * (1 + qwen.extra_levels) == rows.shape[1], (rows.shape, qwen.extra_levels)
+    hidden = rows.shape[1] // (1 + model.extra_levels)
+    assert hidden * (1 + model.extra_levels) == rows.shape[1], (rows.shape, model.extra_levels)
     levels = list(rows[:, hidden:].split(hidden, dim=1))
     return rows[:, :hidden], VideoFeatures(is_video, levels)
 
 
 def build_result(
-    qwen: VideoModel, request: Request, answer: Answer, prompt: PromptStats, info: DistInfo,
+    model: VideoModel, request: Request, answer: Answer, prompt: PromptStats, info: DistInfo,
     timer: StageTimer, cache: RankKVCache, *, others: list[dict[str, Any]] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
@@ -181,7 +181,7 @@ def build_result(
     ran for the ``prompt``, and with ``request.n`` > 1 the ``others``."""
     seconds = timer.max_over_ranks(info.group)
     return Result(
-        answer=answer_text(qwen, answer.tokens, answer.choices, request.stop_texts),
+        answer=answer_text(model, answer.tokens, answer.choices, request.stop_texts),
         token_ids=answer.tokens,
         ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
         seconds=seconds,
@@ -207,7 +207,7 @@ def build_result(
 
 
 def finish_answer(
-    qwen: VideoModel, logits: torch.Tensor, next_position: int, cache: RankKVCache,
+    model: VideoModel, logits: torch.Tensor, next_position: int, cache: RankKVCache,
     info: DistInfo, timer: StageTimer, request: Request, settings: DecodeSettings, *,
     choice_ids: list[list[int]] | None = None, sampling: Sampling | None = None,
 ) -> Answer:
@@ -228,15 +228,15 @@ def finish_answer(
     with timer.stage("first_token"):
         # stays on the device for decode
         guide = None if sampling.rules.grammar is None else \
-            Guide(sampling.rules.grammar, qwen.processor.tokenizer)
+            Guide(sampling.rules.grammar, model.processor.tokenizer)
         first_token = pick_token(logits, info.group, sampling,
-                                 tuple(sorted(qwen.eos_token_ids)), guide)
+                                 tuple(sorted(model.eos_token_ids)), guide)
         first = host_token(first_token, info.group)
     if request.choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
         single = all(len(c) == 1 for c in choice_ids)
         with timer.stage("first_token" if single else "decode"):
-            scores = score_choices(qwen, logits, choice_ids, next_position, cache, info,
+            scores = score_choices(model, logits, choice_ids, next_position, cache, info,
                                    kernel=settings.kernel)
         best = choice_ids[max(range(len(choice_ids)), key=lambda i: scores[i])]
         if settings.on_token is not None:  # the chosen answer's tokens
@@ -249,7 +249,7 @@ def finish_answer(
     if settings.on_token is not None:
         settings.on_token(reported(first, logprobs))
     with timer.stage("decode"):
-        rest = greedy_continue(qwen, first_token, first, next_position, cache, info, request,
+        rest = greedy_continue(model, first_token, first, next_position, cache, info, request,
                                settings, sampling=sampling, guide=guide)
     if logprobs is not None:
         assert rest.logprobs is not None, "the query rank keeps the records"
@@ -257,11 +257,11 @@ def finish_answer(
     return rest
 
 
-def answer_text(qwen: VideoModel, tokens: list[int], choices: list[dict] | None,
+def answer_text(model: VideoModel, tokens: list[int], choices: list[dict] | None,
                 stop_texts: Sequence[str] = ()) -> str:
     """The answer: the likeliest choice, or the tokens' text (special tokens left out) cut
     before the first stop text it holds."""
     if choices is not None:
         return max(choices, key=lambda c: c["logprob"])["text"]
-    return cut_at_stop(qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True),
+    return cut_at_stop(model.processor.tokenizer.decode(tokens, skip_special_tokens=True),
                        stop_texts)[0]

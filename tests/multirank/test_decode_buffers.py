@@ -37,9 +37,9 @@ def _buffers_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     greedy = runner.greedy_continue
     seen: list[dict[str, Any]] = []
 
-    def recording(qwen, first_token, first_id, next_position, cache, *args, **kwargs):
+    def recording(model, first_token, first_id, next_position, cache, *args, **kwargs):
         before = _where(cache)
-        answer = greedy(qwen, first_token, first_id, next_position, cache, *args, **kwargs)
+        answer = greedy(model, first_token, first_id, next_position, cache, *args, **kwargs)
         seen.append({"moved": _where(cache) != before, "steps": len(answer.tokens) - 1})
         return answer
 

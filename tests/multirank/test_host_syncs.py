@@ -82,7 +82,7 @@ def counting(where: Callable[[], str | None], model: torch.nn.Module) -> Iterato
 
 def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     engine = Engine(cfg, info)
-    layers = engine.qwen.model.model.language_model.layers
+    layers = engine.model.model.model.language_model.layers
     state = {"layer": False, "decode": False, "steps": 0}
 
     def where() -> str | None:
@@ -112,7 +112,7 @@ def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
 
     runner.greedy_continue = decoding
     try:
-        with counting(where, engine.qwen.model) as counts:
+        with counting(where, engine.model.model) as counts:
             result = engine.generate(engine.request(video, QUESTION, mode="spava",
                                                     max_new_tokens=NEW_TOKENS))
     finally:
