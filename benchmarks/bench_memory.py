@@ -64,7 +64,7 @@ def _child(model: str, warm: str, video: str, overrides: str) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     patches, rows, cols = cost.video_grid(result.frames, SIDE, SIDE, max_pixels=SIDE * SIDE,
                                           min_pixels=3136)
-    merge = engine.qwen.spatial_merge_size
+    merge = engine.model.spatial_merge_size
     est = engine.memory_estimate(request, result.context_len, result.query_len, (0, patches),
                                  (rows * merge, cols * merge), reserve=1)
     print(json.dumps({"baseline": baseline, "peak": peak, "frames": result.frames,

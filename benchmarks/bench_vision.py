@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     chunk = tower.CPU_CHUNK_ROWS if args.chunk_rows is None else args.chunk_rows
     with tempfile.TemporaryDirectory() as tmp:
-        qwen = qwen2_5_vl.load(model_dir(args, Path(tmp)), device=torch.device("cpu"),
-                               dtype=torch.float32)
+        model = qwen2_5_vl.load(model_dir(args, Path(tmp)), device=torch.device("cpu"),
+                                dtype=torch.float32)
     grid = (args.temporal_patches, h, w)
     frames = torch.randint(0, 256, (2 * args.temporal_patches, 3, 14 * h, 14 * w),
                            dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -98,15 +98,15 @@ def main(argv: list[str] | None = None) -> None:
                 for name, overrides in VARIANTS.items()}  # later overrides win
     pixels, by_dtype = {}, {}
     for name, vision in settings.items():  # what each variant's tower takes: rows or levels
-        qwen.set_vision(vision)
-        rows = qwen.tower_rows(frames)[0]
+        model.set_vision(vision)
+        rows = model.tower_rows(frames)[0]
         pixels[name] = by_dtype.setdefault(rows.dtype, rows)
     del frames, rows
 
     def run(name: str) -> tuple[float, torch.Tensor]:
-        qwen.set_vision(settings[name])
+        model.set_vision(settings[name])
         start = time.perf_counter()
-        out = qwen.vision_tower(pixels[name], grid)
+        out = model.vision_tower(pixels[name], grid)
         return time.perf_counter() - start, out
 
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
            f"{r['max_abs_diff']:.2g} |" for r in rows])
     report: dict[str, Any] = {"rows": rows}
     if args.parts:
-        parts = {name: _parts(qwen, pixels[name], grid, settings[name], args.repeats)
+        parts = {name: _parts(model, pixels[name], grid, settings[name], args.repeats)
                  for name in ("old", NEW)}
         report["parts_ms"] = parts
         table += "\n\n" + _parts_table(parts["old"], parts[NEW], args.repeats)
@@ -196,18 +196,18 @@ def _timed_parts(visual: torch.nn.Module) -> Iterator[dict[str, float]]:
             handle.remove()
 
 
-def _parts(qwen: Any, pixels: torch.Tensor, grid: tuple[int, int, int], vision: Any,
+def _parts(model: Any, pixels: torch.Tensor, grid: tuple[int, int, int], vision: Any,
            repeats: int) -> dict[str, float]:
     """Milliseconds per part (:data:`PARTS`, and ``total``) of the run with the median total
     of ``repeats`` tower runs with the ``vision`` settings (one run's parts add up to it)."""
-    qwen.set_vision(vision)
+    model.set_vision(vision)
     runs = []
     with torch.inference_mode():
-        qwen.vision_tower(pixels, grid)  # warm-up, untimed
+        model.vision_tower(pixels, grid)  # warm-up, untimed
         for _ in range(repeats):
-            with _timed_parts(qwen.model.model.visual) as spent:
+            with _timed_parts(model.model.model.visual) as spent:
                 start = time.perf_counter()
-                qwen.vision_tower(pixels, grid)
+                model.vision_tower(pixels, grid)
                 total = time.perf_counter() - start
             hooked = {part: spent[part] for part in (PATCH, SDPA, PROJ, MLP, NORM, MERGER)}
             runs.append({

@@ -143,9 +143,9 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
     out["gather_small_s"] = _gather_s(1, 30)
     out["gather_large_s"] = _gather_s(1 << 20, 5)
 
-    qwen = load(model_dir, device=torch.device("cpu"), dtype=torch.float32)
+    model = load(model_dir, device=torch.device("cpu"), dtype=torch.float32)
     ranks_ready("model loaded")  # the measurements below start together
-    processor = qwen.processor
+    processor = model.processor
     out["load_s"], out["process_s"] = {}, {}
     for frames_per_rank, path in videos.items():
         spec = VideoSpec(path, fps=2.0, max_pixels=VIDEO_SIZE**2, min_pixels=3136)
@@ -154,7 +154,7 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
         frames = load_rank_frames(spec, info.rank, world).frames
         assert frames.shape[0] == frames_per_rank, (frames.shape, frames_per_rank)
         out["process_s"][frames_per_rank] = _best(
-            lambda frames=frames: qwen.tower_rows(frames), repeats=3)
+            lambda frames=frames: model.tower_rows(frames), repeats=3)
     question = "What colour is the square in the last second?"
     context, query = split_prompt(processor, question)
     out["tokenize_tokens"] = 20000
@@ -163,25 +163,25 @@ def _rank_job(info: DistInfo, model_dir: str, videos: dict[int, str]) -> dict[st
 
     # Host overhead: the runtime's prefill and vision tower on inputs too small to compute.
     plan = make_plan(64, 8, world)
-    embeds = torch.randn(1, plan.local_len(info.rank), qwen.text_config.hidden_size)
+    embeds = torch.randn(1, plan.local_len(info.rank), model.text_config.hidden_size)
     positions = torch.arange(plan.local_len(info.rank)).expand(3, 1, -1)
-    out["prefill_s"] = _best(lambda: prefill(qwen, embeds, positions, plan, info))
+    out["prefill_s"] = _best(lambda: prefill(model, embeds, positions, plan, info))
     last = embeds[0, -1]
-    out["lm_head_s"] = _best(lambda: qwen.logits(last))
-    out["layers"] = qwen.num_layers
+    out["lm_head_s"] = _best(lambda: model.logits(last))
+    out["layers"] = model.num_layers
     out["blocks_per_rank"] = plan.blocks_per_rank
     # One frame of 8x8 patches: one window, so each vision block makes one attention call.
-    pixels, grid = qwen.tower_rows(_random_frames(2, 8 * 14))
+    pixels, grid = model.tower_rows(_random_frames(2, 8 * 14))
     with torch.inference_mode():
-        out["vision_s"] = _best(lambda: qwen.vision_tower(pixels, grid))
-    out["call_s"] = _call_s(qwen.model.model.visual.blocks[0].attn)
+        out["vision_s"] = _best(lambda: model.vision_tower(pixels, grid))
+    out["call_s"] = _call_s(model.model.model.visual.blocks[0].attn)
     side = 14 * int((CONV_PATCHES // 16) ** 0.5)  # 16 temporal patches of CONV_PATCHES / 16
-    patches = qwen.tower_rows(_random_frames(32, side))[0]
+    patches = model.tower_rows(_random_frames(32, side))[0]
     assert patches.shape[0] == CONV_PATCHES, patches.shape
     with torch.inference_mode():
-        out["conv_s"] = _best(lambda: qwen.model.model.visual.patch_embed(patches))
-    out["conv_flops"] = 2 * CONV_PATCHES * patches.shape[1] * qwen.vision_config.hidden_size
-    out["vision_depth"] = qwen.vision_config.depth
+        out["conv_s"] = _best(lambda: model.model.model.visual.patch_embed(patches))
+    out["conv_flops"] = 2 * CONV_PATCHES * patches.shape[1] * model.vision_config.hidden_size
+    out["vision_depth"] = model.vision_config.depth
     return out
 
 

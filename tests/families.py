@@ -1,8 +1,10 @@
-"""What the InternVL3 and Qwen3-VL tests share: a module's tiny checkpoint of a family, and a
-stream test's answers (greedy tokens and the choices' log-probabilities) and their check."""
+"""What the InternVL3 and Qwen3-VL tests share: one :class:`Family` row per family (the tests
+run over :data:`FAMILIES`), a module's tiny checkpoint of a family, and a stream test's answers
+(greedy tokens and the choices' log-probabilities) and their check."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,39 @@ import pytest
 
 from tests.cases import LOGPROB_RTOL, logprob_error
 
-TINY_DIRS = {"internvl": "tiny-internvl3", "qwen3_vl": "tiny-qwen3-vl"}
+
+@dataclass(frozen=True)
+class Family:
+    """What the family tests need of a family beyond its ``model_type``."""
+
+    tiny_dir: str
+    """Its tiny checkpoint's directory name."""
+    stream_hw: tuple[int, int]
+    """A live stream's frame size (multiples of the family's frame multiple)."""
+    stream_fps: float
+    pushes: tuple[int, ...]
+    """Frames per push before the first ask; then one push of 2 more."""
+    window_kept: int
+    """Frames a 1.5 s window over pushes of 2 frames keeps."""
+    refused_hw: tuple[int, int]
+    """A frame size a stream of the family refuses at open (a multiple of another family's
+    frame multiple)."""
+    frame_multiple: int
+    """The family's: a stream's frame sides are multiples of it (pixels)."""
+    patch: int
+    """Its vision patch size (:class:`apbv.video.DecodedVideo`'s ``image_patch_size``)."""
+
+
+FAMILIES = {
+    "internvl": Family("tiny-internvl3", (56, 56), 2.0, (1, 2, 3), 4, (32, 32), 28, 14),
+    "qwen3_vl": Family("tiny-qwen3-vl", (64, 96), 3.0, (2, 3, 5), 6, (56, 56), 32, 16),
+}
+"""``model_type`` -> :class:`Family`. InternVL3: each frame its own temporal unit, 2 fps;
+Qwen3-VL: pushes of 2, 3 and 5 frames (the odd frame waits for the next push) make chunks of
+1, 1 and 3 temporal patches, at 3 fps so that the patches' times (0.2, 0.8, 1.5, 2.2, 2.8 s,
+...) each have their own ``<t seconds>`` text."""
+
+TINY_DIRS = {family: row.tiny_dir for family, row in FAMILIES.items()}
 """Each family's tiny checkpoint directory name."""
 
 

@@ -17,7 +17,7 @@ from apbv.video import RankFrames, load_all_frames
 
 @dataclass
 class HFReference:
-    qwen: QwenVL
+    model: QwenVL
     """apbv's adapter of the same checkpoint (processor, tokenizer, sizes)."""
     hf: Any
     """The stock model, attention by SDPA."""
@@ -46,16 +46,16 @@ class HFReference:
 def hf_reference(cfg: RuntimeConfig, video: str, question: str) -> HFReference:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    qwen = load(cfg.model.path, device=torch.device("cpu"), dtype=torch.float32)
+    model = load(cfg.model.path, device=torch.device("cpu"), dtype=torch.float32)
     hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(
         cfg.model.path, local_files_only=True, attn_implementation="sdpa").eval()
     frames = load_all_frames(cfg.video.spec(video))
-    pixels, (t, h, w) = qwen.process_frames(frames.frames)
-    context_text, query_text = split_prompt(qwen.processor, question)
-    ids = torch.cat(prompt_ids(qwen.processor.tokenizer, context_text, query_text, question,
+    pixels, (t, h, w) = model.process_frames(frames.frames)
+    context_text, query_text = split_prompt(model.processor, question)
+    ids = torch.cat(prompt_ids(model.processor.tokenizer, context_text, query_text, question,
                                t * h * w // 4))
     positions = mrope_positions(ids, [(t, h, w)], [frames.sampling.second_per_grid_t],
-                                video_token_id=qwen.video_token_id, spatial_merge_size=2,
-                                tokens_per_second=qwen.tokens_per_second)
-    return HFReference(qwen, hf, frames, pixels, torch.tensor([[t, h, w]]), context_text,
+                                video_token_id=model.video_token_id, spatial_merge_size=2,
+                                tokens_per_second=model.tokens_per_second)
+    return HFReference(model, hf, frames, pixels, torch.tensor([[t, h, w]]), context_text,
                        query_text, ids, positions)

@@ -187,10 +187,10 @@ def _answer(item: dict[str, Any], cfg: RuntimeConfig, ranks: DistInfo, engine: E
                 raise item["refused"]
             call = api.parse_chat(seeded(cid, item["body"]), cfg, limits, policy,
                                   api_model(item["body"], cfg))
-            api.check_request(call.request, limits, engine.qwen.processor)
+            api.check_request(call.request, limits, engine.model.processor)
         result = engine.generate(call.request)
         return 200, responses.completion(call, _completion_id(cid), result, 0.0,
-                                         tokenizer=engine.qwen.processor.tokenizer)
+                                         tokenizer=engine.model.processor.tokenizer)
     except ClientError as exc:
         return exc.status, error_body(exc.status, exc.message, exc.param)
     except ValueError as exc:  # the engine's refusal, raised on every rank

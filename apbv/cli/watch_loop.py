@@ -255,7 +255,7 @@ def run_watch(engine: Engine, info: DistInfo, options: WatchOptions, *,
                                   min_pixels=options.min_pixels,
                                   max_pixels=options.max_pixels,
                                   capacity=options.buffer_frames,
-                                  image_patch_size=engine.qwen.frame_multiple // 2)
+                                  image_patch_size=engine.model.frame_multiple // 2)
             else:
                 capture = make_capture()
             planner = _Planner(options, capture, questions)

@@ -134,7 +134,7 @@ class TreeContext(DecodeContext):
 
 
 def score_choices(
-    qwen: VideoModel,
+    model: VideoModel,
     first_logits: torch.Tensor,
     choice_ids: list[list[int]],
     next_position: int,
@@ -168,9 +168,9 @@ def score_choices(
                     positions = next_position + torch.tensor(tree.depths[start:end],
                                                              device=device)
                     with active(ctx):
-                        hidden = qwen.decoder(qwen.embed(ids),
-                                              positions.view(1, 1, -1).expand(3, 1, -1))
-                    rows = torch.log_softmax(qwen.logits(hidden[0]).float(), dim=-1)
+                        hidden = model.decoder(model.embed(ids),
+                                               positions.view(1, 1, -1).expand(3, 1, -1))
+                    rows = torch.log_softmax(model.logits(hidden[0]).float(), dim=-1)
                     here = [(node - start, m, token) for node, m, token in scored
                             if start <= node < end]
                     if here:

@@ -14,7 +14,7 @@ different sequences.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +28,15 @@ from apbv.context import active
 from apbv.distributed import DistInfo
 from apbv.engine import readback
 from apbv.engine.agree import raise_if_any_failed
+from apbv.engine.answer import Answer, DecodeSettings, keeps_records
 from apbv.engine.kvcache import RankKVCache
-from apbv.engine.request import cut_at_stop
+from apbv.engine.request import Request, cut_at_stop
 from apbv.engine.sampling import GREEDY, Sampling, reported
 from apbv.model.adapter import VideoModel
 from apbv.plan import QUERY_RANK
 from apbv.sequence import text_ids
 
 if TYPE_CHECKING:  # decode_graph builds on this module
-    from apbv.engine.decode_graph import GraphSteps
     from apbv.engine.grammar import Guide
 
 
@@ -169,14 +169,14 @@ def host_token(token: torch.Tensor, group: dist.ProcessGroup | None = None,
 
 @torch.inference_mode()
 def decode_step(
-    qwen: VideoModel, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
+    model: VideoModel, ids: torch.Tensor, positions: torch.Tensor, ctx: DecodeContext
 ) -> torch.Tensor:
     """Feed one token: ``ids`` (1, 1) int64 and ``positions`` (3, 1, 1) (its M-RoPE position,
     the same on all three axes), both on the model's device (nothing is built from host data
     here); returns its logits (vocab,) fp32 on the device."""
     with active(ctx):
-        hidden = qwen.decoder(qwen.embed(ids), positions)
-    return qwen.logits(hidden[0, -1]).float()
+        hidden = model.decoder(model.embed(ids), positions)
+    return model.logits(hidden[0, -1]).float()
 
 
 def check_decode_room(cache: RankKVCache, max_new_tokens: int, info: DistInfo) -> None:
@@ -193,55 +193,55 @@ def check_decode_room(cache: RankKVCache, max_new_tokens: int, info: DistInfo) -
 
 
 def greedy_continue(
-    qwen: VideoModel,
+    model: VideoModel,
     first_token: torch.Tensor,
     first_id: int,
     next_position: int,
     cache: RankKVCache,
     info: DistInfo,
+    request: Request,
+    settings: DecodeSettings,
     *,
-    max_new_tokens: int,
-    kernel: str | None = None,
-    on_token: Callable[[int], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (),
-    graphs: GraphSteps | None = None,
-    sampling: Sampling = GREEDY,
-    logprobs: list[dict] | None = None,
+    sampling: Sampling | None = None,
     guide: Guide | None = None,
-) -> tuple[list[int], str]:
-    """The tokens from ``first_token`` on (it included) and why they ended: ``stop`` (EOS, or
-    the answer's text holds one of ``stop_texts``: every rank sees the same tokens, so every
-    rank ends at the same step), ``length`` (``max_new_tokens`` in total) or ``cancelled``
-    (``stop()`` was true on the query rank before a step's token was picked; the other ranks'
-    ``stop`` is not asked). ``on_token`` is called with each new token as soon as it is
-    picked.
+) -> Answer:
+    """The :class:`Answer` from ``first_token`` on (it included): its tokens and why they
+    ended: ``stop`` (EOS, or the answer's text holds one of ``request.stop_texts``: every rank
+    sees the same tokens, so every rank ends at the same step), ``length``
+    (``request.max_new_tokens`` in total) or ``cancelled`` (``settings.stop()`` was true on the
+    query rank before a step's token was picked; the other ranks' ``stop`` is not asked).
+    ``settings.on_token`` is called with each new token as soon as it is picked.
 
     ``first_token`` is :func:`pick_token`'s (1,) tensor, ``first_id`` its value. The fed token
     stays on the device from step to step (the positions too: one tensor, advanced in place);
     each step reads back only its new token (:func:`host_token`). A step's only collectives
     are its layers' all-gathers (the first carries :func:`step_signal`); ranks found to have
-    fed different tokens raise RuntimeError, on every rank at the same step. ``graphs``: the
-    steps after the first replay one captured step (:mod:`apbv.engine.decode_graph`; every
-    rank alike), the cache's reservation taking the new rows in place, the step kept across
-    requests where ``graphs`` keeps steps; only for greedy ``sampling`` without
-    log-probabilities and answers of at least ``graphs.min_tokens``. ``sampling`` picks each
-    token (every rank draws the same; ``guide``, with ``sampling.rules.grammar``, masks each
-    step's logits on every rank alike); with ``logprobs`` (a list, on the query rank) each new
-    token's :meth:`Sampling.record` is appended to it.
+    fed different tokens raise RuntimeError, on every rank at the same step.
+    ``settings.graphs``: the steps after the first replay one captured step
+    (:mod:`apbv.engine.decode_graph`; every rank alike), the cache's reservation taking the new
+    rows in place, the step kept across requests where ``graphs`` keeps steps; only for greedy
+    ``sampling`` without log-probabilities and answers of at least ``graphs.min_tokens``.
+    ``sampling`` (None: ``request.sampling``) picks each token (every rank draws the same;
+    ``guide``, with ``sampling.rules.grammar``, masks each step's logits on every rank alike);
+    with ``sampling.logprobs`` the query rank's answer has each new token's
+    :meth:`Sampling.record` (the first token's is the caller's).
     """
+    sampling = request.sampling if sampling is None else sampling
+    max_new_tokens, stop_texts = request.max_new_tokens, request.stop_texts
+    stop, on_token, graphs = settings.stop, settings.on_token, settings.graphs
+    logprobs = keeps_records(sampling, info)
     tokens = [first_id]
-    eos = qwen.eos_token_ids
+    eos = model.eos_token_ids
     eos_ids = tuple(sorted(eos))
-    tokenizer = qwen.processor.tokenizer
-    ctx = DecodeContext(info, cache, kernel)
+    tokenizer = model.processor.tokenizer
+    ctx = DecodeContext(info, cache, settings.kernel)
     token = first_token
     positions = torch.full((3, 1, 1), next_position, dtype=torch.long, device=token.device)
     signal = step_signal(token.device)
     graph = kept = None
     if graphs is not None and sampling.plain and graphs.wanted(max_new_tokens):
         check_decode_room(cache, max_new_tokens, info)
-        graph = kept = graphs.step(qwen, ctx, max_new_tokens)
+        graph = kept = graphs.step(model, ctx, max_new_tokens)
     first = True
 
     rules = sampling.rules
@@ -264,20 +264,20 @@ def greedy_continue(
         else:
             fed = token
             mark = cache.lengths() if graph is not None else ()  # where a fallback goes back to
-            token, logits = _eager_step(qwen, fed, positions, signal, ctx, sampling,
+            token, logits = _eager_step(model, fed, positions, signal, ctx, sampling,
                                         tokens, eos_ids, guide)
             if graph is not None:  # the first step: the captured one must agree with it
-                graph = _try_graph(graph, qwen, fed, positions, signal, logits, mark, info)
+                graph = _try_graph(graph, model, fed, positions, signal, logits, mark, info)
                 if graph is None:  # its row's KV is the graph's: redo the step eagerly
                     assert graphs is not None
                     graphs.forget(kept)
                     cache.truncate(mark)
-                    token, _ = _eager_step(qwen, fed, positions, signal, ctx)
+                    token, _ = _eager_step(model, fed, positions, signal, ctx)
         first = False
         positions.add_(1)
         tokens.append(host_token(token, info.group, f"decode step {len(tokens)}'s token"))
         if tokens[-1] == STOP:
-            return tokens[:-1], "cancelled"
+            return Answer(tokens[:-1], None, "cancelled", logprobs)
         if tokens[-1] == DIVERGED:
             raise RuntimeError(
                 f"the ranks fed different tokens to decode step {len(tokens) - 1} (their "
@@ -287,10 +287,10 @@ def greedy_continue(
             logprobs.append(sampling.record(logits, tokens[-1]))
         if on_token is not None:
             on_token(reported(tokens[-1], logprobs))
-    return tokens, reason
+    return Answer(tokens, None, reason, logprobs)
 
 
-def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
+def _eager_step(model: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                 signal: torch.Tensor, ctx: DecodeContext, sampling: Sampling = GREEDY,
                 previous: Sequence[int] = (0,), eos: Sequence[int] = (),
                 guide: Guide | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,13 +298,13 @@ def _eager_step(qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
     number ``len(previous)`` after the answer's tokens ``previous``, picked by ``sampling``)
     and logits."""
     ctx.signal = signal
-    logits = decode_step(qwen, fed.view(1, 1), positions, ctx)
+    logits = decode_step(model, fed.view(1, 1), positions, ctx)
     assert ctx.signal is None and ctx.received is not None, "the signal was not gathered"
     return step_token(logits, ctx.received, sampling, len(previous), previous, eos,
                       guide), logits
 
 
-def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
+def _try_graph(graph: Any, model: VideoModel, fed: torch.Tensor, positions: torch.Tensor,
                signal: torch.Tensor, eager_logits: torch.Tensor, mark: tuple[int, ...],
                info: DistInfo) -> Any:
     """The first step again as the captured step, over the rows the eager one had: the
@@ -321,7 +321,7 @@ def _try_graph(graph: Any, qwen: VideoModel, fed: torch.Tensor, positions: torch
         fall_back(failed or "another rank's capture failed")
         return None
     _, logits = graph.replay()
-    ok, why = agrees(logits, eager_logits, qwen.dtype, info.group)
+    ok, why = agrees(logits, eager_logits, model.dtype, info.group)
     if not ok:
         fall_back(why)
         return None

@@ -80,9 +80,9 @@ class GraphStep:
     own outputs (overwritten by the next run).
     """
 
-    def __init__(self, qwen: VideoModel, ctx: DecodeContext, device: torch.device, *,
+    def __init__(self, model: VideoModel, ctx: DecodeContext, device: torch.device, *,
                  pool: Any = None, capacity: int | None = None):
-        self.qwen = qwen
+        self.model = model
         self.ctx = dataclasses.replace(ctx, signal=None, received=None,
                                        length=torch.zeros(1, dtype=torch.long, device=device),
                                        static_all=capacity is not None)
@@ -117,7 +117,7 @@ class GraphStep:
 
     def _step(self) -> None:
         self.ctx.signal = self.signal
-        self.logits = decode_step(self.qwen, self.token.view(1, 1), self.positions, self.ctx)
+        self.logits = decode_step(self.model, self.token.view(1, 1), self.positions, self.ctx)
         assert self.ctx.received is not None
         self.next = step_token(self.logits, self.ctx.received)
 
@@ -223,23 +223,23 @@ class GraphSteps:
         """Whether an answer of at most ``max_new_tokens`` tokens is worth a captured step."""
         return max_new_tokens >= self.min_tokens
 
-    def step(self, qwen: VideoModel, ctx: DecodeContext, max_new_tokens: int) -> GraphStep:
+    def step(self, model: VideoModel, ctx: DecodeContext, max_new_tokens: int) -> GraphStep:
         """The step for ``ctx``'s request (its cache rehoused into a kept step's buffers, or a
         step of its own where nothing is kept): the same choice on every rank (two small
         collectives: the rows every rank needs, then whether any rank lacks the step)."""
-        device = qwen.device
+        device = model.device
         info, cache = ctx.info, ctx.cache
         rows = cache.num_tokens()
         need = rows + (max_new_tokens - 1 if info.rank == ctx.owner else 0)
         every = comm.all_gather_ints([need, rows], info.group) if self.kept else None
         if every is None or int(every[:, 1].min()) == 0:  # kept steps need rows on every rank
             self.made += 1
-            return GraphStep(qwen, ctx, device, pool=self.pool)
+            return GraphStep(model, ctx, device, pool=self.pool)
         key = (bucket(int(every[:, 0].max())), info.world_size)
         step = self.steps.get(key)
         if comm.any_rank(step is None, info.group):  # one rank lacks it: all capture anew
             self.forget(step)
-            step = GraphStep(qwen, ctx, device, pool=self.pool, capacity=key[0])
+            step = GraphStep(model, ctx, device, pool=self.pool, capacity=key[0])
             self.made += 1
             self.steps[key] = step
             while len(self.steps) > self.kept:

@@ -106,7 +106,7 @@ class Engine:
         try:
             with load_progress(cfg.model.path, info.rank, info.world_size,
                                group=info.group):  # the group's rank 0 logs
-                self.qwen: VideoModel = load_adapter(
+                self.model: VideoModel = load_adapter(
                     cfg.model.path, device=info.device,
                     dtype=_dtype(cfg.model.dtype, info.device), vision=cfg.vision)
         except Exception as exc:  # the other ranks stop waiting for this one (below)
@@ -126,7 +126,7 @@ class Engine:
         set-up, the patch rows, the pipeline. The vision cache is emptied (its embeddings came
         from the old settings). Benchmarks switch paths this way on one loaded model."""
         self.cfg = dataclasses.replace(self.cfg, vision=vision)
-        self.qwen.set_vision(vision)
+        self.model.set_vision(vision)
         self.vision_cache = VisionCache(int(self.cfg.cache.vision_gb * 2**30))
 
     def request(self, video: str, question: str, **overrides: Any) -> Request:
@@ -149,12 +149,12 @@ class Engine:
         share = (rank, world) if split else (0, 1)  # this rank's place in the frame split
         ids: list[torch.Tensor] = []
         choice_ids = (None if request.choices is None else
-                      choice_token_ids(self.qwen.processor.tokenizer, request.choices))
+                      choice_token_ids(self.model.processor.tokenizer, request.choices))
 
         def preflight(sampling: Sampling) -> None:
-            t, h, w = self.qwen.video_grid(sampling)
-            ids.extend(self.qwen.prompt(request.question, (t, h, w), request.system,
-                                        sampling=sampling))
+            t, h, w = self.model.video_grid(sampling)
+            ids.extend(self.model.prompt(request.question, (t, h, w), request.system,
+                                         sampling=sampling))
             self.check_fits(request, len(ids[0]), len(ids[1]),
                             frame_split(sampling, world)[rank] if split else (0, t), (h, w),
                             choice_ids=choice_ids,
@@ -163,7 +163,7 @@ class Engine:
         key, entry = None, None
         prune = request.static_threshold > 0 or request.pruning_rate > 0
         if self.vision_cache.enabled and isinstance(request.video, VideoSpec) and not prune:
-            key = vision_key(request.video, self.cfg.model.path, self.qwen.dtype, rank, world,
+            key = vision_key(request.video, self.cfg.model.path, self.model.dtype, rank, world,
                              split)
             entry = self.vision_cache.get(key)
         pipeline = self.cfg.vision.pipeline and not prune  # decoded in the vision stage
@@ -173,33 +173,33 @@ class Engine:
             sampling = entry.sampling
         elif pipeline and isinstance(request.video, VideoSpec):  # decoded as it is encoded
             sampling, patches, chunks = rank_frame_chunks(
-                request.video, *share, frames_per_chunk=self.qwen.frames_per_chunk,
+                request.video, *share, frames_per_chunk=self.model.frames_per_chunk,
                 before_decode=preflight, device=self.frame_device,
-                planner=self.qwen.plan_sampling)
+                planner=self.model.plan_sampling)
         else:
             assert not isinstance(request.video, StreamRef), "a stream ask: Engine.generate"
             frames = load_rank_frames(request.video, *share, before_decode=preflight,
                                       device=self.frame_device,
-                                      planner=self.qwen.plan_sampling) \
+                                      planner=self.model.plan_sampling) \
                 if isinstance(request.video, VideoSpec) else \
                 decoded_rank_frames(request.video, *share, before_process=preflight,
-                                    temporal_patch_size=self.qwen.temporal_patch_size)
+                                    temporal_patch_size=self.model.temporal_patch_size)
             sampling, patches = frames.sampling, frames.patch_range
             if prune:
-                t = self.qwen.video_grid(sampling)[0]
+                t = self.model.video_grid(sampling)[0]
                 ranges = frame_split(sampling, world) if split else ((0, t),) * world
-                return unpruned_share(self.qwen, frames, ranges, split=split, rank=rank,
+                return unpruned_share(self.model, frames, ranges, split=split, rank=rank,
                                       choice_ids=choice_ids, snapped=_snapped(request, sampling))
             if pipeline:  # frames already in memory: the chunks are views
-                chunks = frames.frames.split(self.qwen.frames_per_chunk(*frames.frames.shape[-2:]))
+                chunks = frames.frames.split(self.model.frames_per_chunk(*frames.frames.shape[-2:]))
             else:
-                pixel_values, local_grid = self.qwen.tower_rows(frames.frames)
-                t, h, w = self.qwen.video_grid(sampling)
+                pixel_values, local_grid = self.model.tower_rows(frames.frames)
+                t, h, w = self.model.video_grid(sampling)
                 assert local_grid == (patches[1] - patches[0], h, w), local_grid
         store = None if key is None or entry is not None else \
             partial(self._store_vision, key, sampling, patches)
         context_ids, query_ids = ids
-        t, h, w = self.qwen.video_grid(sampling)
+        t, h, w = self.model.video_grid(sampling)
         return PromptInputs(
             context_ids=context_ids,
             query_ids=query_ids,
@@ -231,7 +231,7 @@ class Engine:
         """ValueError unless the prompt plus max_new_tokens (with choices, ``choice_ids``: the
         longest choice's tokens) fits the model's context and this rank's memory estimate fits
         its budget (both named in the message); ``frame_hw`` as in :meth:`memory_estimate`."""
-        check_context(request, context_len, query_len, choice_ids, self.qwen.max_positions)
+        check_context(request, context_len, query_len, choice_ids, self.model.max_positions)
         reserve, _ = decode_reserve(request.max_new_tokens, choice_ids)
         estimate = self.memory_estimate(request, context_len, query_len, patches, grid_hw,
                                         reserve, frame_hw)
@@ -255,13 +255,13 @@ class Engine:
         calls (``vision.chunk_rows``). It counts the rank's whole video decoded at once, also
         where ``vision.pipeline`` holds a chunk or two (the safe side)."""
         plan = request.plan(context_len, query_len, self.info.world_size)
-        qwen = self.qwen
+        model = self.model
         return request_memory(
             self.dims, plan, patches=patches[1] - patches[0], grid_hw=grid_hw,
-            dtype_bytes=qwen.dtype.itemsize, reserve_tokens=reserve, rank=self.info.rank,
-            row_bytes=1 if qwen.preprocess == "levels" and qwen.embeds_levels else 4,
-            processor_copies=PROCESSOR_FLOAT_COPIES if qwen.preprocess == "processor" else 0.0,
-            call_rows=qwen.chunk_rows, frame_hw=frame_hw)
+            dtype_bytes=model.dtype.itemsize, reserve_tokens=reserve, rank=self.info.rank,
+            row_bytes=1 if model.preprocess == "levels" and model.embeds_levels else 4,
+            processor_copies=PROCESSOR_FLOAT_COPIES if model.preprocess == "processor" else 0.0,
+            call_rows=model.chunk_rows, frame_hw=frame_hw)
 
     def _memory_need_and_budget(self, estimate: MemoryEstimate) -> tuple[int, int, str]:
         """(bytes needed, bytes available, what the budget is): parallel.memory_gb counts the
@@ -292,9 +292,9 @@ class Engine:
             raise ValueError(f"a stream id must be a non-empty string, got {stream_id!r}")
         if stream_id in self.streams:
             raise ValueError(f"stream {stream_id[:64]!r} is already open")
-        if not self.qwen.streams:
-            raise ValueError(f"the loaded model ({self.qwen.family}) runs no live streams")
-        stream = Stream(self.qwen, self.info, spec, kernel=self.cfg.attention.kernel)
+        if not self.model.streams:
+            raise ValueError(f"the loaded model ({self.model.family}) runs no live streams")
+        stream = Stream(self.model, self.info, spec, kernel=self.cfg.attention.kernel)
         self.streams[stream_id] = stream
         return stream.describe()
 
@@ -350,10 +350,10 @@ class Engine:
             inputs = self._inputs(request, stop)
         if isinstance(inputs, HeldAsk):
             assert isinstance(request.video, StreamRef)
-            return run_on_stream(self.qwen, self.streams[request.video.stream_id], inputs,
+            return run_on_stream(self.model, self.streams[request.video.stream_id], inputs,
                                  request, self.info, timer, on_token, stop,
                                  graphs=self._graph_steps())
-        return run_prompt(self.qwen, inputs, request, self.info, timer, on_token, stop,
+        return run_prompt(self.model, inputs, request, self.info, timer, on_token, stop,
                           graphs=self._graph_steps())
 
     def _graph_steps(self) -> GraphSteps | None:
@@ -381,9 +381,9 @@ class Engine:
             if stream is None:
                 inputs = self.preprocess(request)
             elif kept is None:
-                inputs = held_ask(self.qwen, stream, request)
+                inputs = held_ask(self.model, stream, request)
             else:
-                inputs = window_inputs(self.qwen, stream, request, self.info, kept)
+                inputs = window_inputs(self.model, stream, request, self.info, kept)
                 self.check_fits(request, len(inputs.context_ids), len(inputs.query_ids),
                                 inputs.patch_ranges[self.info.rank], stream.grid_hw,
                                 choice_ids=inputs.choice_ids)
@@ -393,5 +393,5 @@ class Engine:
         if isinstance(inputs, Unpruned):  # on every rank alike (the request's setting)
             keep = agreed_keep(inputs, request.static_threshold, request.pruning_rate, group)
             with agreement(group):
-                inputs = pruned_inputs(self.qwen, request, inputs, keep)
+                inputs = pruned_inputs(self.model, request, inputs, keep)
         return inputs

@@ -43,7 +43,7 @@ class PrefillContext:
 
 @torch.inference_mode()
 def prefill(
-    qwen: VideoModel,
+    model: VideoModel,
     inputs_embeds: torch.Tensor,
     position_ids: torch.Tensor,
     plan: Plan,
@@ -68,9 +68,9 @@ def prefill(
         the logits of the last query token (vocab,) fp32 (identical on every rank: the query
         rows are exact), and this rank's KV cache.
     """
-    cache = RankKVCache(qwen.num_layers, reserve=reserve if info.rank == QUERY_RANK else 0)
+    cache = RankKVCache(model.num_layers, reserve=reserve if info.rank == QUERY_RANK else 0)
     ctx = PrefillContext(plan, info, overlap, kernel, cache)
     with active(ctx):
-        hidden = qwen.decoder(inputs_embeds, position_ids) if video_features is None else \
-            qwen.decoder(inputs_embeds, position_ids, video_features)
-    return qwen.logits(hidden[0, -1]).float(), cache
+        hidden = model.decoder(inputs_embeds, position_ids) if video_features is None else \
+            model.decoder(inputs_embeds, position_ids, video_features)
+    return model.logits(hidden[0, -1]).float(), cache

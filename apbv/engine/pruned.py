@@ -56,13 +56,13 @@ class Unpruned:
     snapped: tuple[tuple[int, int, int], ...] | None
 
 
-def unpruned_share(qwen: VideoModel, frames: RankFrames, patch_ranges: tuple[Range, ...], *,
+def unpruned_share(model: VideoModel, frames: RankFrames, patch_ranges: tuple[Range, ...], *,
                    split: bool, rank: int, choice_ids: list[list[int]] | None,
                    snapped: tuple[tuple[int, int, int], ...] | None) -> Unpruned:
     """This rank's decoded ``frames`` with their signatures over the family's merged-patch
     grid (one cell per LLM token of a frame)."""
-    _, h, w = qwen.video_grid(frames.sampling)
-    merge = qwen.spatial_merge_size
+    _, h, w = model.video_grid(frames.sampling)
+    merge = model.spatial_merge_size
     sigs = signatures(frames.frames, frames.sampling.temporal_patch_size,
                       (h // merge, w // merge))
     return Unpruned(frames.frames, sigs, frames.sampling, patch_ranges, split, rank, choice_ids,
@@ -95,41 +95,41 @@ def agreed_keep(share: Unpruned, threshold: float, rate: float,
     return Kept(*prune_tokens(keep, token_mask(sigs, keep, rate)))
 
 
-def drop_tokens(qwen: VideoModel, context_ids: torch.Tensor, positions: torch.Tensor,
+def drop_tokens(model: VideoModel, context_ids: torch.Tensor, positions: torch.Tensor,
                 tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(context ids (N',), positions (3, 1, N' + Q)) of a prompt whose video tokens are
     ``tokens`` (K, S) of the whole kept patches: the prompt ``context_ids`` (N,) over those
     patches whole, with ``positions`` (3, 1, N + Q) (the family's rule), less the pruned
     tokens' placeholders and their positions."""
     is_video = torch.zeros(positions.shape[-1], dtype=torch.bool)
-    is_video[:len(context_ids)] = context_ids == qwen.video_token_id
+    is_video[:len(context_ids)] = context_ids == model.video_token_id
     assert int(is_video.sum()) == tokens.numel(), (int(is_video.sum()), tokens.shape)
     stay = torch.ones_like(is_video)
     stay[is_video] = tokens.flatten().cpu()
     return context_ids[stay[:len(context_ids)]], positions[..., stay]
 
 
-def pruned_inputs(qwen: VideoModel, request: Request, share: Unpruned,
+def pruned_inputs(model: VideoModel, request: Request, share: Unpruned,
                   keep: Kept) -> PromptInputs:
     """The request's :class:`PromptInputs` over the ``keep`` temporal patches (and tokens):
     the pruned prompt (with its positions when tokens are dropped), this rank's kept frames'
     tower rows (None when it keeps none) and the frame split in kept patches."""
     kept, ranges = kept_split(keep.patches, share.patch_ranges)
-    grid = qwen.video_grid(share.sampling)
-    context_ids, query_ids = qwen.prompt(request.question, grid, request.system,
-                                         sampling=share.sampling, kept=kept)
+    grid = model.video_grid(share.sampling)
+    context_ids, query_ids = model.prompt(request.question, grid, request.system,
+                                          sampling=share.sampling, kept=kept)
     positions = None
     if keep.tokens is not None:
-        whole = qwen.positions(torch.cat([context_ids, query_ids]), grid,
-                               share.sampling.second_per_grid_t, kept)
-        context_ids, positions = drop_tokens(qwen, context_ids, whole, keep.tokens)
+        whole = model.positions(torch.cat([context_ids, query_ids]), grid,
+                                share.sampling.second_per_grid_t, kept)
+        context_ids, positions = drop_tokens(model, context_ids, whole, keep.tokens)
     p0, p1 = share.patch_ranges[share.rank]
     unit = share.sampling.temporal_patch_size
     mine = torch.tensor(keep.patches[p0:p1], dtype=torch.bool).repeat_interleave(unit)
     frames = share.frames[mine.to(share.frames.device)]
     pixel_values = None
     if len(frames):
-        pixel_values, local_grid = qwen.tower_rows(frames)
+        pixel_values, local_grid = model.tower_rows(frames)
         assert local_grid == (ranges[share.rank][1] - ranges[share.rank][0], *grid[1:]), \
             (local_grid, ranges, share.rank)
     return PromptInputs(

@@ -19,6 +19,7 @@ import torch
 from apbv import comm
 from apbv.distributed import DistInfo
 from apbv.engine.agree import agreement, cancelled_here
+from apbv.engine.answer import Answer, DecodeSettings, PromptStats, keeps_records
 from apbv.engine.choice_tree import kv_reserve, score_choices
 from apbv.engine.decode import (
     choice_table,
@@ -32,11 +33,11 @@ from apbv.engine.kvcache import RankKVCache
 from apbv.engine.prefill import prefill
 from apbv.engine.request import PromptInputs, Request, Result, cut_at_stop
 from apbv.engine.routing import route_embeddings
-from apbv.engine.sampling import GREEDY, Sampling, reported
+from apbv.engine.sampling import Sampling, reported
 from apbv.layout import shard
 from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.ownership import VideoSpan, needed_video_tokens, token_routes, transfer_bytes
-from apbv.plan import QUERY_RANK, Range
+from apbv.plan import Range
 from apbv.timing import TTFT_STAGES, StageTimer
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def check_context(request: Request, context_len: int, query_len: int,
 
 
 def run_prompt(
-    qwen: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
+    model: VideoModel, inputs: PromptInputs, request: Request, info: DistInfo, timer: StageTimer,
     on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
     *, graphs: GraphSteps | None = None,
 ) -> Result:
@@ -75,8 +76,8 @@ def run_prompt(
     choice_ids = inputs.choice_ids
     plan = request.plan(len(inputs.context_ids), len(inputs.query_ids), info.world_size)
     t, h, w = inputs.video_grid
-    merge = qwen.spatial_merge_size
-    span = VideoSpan(tuple(qwen.video_runs(ids)), (h // merge) * (w // merge))
+    merge = model.spatial_merge_size
+    span = VideoSpan(tuple(model.video_runs(ids)), (h // merge) * (w // merge))
     if span.end > plan.context_len:
         raise ValueError(f"the video tokens [{span.start}, {span.end}) must lie inside the "
                          f"context of {plan.context_len} tokens")
@@ -89,14 +90,14 @@ def run_prompt(
                 if local_video is None:
                     if patch_range[0] == patch_range[1]:  # pruning kept none of this rank's
                         local_video = torch.zeros(
-                            0, qwen.text_config.hidden_size * (1 + qwen.extra_levels),
-                            dtype=qwen.dtype, device=qwen.device)
+                            0, model.text_config.hidden_size * (1 + model.extra_levels),
+                            dtype=model.dtype, device=model.device)
                     elif inputs.frame_chunks is not None:  # vision.pipeline: decoded here
-                        local_video = qwen.encode_frames(inputs.frame_chunks)
+                        local_video = model.encode_frames(inputs.frame_chunks)
                     else:
                         grid = (patch_range[1] - patch_range[0], h, w)
                         assert inputs.pixel_values is not None, "no frames and no embeddings"
-                        local_video = qwen.vision_tower(inputs.pixel_values, grid)
+                        local_video = model.vision_tower(inputs.pixel_values, grid)
                     assert len(local_video) == (patch_range[1] - patch_range[0]) \
                         * span.tokens_per_patch, (local_video.shape, patch_range)
                     if inputs.vision_store is not None:
@@ -120,51 +121,46 @@ def run_prompt(
                 video_rows = torch.cat(pieces) if pieces else local_video[:0]
         with timer.stage("prefill"):
             local_ids = shard(ids.unsqueeze(0), plan, rank)
-            embeds = qwen.embed(local_ids)
-            is_video = (local_ids == qwen.video_token_id).to(embeds.device)
+            embeds = model.embed(local_ids)
+            is_video = (local_ids == model.video_token_id).to(embeds.device)
             assert int(is_video.sum()) == video_rows.shape[0], (int(is_video.sum()),
                                                                  video_rows.shape)
-            video_rows, features = split_features(qwen, video_rows, is_video)
+            video_rows, features = split_features(model, video_rows, is_video)
             embeds[is_video] = video_rows.to(embeds.dtype)
             positions = inputs.positions if inputs.positions is not None else \
-                qwen.positions(ids, inputs.video_grid, inputs.second_per_grid_t, inputs.kept)
+                model.positions(ids, inputs.video_grid, inputs.second_per_grid_t, inputs.kept)
             local_positions = shard(positions, plan, rank, dim=2)
-            logits, cache = prefill(qwen, embeds, local_positions, plan, info,
+            logits, cache = prefill(model, embeds, local_positions, plan, info,
                                     overlap=mode.overlap, kernel=request.kernel,
                                     reserve=kv_reserve(request.max_new_tokens, choice_ids),
                                     video_features=features)
-    wants = request.sampling.logprobs is not None and rank == QUERY_RANK
-    logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     mark = cache.lengths()  # the prompt: where an n > 1 request's next answer starts
-    tokens, choices, finish = finish_answer(
-        qwen, logits, int(positions.max()) + 1, cache, info, timer, choices=request.choices,
-        choice_ids=choice_ids, max_new_tokens=request.max_new_tokens, kernel=request.kernel,
-        on_token=on_token, stop=stop, stop_texts=request.stop_texts,
-        graphs=graphs if request.n == 1 else None, sampling=request.sampling,
-        logprobs=logprobs)
+    next_position = int(positions.max()) + 1
+    answer = finish_answer(model, logits, next_position, cache, info, timer, request,
+                           DecodeSettings(request.kernel, graphs if request.n == 1 else None,
+                                          on_token, stop), choice_ids=choice_ids)
     others = None
-    if request.n > 1 and finish != "cancelled":
+    if request.n > 1 and answer.finish != "cancelled":
         others = []
         scratch = StageTimer(timer.device, timer.group)  # TTFT is the first answer's
         with timer.stage("other_answers"):
             for index in range(1, request.n):
                 cache.truncate(mark)
-                records: list[dict] | None = [] if wants else None
-                more, _, why = finish_answer(
-                    qwen, logits, int(positions.max()) + 1, cache, info, scratch, choices=None,
-                    choice_ids=None, max_new_tokens=request.max_new_tokens,
-                    kernel=request.kernel, stop=stop, stop_texts=request.stop_texts,
-                    sampling=request.sampling.for_answer(index), logprobs=records)
-                others.append({"answer": answer_text(qwen, more, None, request.stop_texts),
-                               "token_ids": more, "finish_reason": why, "logprobs": records})
+                more = finish_answer(model, logits, next_position, cache, info, scratch, request,
+                                     DecodeSettings(request.kernel, stop=stop),
+                                     sampling=request.sampling.for_answer(index))
+                others.append({"answer": answer_text(model, more.tokens, None,
+                                                     request.stop_texts),
+                               "token_ids": more.tokens, "finish_reason": more.finish,
+                               "logprobs": more.logprobs})
     row_bytes = local_video.shape[-1] * local_video.element_size()
     moved, allgather = transfer_bytes(routes, span.num_tokens, row_bytes)
-    return build_result(
-        qwen, request, info, timer, cache, logits, tokens, choices, finish, mode=mode.name,
-        frames=inputs.num_frames, context_len=plan.context_len, query_len=plan.query_len,
-        anchor_len=plan.anchor_len, passing_len=plan.passing_len,
-        embedding_bytes=moved if mode.vit_split else 0, allgather_bytes=allgather,
-        vision_cache_hit=cache_hit, logprobs=logprobs, snapped=inputs.snapped, others=others)
+    prompt = PromptStats(
+        mode=mode.name, frames=inputs.num_frames, context_len=plan.context_len,
+        query_len=plan.query_len, logits=logits, anchor_len=plan.anchor_len,
+        passing_len=plan.passing_len, embedding_bytes=moved if mode.vit_split else 0,
+        allgather_bytes=allgather, vision_cache_hit=cache_hit, snapped=inputs.snapped)
+    return build_result(model, request, answer, prompt, info, timer, cache, others=others)
 
 
 def encoded_tokens(inputs: PromptInputs, per_patch: int) -> list[Range]:
@@ -176,118 +172,109 @@ def encoded_tokens(inputs: PromptInputs, per_patch: int) -> list[Range]:
     return [(before[p0], before[p1]) for p0, p1 in inputs.patch_ranges]
 
 
-def split_features(qwen: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
-                   ) -> tuple[torch.Tensor, VideoFeatures | None]:
-    """A shard's routed tower rows (m, hidden * (1 + ``qwen.extra_levels``)) -> the main
+def split_features(model: VideoModel, rows: torch.Tensor, is_video: torch.Tensor,
+                    ) -> tuple[torch.Tensor, VideoFeatures | None]:
+    """A shard's routed tower rows (m, hidden * (1 + ``model.extra_levels``)) -> the main
     embeddings (m, hidden) and, for a family with extra levels, the :class:`VideoFeatures`
     at the shard's video tokens ``is_video`` (1, T) (else None, the rows as they are)."""
-    if not qwen.extra_levels:
+    if not model.extra_levels:
         return rows, None
-    hidden = rows.shape[1] // (1 + qwen.extra_levels)
-    assert hidden * (1 + qwen.extra_levels) == rows.shape[1], (rows.shape, qwen.extra_levels)
+    hidden = rows.shape[1] // (1 + model.extra_levels)
+    assert hidden * (1 + model.extra_levels) == rows.shape[1], (rows.shape, model.extra_levels)
     levels = list(rows[:, hidden:].split(hidden, dim=1))
     return rows[:, :hidden], VideoFeatures(is_video, levels)
 
 
 def build_result(
-    qwen: VideoModel, request: Request, info: DistInfo, timer: StageTimer, cache: RankKVCache,
-    logits: torch.Tensor, tokens: list[int], choices: list[dict] | None, finish: str, *,
-    mode: str, frames: int, context_len: int, query_len: int, anchor_len: int = 0,
-    passing_len: int = 0, embedding_bytes: int = 0, allgather_bytes: int = 0,
-    vision_cache_hit: bool = False, logprobs: list[dict] | None = None,
-    snapped: Sequence[tuple[int, int, int]] | None = None,
-    others: list[dict[str, Any]] | None = None,
+    model: VideoModel, request: Request, answer: Answer, prompt: PromptStats, info: DistInfo,
+    timer: StageTimer, cache: RankKVCache, *, others: list[dict[str, Any]] | None = None,
 ) -> Result:
     """The :class:`Result` of an answered request (every rank; two small collectives: the
-    stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``tokens``,
-    ``choices`` table, ``finish`` reason and ``logprobs`` (query rank), the prompt's last
-    ``logits``, and what ran."""
+    stage times and the KV bytes, max over ranks): :func:`finish_answer`'s ``answer``, what
+    ran for the ``prompt``, and with ``request.n`` > 1 the ``others``."""
     seconds = timer.max_over_ranks(info.group)
     return Result(
-        answer=answer_text(qwen, tokens, choices, request.stop_texts),
-        token_ids=tokens,
+        answer=answer_text(model, answer.tokens, answer.choices, request.stop_texts),
+        token_ids=answer.tokens,
         ttft_s=sum(seconds.get(s, 0.0) for s in TTFT_STAGES),
         seconds=seconds,
-        mode=mode,
+        mode=prompt.mode,
         world_size=info.world_size,
-        frames=frames,
-        context_len=context_len,
-        query_len=query_len,
-        anchor_len=anchor_len,
-        passing_len=passing_len,
-        embedding_bytes=embedding_bytes,
-        allgather_bytes=allgather_bytes,
+        frames=prompt.frames,
+        context_len=prompt.context_len,
+        query_len=prompt.query_len,
+        anchor_len=prompt.anchor_len,
+        passing_len=prompt.passing_len,
+        embedding_bytes=prompt.embedding_bytes,
+        allgather_bytes=prompt.allgather_bytes,
         kv_cache_bytes_max=int(comm.all_reduce_max(float(cache.nbytes()), info.group)),
-        vision_cache_hit=vision_cache_hit,
-        first_logits=logits,
-        choices=choices,
-        finish_reason=finish,
-        logprobs=logprobs,
+        vision_cache_hit=prompt.vision_cache_hit,
+        first_logits=prompt.logits,
+        choices=answer.choices,
+        finish_reason=answer.finish,
+        logprobs=answer.logprobs,
         others=others,
-        snapped_frames=None if snapped is None else [
-            {"position": p, "frame": i, "keyframe": k} for p, i, k in snapped],
+        snapped_frames=None if prompt.snapped is None else [
+            {"position": p, "frame": i, "keyframe": k} for p, i, k in prompt.snapped],
     )
 
 
 def finish_answer(
-    qwen: VideoModel, logits: torch.Tensor, next_position: int, cache: RankKVCache,
-    info: DistInfo, timer: StageTimer, *, choices: Sequence[str] | None,
-    choice_ids: list[list[int]] | None, max_new_tokens: int, kernel: str | None,
-    on_token: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-    stop_texts: Sequence[str] = (), graphs: GraphSteps | None = None,
-    sampling: Sampling = GREEDY,
-    logprobs: list[dict] | None = None,
-) -> tuple[list[int], list[dict] | None, str]:
-    """From the prompt's last ``logits`` (every rank) to the answer's tokens, with ``choices``
-    the per-choice table of :class:`Result`, and why the answer ended (its
-    ``finish_reason``): the first token (stage ``first_token``), then greedy decode (until
-    EOS, a stop text, the length or ``stop``: :func:`greedy_continue`) or the choices' exact
-    scores (stage ``decode``) over the distributed ``cache``; ``next_position`` is the first
-    position after the prompt. ``graphs``: greedy decode replays a captured step
-    (``decode.graphs``, resolved by the engine: :class:`apbv.engine.decode_graph.GraphSteps`;
-    None: eager).
-    ``sampling`` picks the tokens (greedy by default); ``logprobs``, a list given on the query
-    rank, gets each generated token's :meth:`~apbv.engine.sampling.Sampling.record`.
+    model: VideoModel, logits: torch.Tensor, next_position: int, cache: RankKVCache,
+    info: DistInfo, timer: StageTimer, request: Request, settings: DecodeSettings, *,
+    choice_ids: list[list[int]] | None = None, sampling: Sampling | None = None,
+) -> Answer:
+    """From the prompt's last ``logits`` (every rank) to the :class:`Answer` of ``request``:
+    the first token (stage ``first_token``), then greedy decode (until EOS, a stop text, the
+    length or ``settings.stop``: :func:`greedy_continue`) or, with ``request.choices``
+    (``choice_ids``: their tokens), the choices' exact scores (stage ``decode``) and their
+    table, over the distributed ``cache``; ``next_position`` is the first position after the
+    prompt. ``settings``: the kernel, captured decode steps, ``on_token`` and ``stop``
+    (:class:`DecodeSettings`). ``sampling`` (None: ``request.sampling``) picks the tokens; on
+    the query rank, with its ``logprobs``, the answer has each generated token's
+    :meth:`~apbv.engine.sampling.Sampling.record`.
 
     Single-token choices are scored by the first token's logits alone: no decode stage, the
     answer is ready with the first token. After scoring, the cache is back to the prompt.
     """
+    sampling = request.sampling if sampling is None else sampling
     with timer.stage("first_token"):
         # stays on the device for decode
         guide = None if sampling.rules.grammar is None else \
-            Guide(sampling.rules.grammar, qwen.processor.tokenizer)
+            Guide(sampling.rules.grammar, model.processor.tokenizer)
         first_token = pick_token(logits, info.group, sampling,
-                                 tuple(sorted(qwen.eos_token_ids)), guide)
+                                 tuple(sorted(model.eos_token_ids)), guide)
         first = host_token(first_token, info.group)
-    if choices is not None:  # closed vocabulary: score every choice, generate nothing
+    if request.choices is not None:  # closed vocabulary: score every choice, generate nothing
         assert choice_ids is not None
         single = all(len(c) == 1 for c in choice_ids)
         with timer.stage("first_token" if single else "decode"):
-            scores = score_choices(qwen, logits, choice_ids, next_position, cache, info,
-                                   kernel=kernel)
+            scores = score_choices(model, logits, choice_ids, next_position, cache, info,
+                                   kernel=settings.kernel)
         best = choice_ids[max(range(len(choice_ids)), key=lambda i: scores[i])]
-        if on_token is not None:  # the chosen answer's tokens
+        if settings.on_token is not None:  # the chosen answer's tokens
             for token in best:
-                on_token(token)
-        return best, choice_table(choices, choice_ids, scores), "stop"
+                settings.on_token(token)
+        return Answer(best, choice_table(request.choices, choice_ids, scores), "stop")
+    logprobs = keeps_records(sampling, info)
     if logprobs is not None:
         logprobs.append(sampling.record(logits, first))
-    if on_token is not None:
-        on_token(reported(first, logprobs))
+    if settings.on_token is not None:
+        settings.on_token(reported(first, logprobs))
     with timer.stage("decode"):
-        tokens, finish = greedy_continue(qwen, first_token, first, next_position, cache, info,
-                                         max_new_tokens=max_new_tokens, kernel=kernel,
-                                         on_token=on_token, stop=stop, stop_texts=stop_texts,
-                                         graphs=graphs, sampling=sampling, logprobs=logprobs,
-                                         guide=guide)
-    return tokens, None, finish
+        rest = greedy_continue(model, first_token, first, next_position, cache, info, request,
+                               settings, sampling=sampling, guide=guide)
+    if logprobs is not None:
+        assert rest.logprobs is not None, "the query rank keeps the records"
+        rest.logprobs[:0] = logprobs  # the first token's record first
+    return rest
 
 
-def answer_text(qwen: VideoModel, tokens: list[int], choices: list[dict] | None,
+def answer_text(model: VideoModel, tokens: list[int], choices: list[dict] | None,
                 stop_texts: Sequence[str] = ()) -> str:
     """The answer: the likeliest choice, or the tokens' text (special tokens left out) cut
     before the first stop text it holds."""
     if choices is not None:
         return max(choices, key=lambda c: c["logprob"])["text"]
-    return cut_at_stop(qwen.processor.tokenizer.decode(tokens, skip_special_tokens=True),
+    return cut_at_stop(model.processor.tokenizer.decode(tokens, skip_special_tokens=True),
                        stop_texts)[0]

@@ -88,14 +88,14 @@ class Stream:
     (:meth:`apbv.engine.engine.Engine.open_stream`). ``kernel``: the attention kernel backend
     its rows use (None: the best available)."""
 
-    def __init__(self, qwen: VideoModel, info: DistInfo, spec: StreamSpec, *,
+    def __init__(self, model: VideoModel, info: DistInfo, spec: StreamSpec, *,
                  kernel: str | None = None):
-        self.spec, self.qwen, self.info, self.kernel = spec, qwen, info, kernel
-        multiple = qwen.frame_multiple
+        self.spec, self.model, self.info, self.kernel = spec, model, info, kernel
+        multiple = model.frame_multiple
         if spec.height % multiple or spec.width % multiple:
-            raise ValueError(f"a {qwen.family} stream's frames are {spec.width}x{spec.height}; "
+            raise ValueError(f"a {model.family} stream's frames are {spec.width}x{spec.height}; "
                              f"both sides must be multiples of {multiple} (its frame_multiple)")
-        self.cache = RankKVCache(qwen.num_layers)
+        self.cache = RankKVCache(model.num_layers)
         self.chunks: list[Chunk] = []
         self.vision: dict[int, torch.Tensor] = {}  # chunk index -> embeddings (owner only)
         self.stats = StreamStats()
@@ -105,20 +105,20 @@ class Stream:
         self._next_patch = 0
         self._chunk_index = 0
         self._frames_fed = 0  # frames in every chunk so far (evicted ones included)
-        self.unit = qwen.temporal_patch_size  # frames per temporal unit (a patch)
+        self.unit = model.temporal_patch_size  # frames per temporal unit (a patch)
         self.seconds_per_patch = self.unit / spec.fps
-        merge = qwen.spatial_merge_size
-        _, *hw = qwen.video_grid(self._sampling(1))
+        merge = model.spatial_merge_size
+        _, *hw = model.video_grid(self._sampling(1))
         self.grid_hw = (hw[0], hw[1])
         self.tokens_per_patch = (self.grid_hw[0] // merge) * (self.grid_hw[1] // merge)
-        self.rebase_at = spec.rebase_at or qwen.max_positions // 2
-        self.prompt = qwen.stream_prompt(self.grid_hw)
+        self.rebase_at = spec.rebase_at or model.max_positions // 2
+        self.prompt = model.stream_prompt(self.grid_hw)
         self.header_ids, self.after_ids = self.prompt.header, self.prompt.after
         self.header_len = cut = len(self.header_ids)
         self.tokens = [0] * self.info.world_size  # tokens each rank holds (every rank knows)
         self.max_position = cut - 1  # the largest position fed so far (after shifts)
         with torch.inference_mode():
-            self.feed(qwen.embed(self.header_ids.unsqueeze(0)),
+            self.feed(model.embed(self.header_ids.unsqueeze(0)),
                        torch.arange(cut).expand(3, 1, -1), owner=QUERY_RANK)
         self.tokens[QUERY_RANK] += cut
 
@@ -159,8 +159,8 @@ class Stream:
         states."""
         ctx = DecodeContext(self.info, self.cache, self.kernel, owner=owner)
         with active(ctx):
-            return self.qwen.decoder(embeds, positions) if video_features is None else \
-                self.qwen.decoder(embeds, positions, video_features)
+            return self.model.decoder(embeds, positions) if video_features is None else \
+                self.model.decoder(embeds, positions, video_features)
 
     # -- append ------------------------------------------------------------------------------
 
@@ -200,7 +200,7 @@ class Stream:
 
     def query_ids(self, question: str) -> torch.Tensor:
         """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
-        return self.qwen.prompt(question, (1, *self.grid_hw), sampling=self._sampling(1))[1]
+        return self.model.prompt(question, (1, *self.grid_hw), sampling=self._sampling(1))[1]
 
     def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> Appended:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
@@ -234,7 +234,7 @@ class Stream:
         patches = patch_indices(starts, self._t0, self.seconds_per_patch, self._next_patch)
         ids, positions = self._chunk_rows(patches, stamps)
         tokens = len(ids)
-        check_room(sum(self.tokens), tokens, self.qwen.max_positions)
+        check_room(sum(self.tokens), tokens, self.model.max_positions)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
             ids, positions = self._chunk_rows(patches, stamps)
@@ -272,26 +272,26 @@ class Stream:
         embeddings in place of its video tokens and the extra levels (DeepStack) added at
         them as the one-shot prefill adds them (:func:`apbv.engine.runner.split_features`);
         the owner keeps their KV. Returns the tower rows."""
-        qwen, group = self.qwen, self.info.group
-        video = ids == qwen.video_token_id
+        model, group = self.model, self.info.group
+        video = ids == model.video_token_id
         tokens = int(video.sum())
         with timer.stage("vision"):
             embeds = None
             with agreement(group):  # e.g. out of memory on the owner only
                 if self.info.rank == owner:
-                    pixel_values, grid = qwen.tower_rows(frames)
-                    embeds = qwen.vision_tower(pixel_values, grid)
+                    pixel_values, grid = model.tower_rows(frames)
+                    embeds = model.vision_tower(pixel_values, grid)
         with timer.stage("transfer"):
             if embeds is None:
-                width = qwen.text_config.hidden_size * (1 + qwen.extra_levels)
-                embeds = torch.empty(tokens, width, dtype=qwen.dtype, device=qwen.device)
-            embeds = comm.broadcast(embeds.to(qwen.dtype), src=owner, group=group)
+                width = model.text_config.hidden_size * (1 + model.extra_levels)
+                embeds = torch.empty(tokens, width, dtype=model.dtype, device=model.device)
+            embeds = comm.broadcast(embeds.to(model.dtype), src=owner, group=group)
         with timer.stage("prefill"):
-            main, features = split_features(qwen, embeds, video.unsqueeze(0))
+            main, features = split_features(model, embeds, video.unsqueeze(0))
             if bool(video.all()):  # the rows are the video tokens alone
                 rows = main.unsqueeze(0)
             else:
-                rows = qwen.embed(ids.unsqueeze(0))
+                rows = model.embed(ids.unsqueeze(0))
                 rows[0, video.to(rows.device)] = main.to(rows.dtype)
             self.feed(rows, positions, owner=owner, video_features=features)
         return embeds
@@ -321,7 +321,7 @@ class Stream:
                 f"the stream's positions reached {int(positions.max())}, past "
                 f"{self.rebase_at}, and re-basing cannot bring them back (nothing old enough "
                 "was evicted): open the stream with a smaller window")
-        inv_freq = self.qwen.rope_inv_freq
+        inv_freq = self.model.rope_inv_freq
         self.cache.map_keys(lambda k: rope_shift(k, -shift, inv_freq))
         for c in self.chunks:
             c.first_position -= shift
@@ -335,12 +335,12 @@ class Stream:
         """(video tokens, hidden * (1 + extra_levels)) the kept vision embeddings of every held
         chunk, in order, on every rank (a collective: each owner sends its chunks' device rows
         to every rank through :func:`comm.all_to_all_rows`; ``keep_vision``)."""
-        qwen, rank, world = self.qwen, self.info.rank, self.info.world_size
+        model, rank, world = self.model, self.info.rank, self.info.world_size
         rows = [c.patches * self.tokens_per_patch for c in self.chunks]  # known on every rank
-        width = qwen.text_config.hidden_size * (1 + qwen.extra_levels)
+        width = model.text_config.hidden_size * (1 + model.extra_levels)
         owned = [self.vision[c.index] for c in self.chunks if c.owner == rank]
-        mine = torch.cat(owned) if owned else torch.empty(0, width, dtype=qwen.dtype,
-                                                           device=qwen.device)
+        mine = torch.cat(owned) if owned else torch.empty(0, width, dtype=model.dtype,
+                                                           device=model.device)
         by_owner = [sum(n for n, c in zip(rows, self.chunks) if c.owner == r)
                     for r in range(world)]
         assert mine.shape == (by_owner[rank], width), (mine.shape, by_owner, width)
@@ -357,11 +357,11 @@ class Stream:
         """(N,) the context ids of the family's one-shot prompt on the held window's frames
         (a decoded-frame video of them at the stream's fps: Qwen3-VL's timestamps from 0)."""
         held = sum(c.patches for c in self.chunks)
-        return self.qwen.prompt("?", (held, *self.grid_hw), sampling=self._sampling(held))[0]
+        return self.model.prompt("?", (held, *self.grid_hw), sampling=self._sampling(held))[0]
 
     def close(self) -> None:
         """Free this rank's KV and kept embeddings (no collective)."""
-        self.cache = RankKVCache(self.qwen.num_layers)
+        self.cache = RankKVCache(self.model.num_layers)
         self.vision.clear()
         self.chunks.clear()
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from apbv.distributed import DistInfo
+from apbv.engine.answer import DecodeSettings, PromptStats
 from apbv.engine.choice_tree import kv_reserve
 from apbv.engine.decode import choice_token_ids
 from apbv.engine.request import PromptInputs, Request, Result, StreamRef
@@ -73,19 +74,19 @@ def asked_stream(streams: Mapping[str, Stream], request: Request, rank: int) -> 
     return stream
 
 
-def held_ask(qwen: VideoModel, stream: Stream, request: Request) -> HeldAsk:
+def held_ask(model: VideoModel, stream: Stream, request: Request) -> HeldAsk:
     """The rows a held-KV question feeds, checked against the model's context
     (:func:`apbv.engine.runner.check_context`: everything the stream holds, or its positions
     when they went past that, is the context)."""
-    tokenizer = qwen.processor.tokenizer
+    tokenizer = model.processor.tokenizer
     rows = torch.cat([stream.after_ids, stream.query_ids(request.question)])
     choice_ids = None if request.choices is None else \
         choice_token_ids(tokenizer, request.choices)
-    check_context(request, stream.context_len, len(rows), choice_ids, qwen.max_positions)
+    check_context(request, stream.context_len, len(rows), choice_ids, model.max_positions)
     return HeldAsk(rows, choice_ids)
 
 
-def window_inputs(qwen: VideoModel, stream: Stream, request: Request, info: DistInfo,
+def window_inputs(model: VideoModel, stream: Stream, request: Request, info: DistInfo,
                   video: torch.Tensor) -> PromptInputs:
     """The one-shot prompt on the held window as this rank holds it: ``video`` is every held
     chunk's vision embeddings (:meth:`Stream.kept_vision`), of which this rank keeps its share
@@ -95,17 +96,17 @@ def window_inputs(qwen: VideoModel, stream: Stream, request: Request, info: Dist
         ((0, t),) * info.world_size
     p0, p1 = ranges[info.rank]
     choice_ids = None if request.choices is None else \
-        choice_token_ids(qwen.processor.tokenizer, request.choices)
+        choice_token_ids(model.processor.tokenizer, request.choices)
     return PromptInputs(
         context_ids=stream.window_ids(), query_ids=stream.query_ids(request.question),
         video_grid=(t, *stream.grid_hw), second_per_grid_t=stream.seconds_per_patch,
         patch_ranges=tuple(ranges), pixel_values=None, num_frames=stream.unit * t,
         choice_ids=choice_ids,
-        vision_embeds=video[p0 * tokens_per_patch:p1 * tokens_per_patch].to(qwen.device))
+        vision_embeds=video[p0 * tokens_per_patch:p1 * tokens_per_patch].to(model.device))
 
 
 def run_on_stream(
-    qwen: VideoModel, stream: Stream, held: HeldAsk, request: Request, info: DistInfo,
+    model: VideoModel, stream: Stream, held: HeldAsk, request: Request, info: DistInfo,
     timer: StageTimer, on_token: Callable[[int], None] | None = None,
     stop: Callable[[], bool] | None = None, *, graphs: GraphSteps | None = None,
 ) -> Result:
@@ -116,24 +117,20 @@ def run_on_stream(
     reserve = kv_reserve(request.max_new_tokens, held.choice_ids)
     mark = cache.lengths()
     start = stream.max_position + 1
-    wants = request.sampling.logprobs is not None and info.rank == QUERY_RANK
-    logprobs: list[dict] | None = [] if wants else None  # the query rank's records
     try:
         with torch.inference_mode():
             if info.rank == QUERY_RANK:  # the owner of the question's and answer's rows
                 cache.make_room(len(rows) + reserve)
             with timer.stage("prefill"):
                 positions = torch.arange(start, start + len(rows)).expand(3, 1, -1)
-                hidden = stream.feed(qwen.embed(rows.unsqueeze(0)), positions, owner=QUERY_RANK)
-                logits = qwen.logits(hidden[0, -1]).float()
-        tokens, table, finish = finish_answer(
-            qwen, logits, start + len(rows), cache, info, timer, choices=request.choices,
-            choice_ids=held.choice_ids, max_new_tokens=request.max_new_tokens,
-            kernel=stream.kernel, on_token=on_token, stop=stop, stop_texts=request.stop_texts,
-            graphs=None if graphs is None else graphs.unkept(), sampling=request.sampling,
-            logprobs=logprobs)
+                hidden = stream.feed(model.embed(rows.unsqueeze(0)), positions, owner=QUERY_RANK)
+                logits = model.logits(hidden[0, -1]).float()
+        answer = finish_answer(
+            model, logits, start + len(rows), cache, info, timer, request,
+            DecodeSettings(stream.kernel, None if graphs is None else graphs.unkept(),
+                           on_token, stop), choice_ids=held.choice_ids)
     finally:
         cache.truncate(mark)
-    return build_result(qwen, request, info, timer, cache, logits, tokens, table, finish,
-                        mode=HELD_MODE, frames=stream.frames_held,
-                        context_len=sum(stream.tokens), query_len=len(rows), logprobs=logprobs)
+    prompt = PromptStats(mode=HELD_MODE, frames=stream.frames_held,
+                         context_len=sum(stream.tokens), query_len=len(rows), logits=logits)
+    return build_result(model, request, answer, prompt, info, timer, cache)

@@ -47,7 +47,7 @@ def setup(tmp_path: Path):
         calls.append(request.question)
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
 
-    engine = SimpleNamespace(qwen=SimpleNamespace(processor=None), generate=generate)
+    engine = SimpleNamespace(model=SimpleNamespace(processor=None), generate=generate)
     return cfg, engine, calls
 
 

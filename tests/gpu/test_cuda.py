@@ -127,14 +127,14 @@ def test_in_rank_pipeline_on_cuda_matches_rows_then_tower(tmp_path) -> None:
     from apbv.model.qwen2_5_vl import adapter as qwen2_5_vl
     from apbv.model.qwen2_5_vl.tiny import write_tiny_checkpoint
 
-    qwen = qwen2_5_vl.load(write_tiny_checkpoint(tmp_path / "tiny"), device=torch.device("cuda"),
-                           dtype=torch.bfloat16)
-    assert qwen.chunk_rows == 0  # one tower call per video on GPUs
+    model = qwen2_5_vl.load(write_tiny_checkpoint(tmp_path / "tiny"), device=torch.device("cuda"),
+                            dtype=torch.bfloat16)
+    assert model.chunk_rows == 0  # one tower call per video on GPUs
     frames = torch.randint(0, 256, (16, 3, 112, 224), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
-        whole = qwen.vision_tower(*qwen.process_frames(frames)).float()
-        piped = qwen.encode_frames(frames.split(4)).float()
+        whole = model.vision_tower(*model.process_frames(frames)).float()
+        piped = model.encode_frames(frames.split(4)).float()
     error, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
     assert piped.shape == whole.shape and error <= 5e-2 * scale, (error, scale)
 

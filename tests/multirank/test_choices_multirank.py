@@ -26,6 +26,7 @@ import torch
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import runner
+from apbv.engine.answer import DecodeSettings
 from apbv.engine.decode import greedy_continue, host_token, pick_token
 from apbv.engine.engine import Engine
 from apbv.engine.request import RequestCancelled
@@ -45,14 +46,14 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     after: dict = {}
     score = runner.score_choices
 
-    def score_then_decode(qwen, first_logits, ids, next_position, cache, info, **kw):
+    def score_then_decode(model, first_logits, ids, next_position, cache, info, **kw):
         before = cache.lengths()
-        out = score(qwen, first_logits, ids, next_position, cache, info, **kw)
+        out = score(model, first_logits, ids, next_position, cache, info, **kw)
         after["lengths_equal"] = cache.lengths() == before
         first = pick_token(first_logits, info.group)  # greedy on the very same cache
-        after["tokens"], _ = greedy_continue(qwen, first, host_token(first), next_position,
-                                             cache, info,
-                                             max_new_tokens=NEW_TOKENS, **kw)
+        plain = engine.request(video, QUESTION, mode="exact", max_new_tokens=NEW_TOKENS)
+        after["tokens"] = greedy_continue(model, first, host_token(first), next_position, cache,
+                                          info, plain, DecodeSettings(**kw)).tokens
         return out
 
     runner.score_choices = score_then_decode
@@ -68,8 +69,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
                                              max_new_tokens=NEW_TOKENS), on_token=seen.append,
                               stop=(lambda: len(seen) >= 3) if info.rank == 0 else None)
     # A stop text that begins where the third token's text does.
-    start = len(engine.qwen.processor.tokenizer.decode(plain.token_ids[:2],
-                                                       skip_special_tokens=True))
+    start = len(engine.model.processor.tokenizer.decode(plain.token_ids[:2],
+                                                        skip_special_tokens=True))
     stop_text = plain.answer[start:start + 2]
     cut = engine.generate(engine.request(video, QUESTION, mode="exact",
                                          max_new_tokens=NEW_TOKENS, stop_texts=stop_text))
@@ -97,7 +98,7 @@ def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict[str, float]
     ref = hf_reference(tiny_config, str(short_video), QUESTION)
     out = {}
     for choice in CHOICES:
-        tokens = torch.tensor(text_ids(ref.qwen.processor.tokenizer, choice))
+        tokens = torch.tensor(text_ids(ref.model.processor.tokenizer, choice))
         n = len(ref.ids)
         rows = torch.log_softmax(ref.logits(tokens.tolist())[n - 1 : n - 1 + len(tokens)], -1)
         out[choice] = float(rows.gather(1, tokens.view(-1, 1)).sum())

@@ -37,12 +37,11 @@ def _buffers_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     greedy = runner.greedy_continue
     seen: list[dict[str, Any]] = []
 
-    def recording(qwen, first_token, first_id, next_position, cache, *args, **kwargs):
+    def recording(model, first_token, first_id, next_position, cache, *args, **kwargs):
         before = _where(cache)
-        tokens, finish = greedy(qwen, first_token, first_id, next_position, cache, *args,
-                                **kwargs)
-        seen.append({"moved": _where(cache) != before, "steps": len(tokens) - 1})
-        return tokens, finish
+        answer = greedy(model, first_token, first_id, next_position, cache, *args, **kwargs)
+        seen.append({"moved": _where(cache) != before, "steps": len(answer.tokens) - 1})
+        return answer
 
     runner.greedy_continue = recording
     try:

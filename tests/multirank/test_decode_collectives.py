@@ -89,7 +89,7 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
-    return {"layers": engine.qwen.num_layers, **results}
+    return {"layers": engine.model.num_layers, **results}
 
 
 def test_a_decode_step_has_one_collective_per_layer(tiny_config: RuntimeConfig,

@@ -261,11 +261,11 @@ def _kept_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     served, replays = [], {"n": 0}
     step, replay = GraphSteps.step, GraphStep.replay
 
-    def recorded(self, qwen, ctx, max_new_tokens):
-        got = step(self, qwen, ctx, max_new_tokens)
+    def recorded(self, model, ctx, max_new_tokens):
+        got = step(self, model, ctx, max_new_tokens)
         served.append((id(got), [ctx.cache.buffers(layer)[0].data_ptr()
-                                 for layer in range(qwen.num_layers)],
-                       [got.kv[layer][0].data_ptr() for layer in range(qwen.num_layers)]))
+                                 for layer in range(model.num_layers)],
+                       [got.kv[layer][0].data_ptr() for layer in range(model.num_layers)]))
         return got
 
     def counted(self):

@@ -82,7 +82,7 @@ def counting(where: Callable[[], str | None], model: torch.nn.Module) -> Iterato
 
 def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     engine = Engine(cfg, info)
-    layers = engine.qwen.model.model.language_model.layers
+    layers = engine.model.model.model.language_model.layers
     state = {"layer": False, "decode": False, "steps": 0}
 
     def where() -> str | None:
@@ -104,15 +104,15 @@ def _traffic_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     def decoding(*args: Any, **kwargs: Any) -> Any:
         state["decode"] = True
         try:
-            tokens, finish = greedy(*args, **kwargs)
+            answer = greedy(*args, **kwargs)
         finally:
             state["decode"] = False
-        state["steps"] += len(tokens) - 1
-        return tokens, finish
+        state["steps"] += len(answer.tokens) - 1
+        return answer
 
     runner.greedy_continue = decoding
     try:
-        with counting(where, engine.qwen.model) as counts:
+        with counting(where, engine.model.model) as counts:
             result = engine.generate(engine.request(video, QUESTION, mode="spava",
                                                     max_new_tokens=NEW_TOKENS))
     finally:

@@ -14,7 +14,7 @@ own resize) and greedy ``generate`` are the reference; exact mode's tokens and f
 logits equal it on 1, 2 and 3 ranks (each rank encodes whole frames, the per-frame runs of
 video tokens are routed to their owners), also with ``vision.pipeline`` (a frame per chunk),
 and spava answers alike on every rank (live streams and decoded frames:
-tests/multirank/test_internvl_stream.py).
+tests/multirank/test_family_stream.py).
 """
 
 from __future__ import annotations
@@ -28,15 +28,18 @@ import torch.distributed as dist
 
 from apbv.config import RuntimeConfig, load_config
 from apbv.distributed import DistInfo, spawn_local
+from apbv.engine.answer import DecodeSettings
 from apbv.engine.decode import decode_reserve
 from apbv.engine.engine import Engine
 from apbv.engine.prefill import prefill
+from apbv.engine.request import Request
 from apbv.engine.runner import finish_answer
 from apbv.layout import shard
 from apbv.model.internvl.adapter import InternVL, load
 from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
+from apbv.video import VideoSpec
 from tests.families import tiny_dir
 
 QUESTION = "Which colour comes after the blue one?"
@@ -150,9 +153,11 @@ def _world_job(adapter: InternVL, info: DistInfo) -> dict:
             logits, cache = prefill(adapter, shard(embeds, plan, info.rank),
                                     shard(positions, plan, info.rank, dim=2), plan, info,
                                     reserve=decode_reserve(NEW_TOKENS, None)[0])
-            tokens, _, _ = finish_answer(adapter, logits, int(positions.max()) + 1, cache, info,
-                                         StageTimer(CPU, info.group), choices=None, choice_ids=None,
-                                         max_new_tokens=NEW_TOKENS, kernel=None)
+            tokens = finish_answer(adapter, logits, int(positions.max()) + 1, cache, info,
+                                   StageTimer(CPU, info.group),
+                                   Request(video=VideoSpec("frames"), question=QUESTION,
+                                           mode=mode, max_new_tokens=NEW_TOKENS),
+                                   DecodeSettings()).tokens
         out[mode] = {"logits": logits, "tokens": tokens}
     return out
 

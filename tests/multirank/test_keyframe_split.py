@@ -43,7 +43,7 @@ def _job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
         request = dataclasses.replace(request, video=dataclasses.replace(request.video,
                                                                          **change))
         inputs = engine.preprocess(request)
-        result = run_prompt(engine.qwen, inputs, request, info, StageTimer(info.device))
+        result = run_prompt(engine.model, inputs, request, info, StageTimer(info.device))
         out[name] = (inputs.patch_ranges, result.token_ids, result.first_logits,
                      result.to_json()["snapped_frames"])
     return out

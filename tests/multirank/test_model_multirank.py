@@ -40,8 +40,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, video: str, long_video: str) -
     p0, p1 = inputs.patch_ranges[info.rank]
     t, h, w = inputs.video_grid
     with torch.inference_mode():
-        local_vision = engine.qwen.vision_tower(inputs.pixel_values, (p1 - p0, h, w))
-    exact = run_prompt(engine.qwen, inputs, request, info, StageTimer(info.device))
+        local_vision = engine.model.vision_tower(inputs.pixel_values, (p1 - p0, h, w))
+    exact = run_prompt(engine.model, inputs, request, info, StageTimer(info.device))
     spava = engine.generate(engine.request(long_video, QUESTION, mode="spava", max_new_tokens=2))
     modes = [m for m in MODE_NAMES if m != "full" or info.world_size == 1]
     by_mode = {m: engine.generate(engine.request(video, QUESTION, mode=m,
@@ -56,14 +56,14 @@ def reference(tiny_config: RuntimeConfig, short_video: Path) -> dict:
     """HF's single-process forward (SDPA) on the same inputs and positions, greedy by full
     recomputation, plus the whole-video vision tower output."""
     ref = hf_reference(tiny_config, str(short_video), QUESTION)
-    qwen, frames, pixels, grid, ids = ref.qwen, ref.frames, ref.pixels, ref.grid, ref.ids
-    official = qwen.processor(text=[ref.context_text + ref.query_text], videos=[frames.frames],
-                              do_resize=False, do_sample_frames=False, return_tensors="pt",
-                              **video_processor_kwargs(qwen.processor.video_processor))
+    model, frames, pixels, grid, ids = ref.model, ref.frames, ref.pixels, ref.grid, ref.ids
+    official = model.processor(text=[ref.context_text + ref.query_text], videos=[frames.frames],
+                               do_resize=False, do_sample_frames=False, return_tensors="pt",
+                               **video_processor_kwargs(model.processor.video_processor))
     tokens: list[int] = []
     first_logits = None
     with torch.inference_mode():
-        vision = QwenVL(ref.hf, qwen.processor).vision_tower(pixels, grid)  # hf's own tower
+        vision = QwenVL(ref.hf, model.processor).vision_tower(pixels, grid)  # hf's own tower
         for _ in range(NEW_TOKENS):
             logits = ref.logits(tokens)[-1]
             first_logits = logits if first_logits is None else first_logits

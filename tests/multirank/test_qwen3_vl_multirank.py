@@ -14,7 +14,7 @@ from the vision cache (the rows keep their DeepStack levels) and with ``vision.p
 
 The video has 5 temporal patches (9 frames, the last padded) of 5 x 7 tokens: 175 video tokens
 and 5 patches divide evenly by neither 2 nor 3 ranks, nor does the prompt's length. spava
-answers alike on every rank (live streams: tests/multirank/test_qwen3_vl_stream.py).
+answers alike on every rank (live streams: tests/multirank/test_family_stream.py).
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ def _asks_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     one = engine.generate(Request(video=video, question=INJECTION, mode="exact",
                                   max_new_tokens=NEW_TOKENS))
     out["held"], out["one"] = (held.mode, held.token_ids), (one.mode, one.token_ids)
-    rows = held_ask(engine.qwen, engine.streams["s"],
+    rows = held_ask(engine.model, engine.streams["s"],
                     Request(video=StreamRef("s"), question=INJECTION, mode="exact")).rows
-    _, query = build_prompt(engine.qwen.processor, INJECTION, 0)
+    _, query = build_prompt(engine.model.processor, INJECTION, 0)
     out["rows_end_with_query"] = rows[-len(query):].tolist() == query.tolist()
     for mode in ("exact", "spava"):
         fresh = engine.generate(Request(video=StreamRef("s", fresh=True), question=QUESTION,

@@ -134,7 +134,7 @@ def _window_job(info: DistInfo, cfg: RuntimeConfig) -> dict:
     out["fresh"] = _ask(engine, "rebased", max_new_tokens=NEW_TOKENS, fresh=True).token_ids
     kept = frames[len(frames) - out["frames_held"]:]
     out["one_spava"] = _one_shot(engine, kept, "spava", max_new_tokens=NEW_TOKENS)["tokens"]
-    text = engine.qwen.text_config  # one chunk: 4 tokens' K and V in every layer, fp32
+    text = engine.model.text_config  # one chunk: 4 tokens' K and V in every layer, fp32
     head_dim = text.hidden_size // text.num_attention_heads
     out["chunk_bytes"] = 4 * 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 4
     return out

@@ -27,8 +27,8 @@ def _count_calls(engine, counts: Counter) -> None:
             return fn(*args, **kwargs)
         return call
 
-    engine.qwen.vision_tower = counted("vision_tower", engine.qwen.vision_tower)
-    engine.qwen.process_frames = counted("process_frames", engine.qwen.process_frames)
+    engine.model.vision_tower = counted("vision_tower", engine.model.vision_tower)
+    engine.model.process_frames = counted("process_frames", engine.model.process_frames)
     engine_module.load_rank_frames = counted("load_rank_frames", engine_module.load_rank_frames)
 
 

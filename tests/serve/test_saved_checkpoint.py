@@ -37,7 +37,7 @@ def _reference(info, model_dir: str, video: str) -> dict:
         result = engine.generate(engine.request(video, QUESTION, max_new_tokens=4,
                                                 system=system))
         out[system] = (result.token_ids, result.context_len)
-    tok = engine.qwen.processor.tokenizer
+    tok = engine.model.processor.tokenizer
     out["tokens"] = {s: len(text_ids(tok, s)) for s in (SYSTEM, DEFAULT_SYSTEM)}
     return out
 

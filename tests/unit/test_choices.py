@@ -77,10 +77,10 @@ def test_preflight_reserves_the_longest_choice(tiny_config: RuntimeConfig,
     real = engine_module.request_memory
     monkeypatch.setattr(engine_module, "request_memory",
                         lambda *a, **kw: seen.append(kw["reserve_tokens"]) or real(*a, **kw))
-    ids = choice_token_ids(engine.qwen.processor.tokenizer, request.choices)
+    ids = choice_token_ids(engine.model.processor.tokenizer, request.choices)
     engine.check_fits(request, 500, 20, (0, 2), (28, 28), choice_ids=ids)
     assert seen == [6]
-    limit = engine.qwen.max_positions
+    limit = engine.model.max_positions
     with pytest.raises(ValueError, match=r"plus the longest choice \(6\) is"):
         engine.check_fits(request, limit - 25, 20, (0, 2), (28, 28), choice_ids=ids)
     engine.check_fits(engine.request("v.mp4", "q", max_new_tokens=1), limit - 25, 20, (0, 2),
@@ -116,7 +116,7 @@ def test_single_token_choices_need_no_decode_stage(tiny_config: RuntimeConfig,
     engine = Engine(tiny_config, DistInfo(0, 1, 0, torch.device("cpu"), None))
     greedy = engine.generate(engine.request(str(short_video), "What is shown?",
                                             mode="exact", max_new_tokens=1))
-    tokenizer = engine.qwen.processor.tokenizer
+    tokenizer = engine.model.processor.tokenizer
     first = tokenizer.decode(greedy.token_ids)
     others = [w for w in ("yes", "no", "red", "blue") if w != first][:3]
     choices = (*others, first)

@@ -161,13 +161,13 @@ def test_the_engine_estimates_with_its_own_rows_and_tower_calls(tiny_config) -> 
         return engine.memory_estimate(request, 500, 20, (0, 16), (28, 28), 1)
 
     rows = 16 * 28 * 28  # calls of 10 temporal patches (8192 rows at most)
-    assert engine.qwen.preprocess == "levels" and engine.qwen.chunk_rows == 8192
+    assert engine.model.preprocess == "levels" and engine.model.chunk_rows == 8192
     assert estimate().parts["pixel_values"] == rows * 1176  # int8 levels
     assert estimate().parts["processor"] == rows * 1176
     calls = estimate().parts["vision_activations"]
-    engine.qwen.chunk_rows = 0
+    engine.model.chunk_rows = 0
     assert estimate().parts["vision_activations"] > calls  # the whole share in one call
-    engine.qwen.preprocess = "processor"
+    engine.model.preprocess = "processor"
     est = estimate()
     assert est.parts["pixel_values"] == rows * 1176 * 4
     assert est.parts["processor"] == int(2.5 * est.parts["frames"] * 4) + rows * 1176 * 4

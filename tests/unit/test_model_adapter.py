@@ -80,17 +80,17 @@ def _refused(path: Path, *patterns: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def qwen(tiny_model_dir: Path) -> QwenVL:
+def model(tiny_model_dir: Path) -> QwenVL:
     return load(tiny_model_dir, device=CPU, dtype=torch.float32)
 
 
 def test_linked_copy_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Positive control for the broken copies below: the unbroken copy loads."""
-    qwen = load(_copy(tiny_model_dir, tmp_path / "ok"), device=CPU, dtype=torch.float32)
-    assert qwen.num_layers == 2 and qwen.video_token_id == VIDEO_PAD
-    assert type(qwen.processor.tokenizer).__name__ == hf_compat.TOKENIZER_CLASS
-    assert qwen.model.config.text_config._attn_implementation == hook.ATTN_IMPLEMENTATION
-    assert qwen.model.config.vision_config._attn_implementation == \
+    model = load(_copy(tiny_model_dir, tmp_path / "ok"), device=CPU, dtype=torch.float32)
+    assert model.num_layers == 2 and model.video_token_id == VIDEO_PAD
+    assert type(model.processor.tokenizer).__name__ == hf_compat.TOKENIZER_CLASS
+    assert model.model.config.text_config._attn_implementation == hook.ATTN_IMPLEMENTATION
+    assert model.model.config.vision_config._attn_implementation == \
         hook.VISION_ATTN_IMPLEMENTATION
 
 
@@ -184,47 +184,47 @@ def _frames(num_frames: int, size: int = 56, seed: int = 0) -> torch.Tensor:
                          generator=generator)
 
 
-def test_process_frames_matches_the_processor(qwen: QwenVL) -> None:
+def test_process_frames_matches_the_processor(model: QwenVL) -> None:
     frames = _frames(8)
-    pixels, grid = qwen.process_frames(frames)
+    pixels, grid = model.process_frames(frames)
     assert grid == (4, 4, 4) and isinstance(grid[0], int)
     assert pixels.shape == (64, 3 * 2 * 14 * 14) and pixels.dtype == torch.float32
-    vp = qwen.processor.video_processor
+    vp = model.processor.video_processor
     official = vp(videos=[frames], return_tensors="pt", **video_processor_kwargs(vp))
     assert official["video_grid_thw"].tolist() == [[4, 4, 4]]
     assert torch.equal(pixels, official["pixel_values_videos"])
     # An odd frame count is padded with the last frame; H != W is fine.
     wide = _frames(5)[:, :, :28]  # 5 frames of 28x56
-    odd, grid = qwen.process_frames(wide)
+    odd, grid = model.process_frames(wide)
     assert grid == (3, 2, 4) and odd.shape[0] == 3 * 2 * 4
-    padded, _ = qwen.process_frames(torch.cat([wide, wide[-1:]]))
+    padded, _ = model.process_frames(torch.cat([wide, wide[-1:]]))
     assert torch.equal(odd, padded)
     # The fused path (several chunks on 2 threads) against the processor itself, bit for bit.
-    fused = QwenVL(qwen.model, qwen.processor, preprocess_workers=2)
-    stock = QwenVL(qwen.model, qwen.processor, preprocess="processor")
+    fused = QwenVL(model.model, model.processor, preprocess_workers=2)
+    stock = QwenVL(model.model, model.processor, preprocess="processor")
     frames = _frames(37, size=84)
     assert torch.equal(fused.process_frames(frames)[0], stock.process_frames(frames)[0])
 
 
-def test_pixel_levels_are_the_processors_rows(qwen: QwenVL) -> None:
+def test_pixel_levels_are_the_processors_rows(model: QwenVL) -> None:
     """``preprocess="levels"`` (the default): the tower takes int8 pixel levels, a quarter of
     the bytes, and levels_to_rows makes the processor's float rows of them, bit for bit."""
     frames = _frames(37, size=84)
-    levels, grid = qwen.tower_rows(frames)
-    rows, official_grid = QwenVL(qwen.model, qwen.processor,
+    levels, grid = model.tower_rows(frames)
+    rows, official_grid = QwenVL(model.model, model.processor,
                                  preprocess="processor").process_frames(frames)
     assert levels.dtype == torch.int8 and levels.shape == rows.shape and grid == official_grid
-    spec = qwen.model.model.visual.patch_embed.levels_spec
+    spec = model.model.model.visual.patch_embed.levels_spec
     assert torch.equal(levels_to_rows(levels, spec), rows)
-    assert torch.equal(qwen.process_frames(frames)[0], rows)  # process_frames: float rows
-    odd = qwen.tower_rows(frames[:5])[0]  # padded with the last frame, as the rows are
-    assert torch.equal(odd, qwen.tower_rows(torch.cat([frames[:5], frames[4:5]]))[0])
-    fused = QwenVL(qwen.model, qwen.processor, preprocess="fused")
+    assert torch.equal(model.process_frames(frames)[0], rows)  # process_frames: float rows
+    odd = model.tower_rows(frames[:5])[0]  # padded with the last frame, as the rows are
+    assert torch.equal(odd, model.tower_rows(torch.cat([frames[:5], frames[4:5]]))[0])
+    fused = QwenVL(model.model, model.processor, preprocess="fused")
     assert fused.tower_rows(frames)[0].dtype == torch.float32
 
 
 @pytest.mark.parametrize("product", patch_embed.LEVELS_PRODUCTS)
-def test_patch_embedding_on_levels_is_the_affine_map(qwen: QwenVL, product: str,
+def test_patch_embedding_on_levels_is_the_affine_map(model: QwenVL, product: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """On levels the linear patch embedding computes the processor rows' product from the
     folded kernel, as one integer product (int8) or as the levels in fp32 times the folded
@@ -233,9 +233,9 @@ def test_patch_embedding_on_levels_is_the_affine_map(qwen: QwenVL, product: str,
     rows, the float one at most twice as far. A weight that is not fp32 takes the float rows
     made of the levels, bit-equal to those rows' product."""
     monkeypatch.setattr(patch_embed, "LEVELS_PRODUCT", product)
-    embed = qwen.model.model.visual.patch_embed
+    embed = model.model.model.visual.patch_embed
     spec = embed.levels_spec
-    levels = qwen.tower_rows(_frames(16, size=112, seed=7))[0]
+    levels = model.tower_rows(_frames(16, size=112, seed=7))[0]
     rows = levels_to_rows(levels, spec)
     mean, std = (t.double() for t in spec.scaled(CPU))
     weight = embed.proj.weight.detach().double()
@@ -261,76 +261,76 @@ def test_patch_embedding_on_levels_is_the_affine_map(qwen: QwenVL, product: str,
     assert kernel.q[:, 0].abs().sum() == 0 and kernel.combine.isfinite().all()
 
 
-def test_vision_tower_on_levels(qwen: QwenVL) -> None:
+def test_vision_tower_on_levels(model: QwenVL) -> None:
     """The tower on levels equals the tower on the float rows: to fp32 rounding of the two
     products with the linear embedding, bit for bit with the stock Conv3d (which gets the
     rows made of the levels)."""
-    levels, grid = qwen.tower_rows(_frames(8, size=112, seed=8))
-    rows = levels_to_rows(levels, qwen.model.model.visual.patch_embed.levels_spec)
+    levels, grid = model.tower_rows(_frames(8, size=112, seed=8))
+    rows = levels_to_rows(levels, model.model.model.visual.patch_embed.levels_spec)
     try:
         with torch.inference_mode():
-            linear = (qwen.vision_tower(levels, grid), qwen.vision_tower(rows, grid))
-            qwen.set_vision(dataclasses.replace(VisionConfig(), patch_embed="conv"))
-            conv = (qwen.vision_tower(levels, grid), qwen.vision_tower(rows, grid))
+            linear = (model.vision_tower(levels, grid), model.vision_tower(rows, grid))
+            model.set_vision(dataclasses.replace(VisionConfig(), patch_embed="conv"))
+            conv = (model.vision_tower(levels, grid), model.vision_tower(rows, grid))
     finally:
-        qwen.set_vision(VisionConfig())
+        model.set_vision(VisionConfig())
     err, scale = (linear[0] - linear[1]).abs().max().item(), linear[1].abs().max().item()
     assert err <= 1e-5 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
     assert torch.equal(*conv)
 
 
-def test_process_frames_rejects_bad_frames(qwen: QwenVL) -> None:
+def test_process_frames_rejects_bad_frames(model: QwenVL) -> None:
     with pytest.raises(ValueError, match=r"uint8 tensor \(F, 3, H, W\).*torch.float32"):
-        qwen.process_frames(_frames(2).float())
+        model.process_frames(_frames(2).float())
     with pytest.raises(ValueError, match=r"got torch.uint8 \(2, 56, 56\)"):
-        qwen.process_frames(_frames(2)[:, 0])
+        model.process_frames(_frames(2)[:, 0])
     with pytest.raises(ValueError, match=r"got torch.uint8 \(0, 3, 56, 56\)"):
-        qwen.process_frames(_frames(0))
+        model.process_frames(_frames(0))
     with pytest.raises(ValueError, match="frame size 56x42 is not a multiple of 28"):
-        qwen.process_frames(_frames(2)[..., :42])
+        model.process_frames(_frames(2)[..., :42])
 
 
-def test_video_span(qwen: QwenVL) -> None:
+def test_video_span(model: QwenVL) -> None:
     ids = torch.tensor([1, 2, VIDEO_PAD, VIDEO_PAD, VIDEO_PAD, 3], dtype=torch.long)
-    assert qwen.video_span(ids) == (2, 3)
-    assert qwen.video_span(torch.full((4,), VIDEO_PAD)) == (0, 4)
+    assert model.video_span(ids) == (2, 3)
+    assert model.video_span(torch.full((4,), VIDEO_PAD)) == (0, 4)
     with pytest.raises(ValueError, match="found no video tokens"):
-        qwen.video_span(torch.tensor([1, 2, 151655]))  # an image token is not a video
+        model.video_span(torch.tensor([1, 2, 151655]))  # an image token is not a video
     with pytest.raises(ValueError, match=r"found 2 separate runs .* \[\(0, 1\), \(2, 4\)\]"):
-        qwen.video_span(torch.tensor([VIDEO_PAD, 1, VIDEO_PAD, VIDEO_PAD]))
+        model.video_span(torch.tensor([VIDEO_PAD, 1, VIDEO_PAD, VIDEO_PAD]))
     with pytest.raises(ValueError, match=r"1-D tensor \(T,\), got \(1, 6\)"):
-        qwen.video_span(ids.unsqueeze(0))
+        model.video_span(ids.unsqueeze(0))
 
 
-def test_vision_tower(qwen: QwenVL) -> None:
-    assert not hasattr(qwen, "encode_video")  # renamed to vision_tower
-    pixels, grid = qwen.process_frames(_frames(4))
+def test_vision_tower(model: QwenVL) -> None:
+    assert not hasattr(model, "encode_video")  # renamed to vision_tower
+    pixels, grid = model.process_frames(_frames(4))
     with torch.inference_mode():
-        out = qwen.vision_tower(pixels, grid)
-        again = qwen.vision_tower(pixels, torch.tensor([grid]))
+        out = model.vision_tower(pixels, grid)
+        again = model.vision_tower(pixels, torch.tensor([grid]))
         # Frame-parallel: each temporal patch alone gives its rows of the whole.
-        first = qwen.vision_tower(pixels[:16], (1, 4, 4))
+        first = model.vision_tower(pixels[:16], (1, 4, 4))
     assert isinstance(out, torch.Tensor) and out.shape == (2 * 4 * 4 // 4, 64)
     assert torch.equal(out, again)
     err, scale = (first - out[:4]).abs().max().item(), out.abs().max().item()
     assert err <= REBATCHED_RTOL * scale, \
         f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
     with pytest.raises(ValueError, match=r"do not match the grid \[\[2, 4, 4\]\] \(32 patch"):
-        qwen.vision_tower(pixels[:20], grid)
+        model.vision_tower(pixels[:20], grid)
     with pytest.raises(ValueError, match="grid_thw must be"):
-        qwen.vision_tower(pixels, (2, 0, 4))
+        model.vision_tower(pixels, (2, 0, 4))
 
 
 @pytest.mark.parametrize("grid", [(2, 12, 20), (2, 10, 6), (1, 16, 36), (2, 8, 8)])
 def test_grouped_vision_attention_equals_the_stock_tower(
-        qwen: QwenVL, grid: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+        model: QwenVL, grid: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Windows with right, bottom and corner edges (12x20 patches: merged 6x10, windows of
     4x4, 4x2, 2x4 and 2x2 units); fp32 output of the grouped path equals the stock per-window
     path (measured max abs error 0.0 for these grids), and every windowed block makes at
     most one SDPA call per window size."""
     t, h, w = grid
     pixels = torch.randn(t * h * w, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
-    visual = qwen.model.model.visual
+    visual = model.model.model.visual
     calls: list[int] = []
     block = [-1]
     hooks = [b.register_forward_pre_hook(lambda _m, _a, i=i: block.__setitem__(0, i))
@@ -344,22 +344,22 @@ def test_grouped_vision_attention_equals_the_stock_tower(
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     try:
         with torch.inference_mode():
-            tower.set_vision_attention(qwen.model, "per_window")
-            stock = qwen.vision_tower(pixels, grid)
+            tower.set_vision_attention(model.model, "per_window")
+            stock = model.vision_tower(pixels, grid)
             stock_calls, calls[:] = list(calls), []
-            tower.set_vision_attention(qwen.model, "grouped")
-            grouped = qwen.vision_tower(pixels, grid)
+            tower.set_vision_attention(model.model, "grouped")
+            grouped = model.vision_tower(pixels, grid)
     finally:
         for hook in hooks:
             hook.remove()
-        tower.set_vision_attention(qwen.model, "grouped")
+        tower.set_vision_attention(model.model, "grouped")
     error = (grouped - stock).abs().max().item()
     assert error <= 1e-5, error
     windowed = [i for i in range(len(visual.blocks)) if i not in visual.fullatt_block_indexes]
     merge, window = 2, 4  # merged units per window side (112 / 14 / 2)
     rows, cols = -(-h // merge // window), -(-w // merge // window)
     with pytest.raises(ValueError, match="vision.attention must be one of grouped, per_window"):
-        tower.set_vision_attention(qwen.model, "windowed")
+        tower.set_vision_attention(model.model, "windowed")
     for i in windowed:
         assert stock_calls.count(i) == t * rows * cols  # the stock path: one call per window
     if not hf_compat.V5:  # 4.x calls the attention function once per window (drift notes)
@@ -371,17 +371,17 @@ def test_grouped_vision_attention_equals_the_stock_tower(
         assert calls.count(i) == 1  # every temporal patch has the same size: one batch
 
 
-def test_version_helpers(qwen: QwenVL) -> None:
-    assert hf_compat.rope_settings(qwen.text_config) == {
+def test_version_helpers(model: QwenVL) -> None:
+    assert hf_compat.rope_settings(model.text_config) == {
         "rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0}
     keys = hf_compat.rope_config([2, 3, 3], 10.0)
     assert set(keys) == ({"rope_parameters"} if hf_compat.V5 else {"rope_scaling", "rope_theta"})
     assert list(hf_compat.dtype_kwargs(torch.bfloat16).values()) == [torch.bfloat16]
-    assert qwen.dtype == torch.float32
+    assert model.dtype == torch.float32
 
 
 def test_rope_keys_of_the_other_major_version_load(
-    tiny_model_dir: Path, tmp_path: Path, qwen: QwenVL
+    tiny_model_dir: Path, tmp_path: Path, model: QwenVL
 ) -> None:
     """A config.json saved by transformers 5.x loads on 4.x and one saved by 4.x on 5.x, with
     the same M-RoPE (same logits on a video prompt)."""
@@ -399,38 +399,38 @@ def test_rope_keys_of_the_other_major_version_load(
     (ckpt / "config.json").write_text(json.dumps(config))
     other = load(ckpt, device=CPU, dtype=torch.float32)
     assert hf_compat.rope_settings(other.text_config) == hf_compat.rope_settings(
-        qwen.text_config)
+        model.text_config)
     reference = qwen2_5_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(
         tiny_model_dir, local_files_only=True, attn_implementation="sdpa").eval()
     other.model.set_attn_implementation("sdpa")  # plain HF forward, outside an apbv step
     tower.set_patch_embed(other.model, "conv")  # bit-equal to the stock module
     ids = torch.tensor([[151652] + [VIDEO_PAD] * 8 + [151653, 3838]])
-    pixels, grid = qwen.process_frames(_frames(4))
+    pixels, grid = model.process_frames(_frames(4))
     with torch.inference_mode():
         logits = [m(input_ids=ids, pixel_values_videos=pixels,
                     video_grid_thw=torch.tensor([grid])).logits for m in (reference, other.model)]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
 
 
-def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
+def test_linear_patch_embedding_equals_the_stock_conv(model: QwenVL) -> None:
     """The patch embedding as one matrix product equals the stock Conv3d (fp32: the same
     sums in another order, within 1e-5 of the outputs' scale; fp64: to rounding), on the
     embedding alone and through the tower."""
     pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(2))
-    embed = qwen.model.model.visual.patch_embed
+    embed = model.model.model.visual.patch_embed
     try:
         with torch.inference_mode():
-            tower.set_patch_embed(qwen.model, "conv")
+            tower.set_patch_embed(model.model, "conv")
             assert "forward" not in embed.__dict__  # the stock module
-            stock, stock_tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
-            tower.set_patch_embed(qwen.model, "linear")
-            linear, linear_tower = embed(pixels), qwen.vision_tower(pixels, (2, 8, 12))
+            stock, stock_tower = embed(pixels), model.vision_tower(pixels, (2, 8, 12))
+            tower.set_patch_embed(model.model, "linear")
+            linear, linear_tower = embed(pixels), model.vision_tower(pixels, (2, 8, 12))
             linear64 = embed.double()(pixels.double())
-            tower.set_patch_embed(qwen.model, "conv")
+            tower.set_patch_embed(model.model, "conv")
             stock64 = embed(pixels.double())
     finally:
         embed.float()
-        tower.set_patch_embed(qwen.model, "linear")
+        tower.set_patch_embed(model.model, "linear")
     err, err64 = ((linear - stock).abs().max().item(), (linear64 - stock64).abs().max().item())
     tower_err = (linear_tower - stock_tower).abs().max().item()
     scale, tower_scale = stock.abs().max().item(), stock_tower.abs().max().item()
@@ -441,25 +441,25 @@ def test_linear_patch_embedding_equals_the_stock_conv(qwen: QwenVL) -> None:
     assert tower_err <= 1e-5 * tower_scale, (
         f"tower fp32 max abs error {tower_err:.3g} (outputs up to {tower_scale:.3g})")
     with pytest.raises(ValueError, match="vision.patch_embed must be one of linear, conv"):
-        tower.set_patch_embed(qwen.model, "matmul")
+        tower.set_patch_embed(model.model, "matmul")
 
 
 def test_linear_patch_embedding_in_row_blocks_equals_one_product(
-        qwen: QwenVL, monkeypatch: pytest.MonkeyPatch) -> None:
+        model: QwenVL, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the product runs in blocks of rows (the last one short): every output row is
     the same dot product as in one product, so the values match (bit-equal here)."""
     pixels = torch.randn(300, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(3))
-    embed = qwen.model.model.visual.patch_embed
+    embed = model.model.model.visual.patch_embed
     with torch.inference_mode():
         whole = embed(pixels)  # 300 rows <= CPU_BLOCK_ROWS: one product
         monkeypatch.setattr(patch_embed, "CPU_BLOCK_ROWS", 64)
         blocked = embed(pixels)
     err, scale = (blocked - whole).abs().max().item(), whole.abs().max().item()
-    assert blocked.shape == whole.shape == (300, qwen.vision_config.hidden_size)
+    assert blocked.shape == whole.shape == (300, model.vision_config.hidden_size)
     assert err <= 1e-6 * scale, f"fp32 max abs error {err:.3g} (outputs up to {scale:.3g})"
 
 
-def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
+def test_fused_rotary_is_bit_equal_to_the_stock_one(model: QwenVL) -> None:
     """The vision rotary with q and k in one set of passes gives transformers' bits (the same
     products and sums, each rounded once), on the function (q and k cut out of one qkv
     product, and apart) and through the whole tower; the choice swaps the modeling module's
@@ -473,12 +473,12 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
             tower.set_vision_rotary("stock")
             stock_fn = modeling.apply_rotary_pos_emb_vision
             assert not hasattr(stock_fn, "stock")
-            stock = qwen.vision_tower(pixels, (2, 12, 20))
+            stock = model.vision_tower(pixels, (2, 12, 20))
             tower.set_vision_rotary("fused")
             tower.set_vision_rotary("fused")  # idempotent: wraps the stock one once
             fused_fn = modeling.apply_rotary_pos_emb_vision
             assert fused_fn.stock is stock_fn
-            fused = qwen.vision_tower(pixels, (2, 12, 20))
+            fused = model.vision_tower(pixels, (2, 12, 20))
     finally:
         tower.set_vision_rotary("fused")
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
@@ -496,25 +496,25 @@ def test_fused_rotary_is_bit_equal_to_the_stock_one(qwen: QwenVL) -> None:
         tower.set_vision_rotary("contiguous")
 
 
-def test_padded_vision_mlp_gives_the_same_embeddings(qwen: QwenVL) -> None:
+def test_padded_vision_mlp_gives_the_same_embeddings(model: QwenVL) -> None:
     """vision.mlp_pad: every block's MLP widened with zero units (64 -> 96 here) computes the
     same sums (fp32: within :data:`REBATCHED_RTOL` of the scale, the products' kernels may
     order them by width); padding to 0 gives back the checkpoint's weights, bit for bit."""
     from apbv.model.common.vision_blocks import pad_mlp
 
-    visual = qwen.model.model.visual
+    visual = model.model.model.visual
     width = visual.config.intermediate_size
     weights = [p.detach().clone() for p in visual.blocks[0].mlp.parameters()]
     pixels = torch.randn(2 * 12 * 20, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(6))
     try:
         with torch.inference_mode():
-            plain = qwen.vision_tower(pixels, (2, 12, 20))
+            plain = model.vision_tower(pixels, (2, 12, 20))
             pad_mlp(visual, 48)
             mlp = visual.blocks[0].mlp
             assert (mlp.gate_proj.weight.shape[0], mlp.down_proj.weight.shape[1]) == (96, 96)
             assert not mlp.up_proj.weight[width:].any()
             assert not mlp.down_proj.weight[:, width:].any()
-            padded = qwen.vision_tower(pixels, (2, 12, 20))
+            padded = model.vision_tower(pixels, (2, 12, 20))
     finally:
         pad_mlp(visual, 0)
     assert all(torch.equal(a, b) for a, b in zip(weights, visual.blocks[0].mlp.parameters()))
@@ -524,26 +524,26 @@ def test_padded_vision_mlp_gives_the_same_embeddings(qwen: QwenVL) -> None:
         pad_mlp(visual, -1)
 
 
-def test_vision_norm_choice_installs_and_removes_the_fused_forward(qwen: QwenVL) -> None:
+def test_vision_norm_choice_installs_and_removes_the_fused_forward(model: QwenVL) -> None:
     """vision.norm=fused swaps the forward of every RMSNorm of the tower (the blocks' and the
     merger's); off CUDA it runs the stock forward, so the embeddings keep their bits; stock
     takes the swap back. (The CUDA kernel is checked in tests/gpu.)"""
-    visual = qwen.model.model.visual
+    visual = model.model.model.visual
     norms = [visual.merger.ln_q] + [n for b in visual.blocks for n in (b.norm1, b.norm2)]
     pixels = torch.randn(2 * 8 * 12, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(7))
     try:
         with torch.inference_mode():
-            tower.set_vision_norm(qwen.model, "stock")
+            tower.set_vision_norm(model.model, "stock")
             assert not any("forward" in n.__dict__ for n in norms)
-            stock = qwen.vision_tower(pixels, (2, 8, 12))
-            tower.set_vision_norm(qwen.model, "fused")
+            stock = model.vision_tower(pixels, (2, 8, 12))
+            tower.set_vision_norm(model.model, "fused")
             assert all("forward" in n.__dict__ for n in norms)
-            fused = qwen.vision_tower(pixels, (2, 8, 12))
+            fused = model.vision_tower(pixels, (2, 8, 12))
     finally:
-        tower.set_vision_norm(qwen.model, "fused")
+        tower.set_vision_norm(model.model, "fused")
     assert torch.equal(fused, stock), (fused - stock).abs().max().item()
     with pytest.raises(ValueError, match="vision.norm must be one of fused, stock"):
-        tower.set_vision_norm(qwen.model, "layer")
+        tower.set_vision_norm(model.model, "layer")
 
 
 def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
@@ -557,7 +557,7 @@ def test_tower_chunks_cover_the_rows_in_whole_temporal_patches() -> None:
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 500, 1000])
-def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -> None:
+def test_vision_tower_in_chunks_equals_one_call(model: QwenVL, chunk_rows: int) -> None:
     """Every vision block attends inside one temporal patch, so the tower on chunks of whole
     temporal patches gives the one-call embeddings (fp32: the same sums, batched differently
     in the linear layers: :data:`REBATCHED_RTOL`), on a grid of two videos."""
@@ -566,12 +566,12 @@ def test_vision_tower_in_chunks_equals_one_call(qwen: QwenVL, chunk_rows: int) -
                          generator=torch.Generator().manual_seed(4))
     try:
         with torch.inference_mode():
-            qwen.chunk_rows = 0
-            whole = qwen.vision_tower(pixels, grid)
-            qwen.chunk_rows = chunk_rows
-            chunked = qwen.vision_tower(pixels, grid)
+            model.chunk_rows = 0
+            whole = model.vision_tower(pixels, grid)
+            model.chunk_rows = chunk_rows
+            chunked = model.vision_tower(pixels, grid)
     finally:
-        qwen.chunk_rows = tower.CPU_CHUNK_ROWS
+        model.chunk_rows = tower.CPU_CHUNK_ROWS
     err, scale = (chunked - whole).abs().max().item(), whole.abs().max().item()
     assert chunked.shape == whole.shape == ((5 * 12 * 20 + 2 * 8 * 8) // 4, 64)
     assert err <= REBATCHED_RTOL * scale, \
@@ -603,33 +603,33 @@ def _no_worker_left() -> bool:
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("size", [2, 4, 6, 12])
-def test_encode_frames_pipeline_equals_rows_then_tower(qwen: QwenVL, size: int,
+def test_encode_frames_pipeline_equals_rows_then_tower(model: QwenVL, size: int,
                                                        overlap: bool) -> None:
     """Patch rows and tower by chunks of whole temporal patches, rows made in a worker thread
     (overlap) or in turn: the embeddings of the rows-then-tower path (fp32:
     :data:`REBATCHED_RTOL`)."""
     frames = _frames(12, size=112, seed=5)
     with torch.inference_mode():
-        whole = qwen.vision_tower(*qwen.process_frames(frames))
+        whole = model.vision_tower(*model.process_frames(frames))
         chunks = _Chunks(frames, size)
-        piped = qwen.encode_frames(chunks, overlap=overlap)
+        piped = model.encode_frames(chunks, overlap=overlap)
     err, scale = (piped - whole).abs().max().item(), whole.abs().max().item()
     assert piped.shape == whole.shape and err <= REBATCHED_RTOL * scale, (err, scale)
     assert chunks.closed == 1 and _no_worker_left()
-    assert qwen.frames_per_chunk(112, 112) == 2 * (tower.CPU_CHUNK_ROWS // 64)
+    assert model.frames_per_chunk(112, 112) == 2 * (tower.CPU_CHUNK_ROWS // 64)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_encode_frames_stops_both_sides_on_an_error(qwen: QwenVL, overlap: bool,
+def test_encode_frames_stops_both_sides_on_an_error(model: QwenVL, overlap: bool,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     frames = _frames(12, size=56, seed=6)
     failing = _Chunks(frames, 2, fail_after=3)  # the decoder fails while the tower works
     with torch.inference_mode(), pytest.raises(ValueError, match="truncated at frame 6"):
-        qwen.encode_frames(failing, overlap=overlap)
+        model.encode_frames(failing, overlap=overlap)
     assert failing.closed == 1 and _no_worker_left()
 
     calls: list[int] = []
-    real = qwen.vision_tower
+    real = model.vision_tower
 
     def tower_fails_second(*args: object) -> torch.Tensor:
         calls.append(1)
@@ -637,12 +637,12 @@ def test_encode_frames_stops_both_sides_on_an_error(qwen: QwenVL, overlap: bool,
             raise RuntimeError("out of memory on the tower")
         return real(*args)
 
-    monkeypatch.setattr(qwen, "vision_tower", tower_fails_second)
+    monkeypatch.setattr(model, "vision_tower", tower_fails_second)
     chunks = _Chunks(frames, 2)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="out of memory"):
-        qwen.encode_frames(chunks, overlap=overlap)
+        model.encode_frames(chunks, overlap=overlap)
     # the worker stopped: it made at most the rows of two more chunks; the frames are closed
     assert len(calls) == 2 and chunks.taken <= 2 + 2 * overlap and chunks.closed == 1
     assert _no_worker_left()
     with pytest.raises(ValueError, match="no frames"):
-        qwen.encode_frames([], overlap=overlap)
+        model.encode_frames([], overlap=overlap)

@@ -82,22 +82,22 @@ def test_rope_shift_leaves_the_attention_scores_unchanged(tiny_model_dir) -> Non
     from apbv.model.qwen2_5_vl.adapter import load
     from apbv.positions import rope_shift
 
-    qwen = load(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
+    model = load(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
     ids = torch.tensor([1, 2] + [V] * 12 + [3, 4, 5])
     positions = mrope_positions(ids, [(3, 4, 4)], [1.0], video_token_id=V, spatial_merge_size=2,
                                 tokens_per_second=2) + 5000  # a stream far into its range
     shift = 4990
-    embeds = torch.randn(1, len(ids), qwen.text_config.hidden_size,
+    embeds = torch.randn(1, len(ids), model.text_config.hidden_size,
                          generator=torch.Generator().manual_seed(0))
     runs = []
     for pos in (positions, positions - shift):
         ctx = _RecordQK()
         with torch.inference_mode(), active(ctx):
-            qwen.decoder(embeds, pos)
+            model.decoder(embeds, pos)
         runs.append(ctx.qk)
     worst = 0.0
     for (q_far, k_far), (q_near, k_near) in zip(*runs):
-        moved = rope_shift(k_far, -shift, qwen.rope_inv_freq)
+        moved = rope_shift(k_far, -shift, model.rope_inv_freq)
         group = q_far.shape[2] // k_far.shape[2]
         k_rep = moved.repeat_interleave(group, dim=2)
         before = torch.einsum("bqhd,bkhd->bhqk", q_far, k_far.repeat_interleave(group, dim=2))

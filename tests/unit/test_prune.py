@@ -281,8 +281,8 @@ def test_dropped_tokens_leave_the_whole_prompts_ids_and_positions() -> None:
                                  tokens_per_second=2.0)
     whole = mrope_positions(torch.cat([context, query]), [grid], [1.0], kept=[kept], **rules)
     tokens = torch.tensor([[True] * 6, [False, True, False, True, False, False]])
-    qwen: Any = type("Ids", (), {"video_token_id": video_id})()
-    ids, positions = drop_tokens(qwen, context, whole, tokens)
+    model: Any = type("Ids", (), {"video_token_id": video_id})()
+    ids, positions = drop_tokens(model, context, whole, tokens)
     assert ids.tolist() == [1, 2] + [video_id] * 8 + [3]
     stay = [0, 1] + [2 + i for i in range(6)] + [8 + 1, 8 + 3] + [14, 15, 16]
     assert torch.equal(positions, whole[..., stay])

@@ -106,7 +106,7 @@ def test_engine_prompt_holds_the_system_text(tiny_config, short_video: Path) -> 
     from apbv.engine.engine import Engine
 
     engine = Engine(tiny_config, DistInfo(0, 1, 0, torch.device("cpu"), None))
-    tok = engine.qwen.processor.tokenizer
+    tok = engine.model.processor.tokenizer
     plain = engine.preprocess(engine.request(str(short_video), QUESTION))
     told = engine.preprocess(engine.request(str(short_video), QUESTION, system=INJECTION))
     assert torch.equal(plain.query_ids, told.query_ids)

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 
 from apbv.model.checkpoint import read_config, validate_checkpoint
+from apbv.positions import video_token_runs
 
 if TYPE_CHECKING:
     from apbv.config import VisionConfig
+    from apbv.plan import Range
 
 
 
@@ -99,6 +101,25 @@ class HFVisionLM:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden)
+
+    @property
+    def video_token_id(self) -> int:
+        """The family's video placeholder token."""
+        raise NotImplementedError
+
+    def video_runs(self, ids: torch.Tensor) -> list[Range]:
+        """[start, end) of each run of :attr:`video_token_id` in the prompt ``ids`` (T,) (a
+        frame's, or a temporal patch's); ValueError when there is none."""
+        runs = video_token_runs(ids, self.video_token_id)
+        if not runs:
+            raise ValueError(f"expected video tokens ({self.video_token_id}) in the prompt")
+        return runs
+
+    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
+        """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,)
+        (:meth:`video_runs`)."""
+        runs = self.video_runs(ids)
+        return runs[0][0], sum(end - start for start, end in runs)
 
     def tower_rows(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """The family's (:meth:`apbv.model.adapter.VideoModel.tower_rows`)."""

@@ -36,8 +36,6 @@ from apbv.model.common.hf_compat import tower_output
 from apbv.model.common.hf_decoder import HFVisionLM, load_stock
 from apbv.model.internvl.prompt import FAMILY, InternVLRules, InternVLStreamPrompt
 from apbv.model.stream_prompt import sequential_positions
-from apbv.plan import Range
-from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import PIPELINE_CHUNK_ROWS
 
@@ -158,19 +156,6 @@ class InternVL(HFVisionLM):
 
     def video_grid(self, sampling: Sampling) -> tuple[int, int, int]:
         return self.rules.video_grid(sampling)
-
-    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
-        """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,); the video
-        tokens are one run of 256 per frame (:meth:`video_runs`)."""
-        runs = self.video_runs(ids)
-        return runs[0][0], sum(end - start for start, end in runs)
-
-    def video_runs(self, ids: torch.Tensor) -> list[Range]:
-        """[start, end) of each frame's run of ``<IMG_CONTEXT>`` tokens in ``ids`` (T,)."""
-        runs = video_token_runs(ids, self.video_token_id)
-        if not runs:
-            raise ValueError(f"expected video tokens ({self.video_token_id}) in the prompt")
-        return runs
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float, kept: Sequence[int] | None = None) -> torch.Tensor:

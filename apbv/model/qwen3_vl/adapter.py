@@ -39,8 +39,6 @@ from transformers import Qwen3VLForConditionalGeneration
 from apbv.model.common.hf_decoder import QwenVideoLM, load_stock
 from apbv.model.common.tower import CPU_CHUNK_ROWS, patch_grid, tower_chunks
 from apbv.model.qwen3_vl.prompt import FAMILY, Qwen3VLRules, Qwen3VLStreamPrompt
-from apbv.plan import Range
-from apbv.positions import video_token_runs
 from apbv.video import Sampling, VideoMeta, VideoSpec
 from apbv.video.patches import PIPELINE_CHUNK_ROWS, patches_per_chunk
 from apbv.video.prune import pruned_grid
@@ -144,18 +142,6 @@ class Qwen3VL(QwenVideoLM):
         stream) and markers around its video tokens, interleaved M-RoPE positions."""
         merge = self.spatial_merge_size
         return Qwen3VLStreamPrompt(self.processor, (grid_hw[0] // merge, grid_hw[1] // merge))
-
-    def video_span(self, ids: torch.Tensor) -> tuple[int, int]:
-        """(first video token, number of video tokens) of a 1-D prompt ``ids`` (T,)."""
-        runs = self.video_runs(ids)
-        return runs[0][0], sum(end - start for start, end in runs)
-
-    def video_runs(self, ids: torch.Tensor) -> list[Range]:
-        """[start, end) of each temporal patch's run of ``<|video_pad|>`` tokens in ``ids``."""
-        runs = video_token_runs(ids, self.video_token_id)
-        if not runs:
-            raise ValueError(f"expected video tokens ({self.video_token_id}) in the prompt")
-        return runs
 
     def positions(self, ids: torch.Tensor, video_grid: tuple[int, int, int],
                   second_per_grid_t: float, kept: Sequence[int] | None = None) -> torch.Tensor:
