@@ -122,7 +122,7 @@ def _vnbench_question(category: str,
 
 
 def _vnbench(out: Path, count: int, types: tuple[str, ...], rng: random.Random) -> Path:
-    entries = []
+    entries: list[dict[str, Any]] = []
     for task_type in types:
         for q in range(count):
             video = f"./VNBench/vnfix{q:03d}_{task_type}.mp4"

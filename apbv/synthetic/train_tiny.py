@@ -23,6 +23,7 @@ build and thread count. This is tooling, not part of the request path.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -316,12 +317,14 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
     try:
         write_support_files(tmp)
         processor = AutoProcessor.from_pretrained(tmp, local_files_only=True)
-        init_sha256 = None
+        init_sha256, init_record = None, {}
         if cfg.init is not None:
             weights = Path(cfg.init) / "model.safetensors"
             if not weights.is_file():
                 raise ValueError(f"--init {cfg.init!r} holds no model.safetensors")
             init_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+            if (Path(cfg.init) / "training.json").is_file():  # its figures, beside the new
+                init_record = json.loads((Path(cfg.init) / "training.json").read_text())
         model = build_model(cfg.seed, cfg.init)
         set_vision_attention(model, "grouped")
         encoder = Encoder(processor, model.config)
@@ -371,6 +374,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
             "generator": "apbv.synthetic.train_tiny", "format_version": FORMAT_VERSION,
             "command": command, "config": asdict(cfg), "torch": torch.__version__,
             "init_weights_sha256": init_sha256,
+            "init_heldout_accuracy": init_record.get("heldout_accuracy"),
             "train_seconds": round(train_s, 1), "threads": cfg.threads,
             "parameters": sum(p.numel() for p in model.parameters()),
             "loss_every_25_steps": losses, "heldout_accuracy": accuracy,
