@@ -1,7 +1,10 @@
 """What the tiny model is trained on, step by step, and the held-out sets beside the old ones.
 
-The trainer (:mod:`apbv.synthetic.train_tiny`) takes its step's task from :data:`SCHEDULE`,
-in turn. An entry is one of:
+The trainer (:mod:`apbv.synthetic.train_tiny`) takes its step's task from the schedule of its
+``mix`` (:data:`MIXES`), in turn: ``needles`` (the default: the five free-form kinds, the recipe
+of the shipped checkpoint) or ``choice-camera`` (:data:`SCHEDULE`, with multiple-choice and
+static-camera entries; its continuation of the shipped checkpoint regressed and was not
+shipped: docs/tiny_model.md). An entry is one of:
 
 - ``free/KIND``: a :mod:`apbv.synthetic.needles` question answered with a word (the
   original five kinds);
@@ -44,6 +47,17 @@ SCHEDULE = (
 """Task of each step, in turn (20): the five free-form kinds 7 times (retrieval and presence 2
 each), multiple-choice 7 (retrieval 4, counting 2, presence 1), static camera 6 (objects 4,
 flashes 2; 3 of them pruned)."""
+NEEDLES = ("free/retrieval", "free/presence", "free/recent", "free/retrieval", "free/counting",
+           "free/retrieval", "free/presence", "free/recent", "free/retrieval", "free/ordering")
+"""The free-form kinds in turn (10): retrieval 4, presence and recent 2 each, counting and
+ordering 1 each."""
+MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE}
+FINE_TUNE_OVERRIDES: dict[str, dict[str, object]] = {
+    "needles": {},
+    "choice-camera": {"steps": 1400,
+                      "curriculum": ((0.0, 64), (0.2, 256), (0.5, 1024), (0.8, 2048))},
+}
+"""Per mix, what ``--init`` changes of :data:`apbv.synthetic.train_tiny.FINE_TUNE`."""
 LENGTH_CAPS = {"choice": 512, "camera": 256}
 """Longest video (temporal patches) of the non-free entries."""
 TRAIN_THRESHOLDS = (2.0, 4.0, 8.0, 16.0)
@@ -69,6 +83,13 @@ def check_entry(entry: str) -> None:
         raise ValueError(f"schedule entry {entry!r} must be free/KIND, choice/BENCH/KIND or "
                          f"camera/EVENT[/pruned] (KIND: {', '.join(KINDS)}; BENCH: "
                          f"{', '.join(BENCHMARKS)}; EVENT: {', '.join(CAMERA_KINDS)})")
+
+
+def schedule(name: str) -> tuple[str, ...]:
+    """The schedule of mix ``name``; ValueError naming the mixes."""
+    if name not in MIXES:
+        raise ValueError(f"unknown training mix {name!r}; allowed: {', '.join(MIXES)}")
+    return MIXES[name]
 
 
 def longest_for(entry: str, longest: int) -> int:

@@ -77,9 +77,11 @@ class TrainConfig:
     """Short videos are batched (same kind and length) up to about this many video tokens."""
     max_batch: int = 8
     init: str | None = None
+    mix: str = "needles"  # the step schedule (apbv.synthetic.mix.MIXES)
     """Checkpoint directory whose weights training starts from (None: seeded random init)."""
 
     def __post_init__(self) -> None:
+        mix.schedule(self.mix)
         for name in ("steps", "min_patches", "max_patches", "threads", "eval_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,11 +100,10 @@ class TrainConfig:
         return max(self.min_patches, min(current, self.max_patches))
 
 
-FINE_TUNE = {"steps": 1400, "lr": 1e-3,
-             "curriculum": ((0.0, 64), (0.2, 256), (0.5, 1024), (0.8, 2048))}
-"""TrainConfig overrides for continuing from a trained checkpoint (``--init``): fewer steps,
-a lower peak rate, and a fifth of the steps on videos up to ``max_patches`` (the free-form
-entries of the mix; :data:`apbv.synthetic.mix.LENGTH_CAPS` caps the others)."""
+FINE_TUNE = {"steps": 2400, "lr": 1e-3,
+             "curriculum": ((0.0, 64), (0.15, 256), (0.4, 1024), (0.65, 2048))}
+"""TrainConfig overrides of ``--init`` (continuing a trained checkpoint): fewer steps, a lower
+rate, a third of the steps up to ``max_patches`` (and :data:`mix.FINE_TUNE_OVERRIDES`)."""
 
 
 def trained_config():
@@ -332,11 +333,12 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                                   betas=(0.9, 0.98))
         gen = torch.Generator().manual_seed(cfg.seed)
         losses: list[tuple[int, int, float]] = []
+        steps_mix = mix.schedule(cfg.mix)
         start = time.perf_counter()
         model.train()
         window: list[float] = []
         for step in range(cfg.steps):
-            entry = mix.SCHEDULE[step % len(mix.SCHEDULE)]
+            entry = steps_mix[step % len(steps_mix)]
             longest = mix.longest_for(entry, cfg.longest(step))
             u = float(torch.rand((), generator=gen))
             patches = round(math.exp(math.log(cfg.min_patches)
@@ -366,7 +368,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
         model.eval()
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
         accuracy, by_answer = heldout_accuracy(model, encoder, cfg, progress)
-        mix_accuracy = mix.heldout_accuracy(
+        mix_accuracy = {} if cfg.mix == "needles" else mix.heldout_accuracy(
             lambda t: answers_greedily(model, encoder(t.sample, threshold=t.threshold)),
             cfg.eval_samples, cfg.seed + SEED_OFFSETS["heldout"], cfg.max_patches, progress)
         model.to(torch.bfloat16).save_pretrained(tmp)
@@ -379,7 +381,7 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
             "parameters": sum(p.numel() for p in model.parameters()),
             "loss_every_25_steps": losses, "heldout_accuracy": accuracy,
             "heldout_right_of_count_per_answer": by_answer,
-            "mix": {"schedule": mix.SCHEDULE, "length_caps": mix.LENGTH_CAPS,
+            "mix": {"schedule": steps_mix, "length_caps": mix.LENGTH_CAPS,
                     "pruned_thresholds": mix.TRAIN_THRESHOLDS},
             "heldout_mix_accuracy": mix_accuracy,
             "heldout": {"seed": cfg.seed + SEED_OFFSETS["heldout"],

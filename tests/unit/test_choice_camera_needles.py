@@ -14,7 +14,14 @@ from apbv.eval.data import choice_prompt, load_samples
 from apbv.eval.fixtures import make_eval_fixtures
 from apbv.synthetic.camera import CAMERA_KINDS, QUESTIONS, camera_sample
 from apbv.synthetic.choices import CHOICE_KINDS, choice_sample
-from apbv.synthetic.mix import SCHEDULE, TRAIN_THRESHOLDS, check_entry, make_task
+from apbv.synthetic.mix import (
+    MIXES,
+    SCHEDULE,
+    TRAIN_THRESHOLDS,
+    check_entry,
+    make_task,
+    schedule,
+)
 from apbv.synthetic.needles import COLOURS, make_sample
 from apbv.video.prune import keep_mask, signatures
 
@@ -72,6 +79,13 @@ def test_the_training_mix_names_valid_tasks() -> None:
         assert (task.threshold in TRAIN_THRESHOLDS) == entry.endswith("/pruned")
     with pytest.raises(ValueError, match="must be free/KIND"):
         check_entry("camera/flash/blurred")
+    assert schedule("choice-camera") == SCHEDULE and len(set(SCHEDULE)) == 14
+    assert all(e.startswith("free/") for e in schedule("needles"))  # the shipped recipe
+    from apbv.synthetic.train_tiny import TrainConfig
+
+    assert TrainConfig().mix == "needles" and set(MIXES) == {"needles", "choice-camera"}
+    with pytest.raises(ValueError, match="unknown training mix 'cats'; allowed: needles"):
+        TrainConfig(mix="cats")
 
 
 def test_a_pruned_training_sample_keeps_its_patches_positions() -> None:
