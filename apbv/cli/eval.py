@@ -51,8 +51,13 @@ def register(sub: Any) -> None:
                               help="write a small synthetic dataset in a benchmark's format")
     fixtures.add_argument("--bench", required=True, choices=BENCHMARKS)
     fixtures.add_argument("--out", required=True, help="directory to write")
-    fixtures.add_argument("--count", type=int, help="LongVideoBench questions (4) or VNBench "
-                                                    "questions per type (1)")
+    fixtures.add_argument("--count", type=int, help="LongVideoBench questions (4; needles 24) "
+                                                    "or VNBench questions per type (1; "
+                                                    "needles 6)")
+    fixtures.add_argument("--videos", choices=("squares", "needles"), default="squares",
+                          help="moving squares with square needles (default), or the trained "
+                               "tiny model's needle videos and questions (apbv/assets/"
+                               "needle-tiny answers them with the option letter)")
     fixtures.add_argument("--seed", type=int, default=0)
     fixtures.set_defaults(run=run_fixtures)
 
@@ -89,5 +94,6 @@ def run(args: argparse.Namespace) -> int:
 def run_fixtures(args: argparse.Namespace) -> int:
     from apbv.eval.fixtures import make_eval_fixtures
 
-    print(make_eval_fixtures(args.bench, args.out, count=args.count, seed=args.seed))
+    print(make_eval_fixtures(args.bench, args.out, count=args.count, seed=args.seed,
+                             videos=args.videos))
     return 0

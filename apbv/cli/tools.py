@@ -30,6 +30,9 @@ def register(sub: Any) -> None:
     train.add_argument("--init", metavar="DIR",
                        help="continue from this trained checkpoint (default steps, rate and "
                             "curriculum: train_tiny.FINE_TUNE)")
+    train.add_argument("--mix", choices=("needles", "choice-camera"), default="needles",
+                       help="the step schedule: the free-form needle kinds (default), or with "
+                            "multiple-choice and static-camera videos (apbv.synthetic.mix)")
     train.add_argument("--overwrite", action="store_true")
     train.set_defaults(run=run)
 
@@ -63,9 +66,12 @@ def run(args: argparse.Namespace) -> int:
                                 size=args.size))
         return 0
     if args.command == "train-tiny":
+        from apbv.synthetic.mix import FINE_TUNE_OVERRIDES
         from apbv.synthetic.train_tiny import FINE_TUNE, TrainConfig, train
 
-        overrides: dict[str, Any] = dict(FINE_TUNE, init=args.init) if args.init else {}
+        overrides: dict[str, Any] = dict(FINE_TUNE, **FINE_TUNE_OVERRIDES[args.mix],
+                                         init=args.init) if args.init else {}
+        overrides["mix"] = args.mix
         if args.steps is not None:
             overrides["steps"] = args.steps
         cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)

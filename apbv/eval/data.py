@@ -166,6 +166,15 @@ def _options_prompt(lead: str, options: list[str], letters: str, end: str) -> st
     return "\n".join(lines + [end])
 
 
+def choice_prompt(bench: str, question: str, options: list[str]) -> str:
+    """The user text after the video that the harness builds for a ``bench`` question with
+    these options (LongVideoBench: lmms-eval's, trailing newline included; VNBench:
+    VideoNIAH's); the same function the annotation readers use."""
+    _check_bench(bench)
+    end = LVB_POST_PROMPT if bench == "longvideobench" else INSTRUCTION
+    return _options_prompt(question, options, option_letters(len(options)), end)
+
+
 def _longvideobench(entries: list[dict[str, Any]], data_dir: Path, path: Path) -> list[Sample]:
     samples = []
     for i, e in enumerate(entries):

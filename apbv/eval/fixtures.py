@@ -10,7 +10,8 @@ The videos are :mod:`apbv.synthetic` test videos (a background colour per second
 square) in which whole seconds are "needles": a large centred square of a named colour. The
 questions ask about the needles (which colour comes first or last, which colour was inserted,
 in which order, how many), so a real model can answer them; the tiny random test model cannot,
-and the tests check the harness's mechanics instead.
+and the tests check the harness's mechanics instead. ``videos="needles"`` writes the trained
+tiny model's needle videos and questions instead (:mod:`apbv.eval.needle_fixtures`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ COLOURS = {
 SECONDS = 8
 FPS = 4.0
 SIZE = 112
+VIDEO_STYLES = ("squares", "needles")
+"""What the videos show: moving squares with square needles, or the tiny model's needles."""
+NEEDLE_COUNTS = {"longvideobench": 24, "vnbench": 6}
+"""Default ``count`` of the needle fixtures."""
 Needles = list[tuple[int, str]]
 """(second, colour name) pairs: that second of the video shows the colour's needle."""
 
@@ -144,24 +149,40 @@ def make_eval_fixtures(
     out: str | os.PathLike[str],
     *,
     count: int | None = None,
-    types: tuple[str, ...] = VNBENCH_TYPES,
+    types: tuple[str, ...] | None = None,
     seed: int = 0,
+    videos: str = "squares",
 ) -> Path:
     """Write a small dataset of ``bench`` under ``out``; returns its annotation file.
 
     ``count``: LongVideoBench questions (default 4; two per video), or VNBench questions per
-    type (default 1; each 4 tries). ``types``: the VNBench types to write.
+    type (default 1; each 4 tries). ``types``: the VNBench types to write (default: all;
+    with needles :data:`apbv.eval.needle_fixtures.NEEDLE_TYPES`). ``videos``: one of
+    :data:`VIDEO_STYLES` (needles: default counts :data:`NEEDLE_COUNTS`).
     """
     if bench not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {bench!r}; allowed: {', '.join(BENCHMARKS)}")
+    if videos not in VIDEO_STYLES:
+        raise ValueError(f"unknown fixture videos {videos!r}; allowed: {', '.join(VIDEO_STYLES)}")
     if count is None:
-        count = 4 if bench == "longvideobench" else 1
+        count = NEEDLE_COUNTS[bench] if videos == "needles" else \
+            4 if bench == "longvideobench" else 1
+    if types is None:
+        from apbv.eval.needle_fixtures import NEEDLE_TYPES
+
+        types = NEEDLE_TYPES if videos == "needles" else VNBENCH_TYPES
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be an integer >= 1, got {count!r}")
     for task_type in types:
         vnbench_category(task_type)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if videos == "needles":
+        from apbv.eval.needle_fixtures import longvideobench_needles, vnbench_needles
+
+        if bench == "longvideobench":
+            return longvideobench_needles(out, count, seed)
+        return vnbench_needles(out, count, tuple(types), seed)
     rng = random.Random(seed)
     if bench == "longvideobench":
         return _longvideobench(out, count, rng)

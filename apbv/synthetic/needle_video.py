@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 MAX_DRAWS = 2000
 """Samples drawn at most to find one whose flash has the asked colour (one in 8 has)."""
@@ -35,28 +36,34 @@ def write_needle_video(path: str | os.PathLike[str], colour: str, *, seconds: fl
                        seed: int = 0) -> Path:
     """Write :func:`needle_sample_of`'s frames to ``path`` (its directories made); returns the
     path. The question to ask is :data:`apbv.synthetic.needles.QUESTIONS` ``["retrieval"]``."""
+    return write_frames(path, needle_sample_of(colour, seconds, seed).frames)
+
+
+def write_frames(path: str | os.PathLike[str], frames: Any, fps: float | None = None) -> Path:
+    """Write uint8 ``frames`` (T, 3, H, W), RGB, at ``fps`` (default: the needles' 2 fps) to
+    ``path`` (its directories made), nearly losslessly (x264 crf 0, yuv444p; mpeg4 yuv420p
+    without x264) so that the noise stays noise; returns the path."""
     import av
 
     from apbv.synthetic.needles import FPS
 
-    sample = needle_sample_of(colour, seconds, seed)
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
         raise ValueError(f"cannot create the directory of {str(path)!r}: a file is in the "
                          "way") from exc
-    frames = sample.frames.permute(0, 2, 3, 1).numpy()  # (T, H, W, 3) uint8
+    images = frames.permute(0, 2, 3, 1).numpy()  # (T, H, W, 3) uint8
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
     with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(codec, rate=int(FPS))
+        stream = container.add_stream(codec, rate=int(fps or FPS))
         assert isinstance(stream, av.VideoStream), stream  # a video codec's stream
-        stream.height, stream.width = frames.shape[1:3]
+        stream.height, stream.width = images.shape[1:3]
         stream.pix_fmt = "yuv444p" if codec == "libx264" else "yuv420p"
         stream.codec_context.thread_count = 1  # the same bytes on every run
         if codec == "libx264":
             stream.options = {"crf": "0"}
-        for image in frames:
+        for image in images:
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():

@@ -24,6 +24,7 @@ build and thread count. This is tooling, not part of the request path.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -44,18 +45,13 @@ from apbv.model.qwen2_5_vl.tiny import (
     write_json,
 )
 from apbv.synthetic import byte_tokenizer as bt
+from apbv.synthetic import mix
 from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
 
 SEED_OFFSETS = {"train": 0, "heldout": 1_000_003}
 """Sample seeds are ``seed + offset``: training and held-out sets never share a sample."""
-
-
-KIND_SCHEDULE = ("retrieval", "presence", "recent", "retrieval", "counting",
-                 "retrieval", "presence", "recent", "retrieval", "ordering")
-"""Task kind of each step, in turn: retrieval (the benchmark's accuracy bar) gets 4 in 10,
-presence and recent (a watch's standing questions) 2 each, counting and ordering 1 each."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +78,11 @@ class TrainConfig:
     """Short videos are batched (same kind and length) up to about this many video tokens."""
     max_batch: int = 8
     init: str | None = None
+    mix: str = "needles"  # the step schedule (apbv.synthetic.mix.MIXES)
     """Checkpoint directory whose weights training starts from (None: seeded random init)."""
 
     def __post_init__(self) -> None:
+        mix.schedule(self.mix)
         for name in ("steps", "min_patches", "max_patches", "threads", "eval_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,8 +103,8 @@ class TrainConfig:
 
 FINE_TUNE = {"steps": 2400, "lr": 1e-3,
              "curriculum": ((0.0, 64), (0.15, 256), (0.4, 1024), (0.65, 2048))}
-"""TrainConfig overrides for continuing from a trained checkpoint (``--init``): fewer steps,
-a lower peak rate, and a third of the steps on videos up to ``max_patches``."""
+"""TrainConfig overrides of ``--init`` (continuing a trained checkpoint): fewer steps, a lower
+rate, a third of the steps up to ``max_patches`` (and :data:`mix.FINE_TUNE_OVERRIDES`)."""
 
 
 def trained_config():
@@ -177,21 +175,32 @@ class Encoder:
         self.tokens_per_second = config.vision_config.tokens_per_second
         self.end_id = bt.SPECIAL_IDS["<|im_end|>"]
 
-    def __call__(self, sample, *, with_answer: bool = True) -> Encoded:
+    def __call__(self, sample: Any, *, with_answer: bool = True,
+                 threshold: float | None = None) -> Encoded:
+        """``threshold``: prune the video's temporal patches as the engine does at
+        ``video.static_threshold`` (kept patches keep their positions in the whole video)."""
         from apbv.model.common.hf_compat import video_processor_kwargs
         from apbv.positions import mrope_positions
         from apbv.sequence import build_prompt
+        from apbv.video.prune import keep_mask, signatures
 
         vp = self.processor.video_processor
-        out = vp(videos=[sample.frames], do_resize=False, do_sample_frames=False,
+        frames, kept = sample.frames, None
+        t, side = frames.shape[0] // 2, frames.shape[-1] // 14  # (t, h, w) of the whole video
+        if threshold:
+            keep = keep_mask(signatures(frames, 2, (side // 2, side // 2)), threshold)
+            kept = [i for i, k in enumerate(keep) if k]
+            frames = frames[torch.tensor(keep).repeat_interleave(2)]
+        out = vp(videos=[frames], do_resize=False, do_sample_frames=False,
                  return_tensors="pt", **video_processor_kwargs(vp))
         grid = out["video_grid_thw"]
-        t, h, w = (int(x) for x in grid[0].tolist())
-        context, query = build_prompt(self.processor, sample.question, t * h * w // 4)
+        k, h, w = (int(x) for x in grid[0].tolist())
+        assert (h, w) == (side, side) and k == (t if kept is None else len(kept)), grid
+        context, query = build_prompt(self.processor, sample.question, k * h * w // 4)
         prompt = torch.cat([context, query])
         positions = mrope_positions(prompt, [(t, h, w)], [2.0 / sample.fps],
                                     video_token_id=self.video_token_id, spatial_merge_size=2,
-                                    tokens_per_second=self.tokens_per_second)
+                                    tokens_per_second=self.tokens_per_second, kept=[kept])
         answer = (self.tokenizer(sample.answer, add_special_tokens=False)["input_ids"]
                   + [self.end_id]) if with_answer else []
         ids = torch.cat([prompt, torch.tensor(answer, dtype=torch.long)])
@@ -205,12 +214,11 @@ class Encoder:
 
 
 def collate(encs: list[Encoded]) -> Encoded:
-    """One batch of samples with the same prompt length; shorter answers are padded with
-    <|endoftext|> after their <|im_end|> (causal: padding changes no earlier logit)."""
+    """One batch; shorter sequences are padded with <|endoftext|> after their <|im_end|>
+    (causal: padding changes no earlier logit). ``prompt_len`` is -1 unless every sample's
+    prompt has the same length (the labels mark each one's answer)."""
     if len(encs) == 1:
         return encs[0]
-    if len({e.prompt_len for e in encs}) != 1:
-        raise ValueError("a batch needs samples with the same prompt length")
     width = max(e.input_ids.shape[1] for e in encs)
     pad = bt.SPECIAL_IDS["<|endoftext|>"]
 
@@ -227,7 +235,7 @@ def collate(encs: list[Encoded]) -> Encoded:
         positions.append(torch.cat([e.positions, more.view(1, 1, -1).expand(3, 1, -1)], dim=2))
     return Encoded(ids, labels, torch.cat(positions, dim=1),
                    torch.cat([e.pixels for e in encs]), torch.cat([e.grid for e in encs]),
-                   encs[0].prompt_len)
+                   encs[0].prompt_len if len({e.prompt_len for e in encs}) == 1 else -1)
 
 
 def forward(model, enc: Encoded):
@@ -311,12 +319,14 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
     try:
         write_support_files(tmp)
         processor = AutoProcessor.from_pretrained(tmp, local_files_only=True)
-        init_sha256 = None
+        init_sha256, init_record = None, {}
         if cfg.init is not None:
             weights = Path(cfg.init) / "model.safetensors"
             if not weights.is_file():
                 raise ValueError(f"--init {cfg.init!r} holds no model.safetensors")
             init_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+            if (Path(cfg.init) / "training.json").is_file():  # its figures, beside the new
+                init_record = json.loads((Path(cfg.init) / "training.json").read_text())
         model = build_model(cfg.seed, cfg.init)
         set_vision_attention(model, "grouped")
         encoder = Encoder(processor, model.config)
@@ -324,22 +334,23 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                                   betas=(0.9, 0.98))
         gen = torch.Generator().manual_seed(cfg.seed)
         losses: list[tuple[int, int, float]] = []
+        steps_mix = mix.schedule(cfg.mix)
         start = time.perf_counter()
         model.train()
         window: list[float] = []
         for step in range(cfg.steps):
-            longest = cfg.longest(step)
+            entry = steps_mix[step % len(steps_mix)]
+            longest = mix.longest_for(entry, cfg.longest(step))
             u = float(torch.rand((), generator=gen))
             patches = round(math.exp(math.log(cfg.min_patches)
                                      + u * (math.log(longest) - math.log(cfg.min_patches))))
             patches = max(patches, cfg.min_patches)
-            kind = KIND_SCHEDULE[step % len(KIND_SCHEDULE)]
             batch = max(1, min(cfg.max_batch, cfg.batch_tokens // (4 * patches)))
-            samples = [make_sample(kind, patches=patches, index=step * cfg.max_batch + j,
+            tasks = [mix.make_task(entry, patches=patches, index=step * cfg.max_batch + j,
                                    seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch)]
             for group in optim.param_groups:
                 group["lr"] = _lr_at(cfg, step)
-            batch_enc = collate([encoder(s) for s in samples])
+            batch_enc = collate([encoder(t.sample, threshold=t.threshold) for t in tasks])
             loss = answer_loss(forward(model, batch_enc).logits, batch_enc.labels)
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -358,15 +369,22 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
         model.eval()
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
         accuracy, by_answer = heldout_accuracy(model, encoder, cfg, progress)
+        mix_accuracy = {} if cfg.mix == "needles" else mix.heldout_accuracy(
+            lambda t: answers_greedily(model, encoder(t.sample, threshold=t.threshold)),
+            cfg.eval_samples, cfg.seed + SEED_OFFSETS["heldout"], cfg.max_patches, progress)
         model.to(torch.bfloat16).save_pretrained(tmp)
         write_json(tmp / "training.json", {
             "generator": "apbv.synthetic.train_tiny", "format_version": FORMAT_VERSION,
             "command": command, "config": asdict(cfg), "torch": torch.__version__,
             "init_weights_sha256": init_sha256,
+            "init_heldout_accuracy": init_record.get("heldout_accuracy"),
             "train_seconds": round(train_s, 1), "threads": cfg.threads,
             "parameters": sum(p.numel() for p in model.parameters()),
             "loss_every_25_steps": losses, "heldout_accuracy": accuracy,
             "heldout_right_of_count_per_answer": by_answer,
+            "mix": {"schedule": steps_mix, "length_caps": mix.LENGTH_CAPS,
+                    "pruned_thresholds": mix.TRAIN_THRESHOLDS},
+            "heldout_mix_accuracy": mix_accuracy,
             "heldout": {"seed": cfg.seed + SEED_OFFSETS["heldout"],
                         "samples_per_cell": cfg.eval_samples,
                         "decoding": "greedy, single process, full causal attention"},
