@@ -177,8 +177,7 @@ class Encoder:
 
     def __call__(self, sample: Any, *, with_answer: bool = True,
                  threshold: float | None = None) -> Encoded:
-        """``threshold``: prune the video's temporal patches as the engine does at
-        ``video.static_threshold`` (kept patches keep their positions in the whole video)."""
+        """``threshold``: prune as the engine does at ``video.static_threshold``."""
         from apbv.model.common.hf_compat import video_processor_kwargs
         from apbv.positions import mrope_positions
         from apbv.sequence import build_prompt
