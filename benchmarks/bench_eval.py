@@ -112,8 +112,8 @@ def main() -> int:
     from apbv import cost
     from apbv.cost.calibrate import as_loaded, slowdown
     from apbv.eval.data import load_samples
-    from apbv.eval.fixtures import make_eval_fixtures
     from apbv.eval.forecast import forecast, forecast_lines, sample_work
+    from apbv.synthetic.eval_fixtures import make_eval_fixtures
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:

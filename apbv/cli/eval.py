@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fixtures(args: argparse.Namespace) -> int:
-    from apbv.eval.fixtures import make_eval_fixtures
+    from apbv.synthetic.eval_fixtures import make_eval_fixtures
 
     print(make_eval_fixtures(args.bench, args.out, count=args.count, seed=args.seed,
                              videos=args.videos))

@@ -7,8 +7,8 @@
 - :mod:`apbv.eval.settings`: the run's settings, stored with the output and checked on resume;
 - :mod:`apbv.eval.store`: the JSONL of finished samples and the output lock;
 - :mod:`apbv.eval.report`: the progress lines and the terminal summary;
-- :mod:`apbv.eval.fixtures`: small synthetic datasets in both formats
-  (``python -m apbv make-eval-fixtures``).
+- small synthetic datasets in both formats (``python -m apbv make-eval-fixtures``) are made
+  in :mod:`apbv.synthetic.eval_fixtures` (synthetic data imports the formats, not the reverse).
 
 Nothing heavy is imported here; import the submodule you need.
 """

@@ -26,8 +26,8 @@ from apbv.__main__ import main
 from apbv.config import RuntimeConfig
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
-from apbv.eval.fixtures import make_eval_fixtures
 from apbv.eval.harness import EvalSpec, run_eval
+from apbv.synthetic.eval_fixtures import make_eval_fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 PIXELS = 112 * 112  # per frame: 16 tokens per temporal patch keeps every call fast

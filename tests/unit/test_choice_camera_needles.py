@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from apbv.eval.data import choice_prompt, load_samples
-from apbv.eval.fixtures import make_eval_fixtures
 from apbv.synthetic.camera import CAMERA_KINDS, QUESTIONS, camera_sample
 from apbv.synthetic.choices import CHOICE_KINDS, choice_sample
+from apbv.synthetic.eval_fixtures import make_eval_fixtures
 from apbv.synthetic.mix import (
     MIXES,
     SCHEDULE,

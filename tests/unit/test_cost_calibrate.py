@@ -14,8 +14,8 @@ import pytest
 from apbv import cost
 from apbv.__main__ import main
 from apbv.cost import calibrate
-from apbv.eval.fixtures import make_eval_fixtures
 from apbv.eval.forecast import SampleWork, forecast
+from apbv.synthetic.eval_fixtures import make_eval_fixtures
 
 CPU = dataclasses.replace(cost.CPU, sample_overhead_s=0.002)
 

@@ -1,5 +1,5 @@
-"""apbv.eval.data and apbv.eval.fixtures: the two annotation formats, the prompts, the filters,
-every malformed-input error, and fixture videos that really hold their needles."""
+"""apbv.eval.data and apbv.synthetic.eval_fixtures: the two annotation formats, the prompts, the
+filters, every malformed-input error, and fixture videos that really hold their needles."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from apbv.eval.data import load_samples, parse_where
-from apbv.eval.fixtures import COLOURS, FPS, make_eval_fixtures
+from apbv.synthetic.eval_fixtures import COLOURS, FPS, make_eval_fixtures
 from apbv.synthetic.videos import make_frame, make_needle_frame
 
 INSTRUCTION = "Answer with the option's letter from the given choices directly."

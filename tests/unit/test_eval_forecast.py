@@ -16,9 +16,9 @@ from apbv import cost
 from apbv.__main__ import main
 from apbv.eval import report
 from apbv.eval.data import load_samples
-from apbv.eval.fixtures import make_eval_fixtures
 from apbv.eval.forecast import divisors, forecast, predict_one, recommend, sample_work
 from apbv.eval.groups import deal
+from apbv.synthetic.eval_fixtures import make_eval_fixtures
 from tests.unit.test_eval_loop import ScriptedEngine, scripted_engine, vnbench_fixture
 
 

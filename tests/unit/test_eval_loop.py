@@ -16,9 +16,9 @@ import pytest
 
 from apbv.config import load_config
 from apbv.eval.data import load_samples
-from apbv.eval.fixtures import make_eval_fixtures
 from apbv.eval.harness import EvalSpec, run_eval, summary
 from apbv.eval.store import ResultLog
+from apbv.synthetic.eval_fixtures import make_eval_fixtures
 
 CFG = load_config("tiny_cpu", [])
 

@@ -11,7 +11,7 @@ square) in which whole seconds are "needles": a large centred square of a named 
 questions ask about the needles (which colour comes first or last, which colour was inserted,
 in which order, how many), so a real model can answer them; the tiny random test model cannot,
 and the tests check the harness's mechanics instead. ``videos="needles"`` writes the trained
-tiny model's needle videos and questions instead (:mod:`apbv.eval.needle_fixtures`).
+tiny model's needle videos and questions instead (:mod:`apbv.synthetic.eval_needles`).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def make_eval_fixtures(
 
     ``count``: LongVideoBench questions (default 4; two per video), or VNBench questions per
     type (default 1; each 4 tries). ``types``: the VNBench types to write (default: all;
-    with needles :data:`apbv.eval.needle_fixtures.NEEDLE_TYPES`). ``videos``: one of
+    with needles :data:`apbv.synthetic.eval_needles.NEEDLE_TYPES`). ``videos``: one of
     :data:`VIDEO_STYLES` (needles: default counts :data:`NEEDLE_COUNTS`).
     """
     if bench not in BENCHMARKS:
@@ -168,7 +168,7 @@ def make_eval_fixtures(
         count = NEEDLE_COUNTS[bench] if videos == "needles" else \
             4 if bench == "longvideobench" else 1
     if types is None:
-        from apbv.eval.needle_fixtures import NEEDLE_TYPES
+        from apbv.synthetic.eval_needles import NEEDLE_TYPES
 
         types = NEEDLE_TYPES if videos == "needles" else VNBENCH_TYPES
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -178,7 +178,7 @@ def make_eval_fixtures(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if videos == "needles":
-        from apbv.eval.needle_fixtures import longvideobench_needles, vnbench_needles
+        from apbv.synthetic.eval_needles import longvideobench_needles, vnbench_needles
 
         if bench == "longvideobench":
             return longvideobench_needles(out, count, seed)

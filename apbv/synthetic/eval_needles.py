@@ -1,8 +1,8 @@
 """Benchmark-format fixtures whose videos are the trained tiny model's needle videos.
 
 ``make_eval_fixtures(bench, DIR, videos="needles")`` (``make-eval-fixtures --videos needles``)
-writes the same files as the square fixtures (:mod:`apbv.eval.fixtures`), but each video is a
-:mod:`apbv.synthetic.needles` video (56 x 56 noise frames at 2 fps with coloured flashes,
+writes the same files as the square fixtures (:mod:`apbv.synthetic.eval_fixtures`), but each
+video is a :mod:`apbv.synthetic.needles` video (56 x 56 noise frames at 2 fps with coloured flashes,
 encoded nearly losslessly) and each question is that video's needle question with lettered
 options (:mod:`apbv.synthetic.choices`), so the shipped model ``apbv/assets/needle-tiny``
 answers them with a letter. Videos are 32, 64, 128 and 256 temporal patches (seconds) long in
