@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["StreamOptions", "Streams"]
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
-               "window_tokens", "keep_vision", "source"}
+               "window_tokens", "keep_vision", "source", "static_threshold"}
 ASK_FIELDS = {"question", "max_tokens", "choices", "fresh", "stream", "stop"}
 FRESH_MODE = "spava"
 """The mode of a fresh ask (a one-shot prefill of the held window); an ask over the held KV
@@ -86,7 +86,8 @@ class Streams:
                 fps=2.0 if fps is None else fps,
                 window_s=chat_body.typed_field(body, "window_s", (int, float)),
                 window_tokens=chat_body.typed_field(body, "window_tokens", (int,)),
-                keep_vision=bool(chat_body.typed_field(body, "keep_vision", (bool,))))
+                keep_vision=bool(chat_body.typed_field(body, "keep_vision", (bool,))),
+                static_threshold=chat_body.typed_field(body, "static_threshold", (int, float)))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         if spec.window_s is not None and not math.isfinite(spec.window_s * spec.fps):

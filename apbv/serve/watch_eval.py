@@ -18,6 +18,12 @@ evaluations (``coalesced`` chunks) and the round's other watches.
 
 An evaluation's job carries the arrival of its oldest chunk (``Job.evaluates``): the
 replica's queue runs it before other work (:mod:`apbv.serve.fair_order`).
+
+A watch whose stream gained no tokens since its last evaluation was asked (temporal pruning
+kept none of the new patches: the held KV is the one it was asked over) is not asked again:
+that evaluation's answer is reused (no job; ``reused``, ``apbv:watch_reused_total``), and its
+rule still folds it in, so time passes for it (a ``hold`` of N evaluations still completes
+over a static scene).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from apbv.serve.events import EventHub
 from apbv.serve.ops import Generate
@@ -50,6 +56,7 @@ class Evaluator:
         self.events_total, self.latency = metrics.watch_events, metrics.capture_to_event
         self.evaluations, self.coalesced = metrics.watch_evaluations, metrics.watch_coalesced
         self.dropped = metrics.events_dropped
+        self.reused = metrics.watch_reused
 
     def appended(self, live: LiveStream, footage_ts: float, arrived: float,
                  chunk_s: float) -> None:
@@ -94,7 +101,16 @@ class Evaluator:
         for watch in [w for w in sw.watches.values() if w.due(footage_ts)]:
             if live.closing or self.registry.live.get(live.id) is not live:
                 return
-            start = time.monotonic()
+            if watch.last is not None and watch.seen_tokens == live.recent.tokens:
+                watch.reused += 1
+                watch.asked.append(False)
+                self.reused.inc()
+                self._judge(watch, watch.last, None, footage_ts, arrived, {
+                    "append_wait_s": None if appended is None else appended[0],
+                    "append_s": None if appended is None else appended[1],
+                    "eval_wait_s": 0.0, "eval_s": 0.0, "reused": True})
+                continue
+            seen, start = live.recent.tokens, time.monotonic()
             try:
                 result, wait = await self.registry.run(live, Generate(watch.request),
                                                        evaluates=arrived)
@@ -103,18 +119,22 @@ class Evaluator:
                 watch.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
                 continue
             watch.eval_s = time.monotonic() - start - wait
+            watch.seen_tokens = seen
+            watch.asked.append(True)
             if sw.watches.get(watch.id) is not watch:
                 continue  # deleted meanwhile
             stages = {"append_wait_s": None if appended is None else appended[0],
                       "append_s": None if appended is None else appended[1],
                       "eval_wait_s": wait, "eval_s": watch.eval_s}
-            self._judge(watch, result, footage_ts, arrived, stages)
+            self._judge(watch, {c["text"]: float(c["prob"]) for c in result.choices},
+                        result.ttft_s, footage_ts, arrived, stages)
 
-    def _judge(self, watch: Watch, result: Any, footage_ts: float, arrived: float,
-               stages: dict[str, float | None] | None = None) -> None:
-        """Fold an evaluation's ``result`` into ``watch``'s rule; publish an event if any
-        (``stages``: the seconds its latency is made of, see the module docstring)."""
-        probs = {c["text"]: float(c["prob"]) for c in result.choices}
+    def _judge(self, watch: Watch, probs: dict[str, float], ttft_s: float | None,
+               footage_ts: float, arrived: float,
+               stages: dict[str, float | bool | None] | None = None) -> None:
+        """Fold an evaluation's choice probabilities ``probs`` (``ttft_s``: its TTFT, None
+        when reused) into ``watch``'s rule; publish an event if any (``stages``: the seconds
+        its latency is made of, see the module docstring)."""
         watch.evaluations += 1
         watch.last, watch.last_ts, watch.error = probs, footage_ts, None
         self.evaluations.inc()
@@ -127,7 +147,7 @@ class Evaluator:
                  "choice": watch.rule.choice, "answer": change.answer,
                  "previous": change.previous, "top": top_choice(probs), "probs": probs,
                  "footage_ts": footage_ts, "capture_to_event_s": latency,
-                 "ttft_s": result.ttft_s, "stages": stages, "evaluation": watch.evaluations,
+                 "ttft_s": ttft_s, "stages": stages, "evaluation": watch.evaluations,
                  "created": time.time()}
         watch.events += 1
         self.events_total.inc()
@@ -139,6 +159,6 @@ class Evaluator:
             watch.webhook.put(event)
             before += watch.webhook.dropped
         self.dropped.inc(self.hub.dropped - before)
-        log.info("watch %s on %s: %r -> %r at %.2f s of footage (%.3f s after arrival, TTFT "
-                 "%.3f s)", watch.id, watch.stream, change.previous, change.answer, footage_ts,
-                 latency, result.ttft_s)
+        log.info("watch %s on %s: %r -> %r at %.2f s of footage (%.3f s after arrival, %s)",
+                 watch.id, watch.stream, change.previous, change.answer, footage_ts, latency,
+                 "the previous answer reused" if ttft_s is None else f"TTFT {ttft_s:.3f} s")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ from apbv.serve.watch_rules import Rule, RuleState
 
 MAX_WATCHES = 8
 """Watches one stream may hold."""
+RECENT_ROUNDS = 16
+"""Evaluations a watch's share of asked (not reused) ones is taken over."""
 WEBHOOK_FINISH_S = 30.0
 """Seconds a watch's webhook has to send its last events (its stream's end) once the watch
 ended (:meth:`Watch.finish`); then its sender is stopped."""
@@ -43,6 +46,13 @@ class Watch:
     """Its last evaluation's probabilities."""
     eval_s: float | None = None
     """Seconds of its last evaluation (queue wait excluded)."""
+    seen_tokens: int | None = None
+    """The tokens its stream's chunks had added when its last evaluation was asked
+    (:class:`apbv.serve.stream_time.RecentAppends`; None: never evaluated)."""
+    reused: int = 0
+    """Evaluations answered by the previous one (the stream gained no tokens since)."""
+    asked: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT_ROUNDS))
+    """Per recent evaluation, whether it was asked (False: reused)."""
     predicted: tuple[float, float] | None = None
     """(Seconds of one evaluation as the cost model predicts it, scaled as
     :mod:`apbv.serve.stream_time` says; footage seconds between evaluations before its stream
@@ -63,7 +73,8 @@ class Watch:
                          "threshold": self.rule.threshold,
                          "hysteresis": self.rule.hysteresis, "hold": self.rule.hold},
                 "answer": self.state.answer, "probs": self.last,
-                "evaluations": self.evaluations, "events": self.events, "errors": self.errors,
+                "evaluations": self.evaluations, "reused": self.reused, "events": self.events,
+                "errors": self.errors,
                 "error": self.error, "last_timestamp": self.last_ts,
                 "webhook": None if self.webhook is None else self.webhook.stats()}
 
@@ -109,12 +120,14 @@ def lag_s(sw: StreamWatches) -> float:
 
 
 def share(watch: Watch, sw: StreamWatches) -> float:
-    """The share of its replica's time ``watch`` takes: its last evaluation's seconds per
-    footage seconds between its evaluations; before it was measured, its predicted seconds
+    """The share of its replica's time ``watch`` takes: its last asked evaluation's seconds
+    per footage seconds between its evaluations, times the share of its recent evaluations
+    that were asked (not reused); before it was measured, its predicted seconds
     (:attr:`Watch.predicted`; 0 without one)."""
     period = watch.every_s or sw.chunk_s
     if watch.eval_s is not None and period:
-        return watch.eval_s / period
+        asked = sum(watch.asked) / len(watch.asked) if watch.asked else 1.0
+        return watch.eval_s * asked / period
     if watch.predicted is None:
         return 0.0
     seconds, chunk_s = watch.predicted
