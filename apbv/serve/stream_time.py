@@ -63,12 +63,18 @@ class RecentAppends:
     rows: deque[tuple[int, int, float, float]] = field(
         default_factory=lambda: deque(maxlen=RECENT_APPENDS))
     tokens: int = 0
+    appends: int = 0
 
     def add(self, appended: Appended, seconds: float, footage_s: float) -> float:
         """Record an append (what the engine did, its seconds on the ranks, the footage
-        seconds it brought); returns :attr:`load`."""
+        seconds it brought); returns :attr:`load`. The stream's first append (its first patch
+        is always kept: a start-up cost, not its steady load) stands for it only until a
+        second one is measured."""
+        if self.appends == 1 and len(self.rows) == 1:
+            self.rows.clear()
         self.rows.append((appended.patches, appended.kept, seconds, footage_s))
         self.tokens += appended.tokens
+        self.appends += 1
         return self.load or 0.0
 
     @property

@@ -130,12 +130,14 @@ def test_a_watch_is_refused_from_its_prediction_before_anything_was_measured():
 def test_static_cameras_are_priced_at_their_keep_rate_and_more_are_admitted():
     recent = RecentAppends()
     assert (recent.keep_rate, recent.load) == (None, None) and priced_keep_rate(None) == 1.0
+    first = Appended(0, 0, 4, 0, patches=1, kept=1)  # the always kept first patch: alone,
+    assert recent.add(first, 0.5, 0.5) == 1.0  # it stands for the stream; replaced by the next
     for i in range(RECENT_APPENDS + 4):  # the oldest 4 (every patch kept) leave the window
         kept = 4 if i < 4 else i % 2
         recent.add(Appended(None, None, 16 * kept, 0, patches=4, kept=kept),
                    0.4 if i < 4 else 0.05 * (i % 2), 16.0)
     assert recent.keep_rate == pytest.approx(8 / 64) and recent.load == pytest.approx(
-        0.4 / 256) and recent.tokens == 16 * 24, recent
+        0.4 / 256) and recent.tokens == 4 + 16 * 24, recent
     assert recent.mostly_pruned and recent.priced == pytest.approx(8 / 64)
     assert priced_keep_rate(0.0) == 0.05 and priced_keep_rate(0.3) == 0.3
     streams, replica = _streams()
