@@ -28,7 +28,17 @@ the stream's earlier evaluation and the event's delivery).
 
 ``--presence-question`` (e.g. "Is there a flash?") adds a second watch per camera with choices
 yes / no, scored apart (detected: a "yes" event after the flash; false: a "yes" before it);
-by default it is not asked (a model trained on that question answers it).
+by default it is not asked (a model trained on that question answers it). ``--presence-only``
+watches that question alone.
+
+Static cameras (``--footage static``): each camera films a fixed scene
+(:func:`apbv.video.footage.camera_frame`'s textured background and timestamp overlay, under a
+fixed high-frequency texture of ``--texture`` weight: the tiny model knows flash-free frames
+as noise) with Gaussian sensor noise of ``--noise`` grey levels on every frame, and the flash
+is the whole frame in its colour for one second. ``--thresholds 0,8`` runs each K with
+temporal pruning off (0) and at 8 levels (``static_threshold`` at the stream's open), side by
+side in one run: a pruned stream's unchanged pushes add no tokens and its watches reuse their
+answer. A camera whose stream or watch the server refuses (its time budget) counts as missed.
 Writes ``--out``.json, .md and .png. Not a test: numbers depend on the machine and its load.
 """
 
@@ -40,6 +50,8 @@ import io
 import json
 import platform
 import random
+import shlex
+import sys
 import tempfile
 import threading
 import time
@@ -74,6 +86,49 @@ def _second(rng: np.random.Generator, colour: str | None) -> list[str]:
     else:
         image = np.full((FRAME_SIZE, FRAME_SIZE, 3), COLOURS[colour], dtype=np.uint8)
     return [_png(image)] * 2
+
+
+def _rgb(planes: np.ndarray, side: int) -> np.ndarray:
+    """float32 (side, side, 3) RGB of yuv420p ``planes`` (BT.601, full range)."""
+    y = planes[:side].astype(np.float32)
+    quarter = side * side // 4
+    u, v = (planes[side:].reshape(-1)[i * quarter:(i + 1) * quarter]
+            .reshape(side // 2, side // 2).repeat(2, 0).repeat(2, 1).astype(np.float32) - 128
+            for i in (0, 1))
+    return np.stack([y + 1.402 * v, y - 0.344 * u - 0.714 * v, y + 1.772 * u], -1)
+
+
+class StaticCamera:
+    """A fixed camera's frames at 2 fps (see the module docstring): ``second(s, colour)`` is
+    second ``s``'s temporal patch (2 frames, each with its own sensor noise), or the flash of
+    ``colour``."""
+
+    def __init__(self, seed: int, noise: float, texture: float):
+        from apbv.synthetic.needles import FRAME_SIZE
+        from apbv.video.footage import _background
+
+        self.seed, self.noise, self.side = seed, noise, FRAME_SIZE
+        self.background = _background(FRAME_SIZE, FRAME_SIZE, seed)
+        pattern = np.random.default_rng([seed, 1]).integers(0, 256, (FRAME_SIZE, FRAME_SIZE, 3))
+        self.texture, self.weight = pattern.astype(np.float32), texture
+        self.rng = np.random.default_rng([seed, 2])
+
+    def second(self, s: int, colour: str | None) -> list[str]:
+        from apbv.synthetic.needles import COLOURS
+        from apbv.video.footage import camera_frame
+
+        out = []
+        for i in (2 * s, 2 * s + 1):
+            if colour is None:
+                planes = camera_frame(i, fps=2.0, width=self.side, height=self.side,
+                                      seed=self.seed, objects=0, background=self.background)
+                scene = (1 - self.weight) * _rgb(planes, self.side) + self.weight * self.texture
+            else:
+                scene = np.broadcast_to(np.asarray(COLOURS[colour], np.float32),
+                                        (self.side, self.side, 3))
+            noisy = scene + self.rng.normal(0.0, self.noise, scene.shape)
+            out.append(_png(np.clip(np.rint(noisy), 0, 255).astype(np.uint8)))
+        return out
 
 
 class _Events(threading.Thread):
@@ -120,9 +175,13 @@ def score(cams: list[dict], seen: list[list[tuple[float, str, dict | None]]], hi
 
 
 def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int,
-          presence: str | None = None) -> list[dict[str, Any]]:
+          presence: str | None = None, *, threshold: float = 0.0, footage: str = "noise",
+          noise: float = 2.0, texture: float = 0.5,
+          presence_only: bool = False) -> list[dict[str, Any]]:
     """One run of ``k`` cameras (the watches, or the ``baseline``): its rows, the colour
-    question's and (``presence``, watches only) the presence question's."""
+    question's (unless ``presence_only``) and (``presence``, watches only) the presence
+    question's; ``threshold``: the streams' ``static_threshold`` (0: off); ``footage``:
+    ``noise`` or ``static`` (:class:`StaticCamera` of ``noise`` and ``texture``)."""
     from apbv.synthetic.needles import COLOURS
 
     colours = [c for c in COLOURS if c != "cyan"]
@@ -130,10 +189,14 @@ def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int,
     api = httpx.Client(base_url=base + "/v1", timeout=120)
     cams = []
     for _ in range(k):
-        sid = api.post("/streams", json={"fps": 2, "width": 56, "height": 56, "min_pixels": 3136,
-                                         "max_pixels": 3136, "window_s": 30,
-                                         "keep_vision": baseline}).json()["id"]
-        cams.append({"id": sid, "flash_at": rng.randint(seconds // 3, 2 * seconds // 3),
+        opened = api.post("/streams", json={
+            "fps": 2, "width": 56, "height": 56, "min_pixels": 3136, "max_pixels": 3136,
+            "window_s": 30, "keep_vision": baseline,
+            **({"static_threshold": threshold} if threshold else {})}).json()
+        if "id" not in opened:  # refused (the replica's budget): the camera goes unwatched
+            print(f"stream refused: {opened}", flush=True)
+        cams.append({"id": opened.get("id"), "flash_at": rng.randint(seconds // 3,
+                                                                     2 * seconds // 3),
                      "colour": rng.choice(colours), "sent": None, "answers": [], "lag": 0.0,
                      "seconds": seconds, "watches": {}})
     events = _Events(base)
@@ -141,18 +204,23 @@ def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int,
     start = time.monotonic() + 1.0
 
     def camera(cam: dict, index: int) -> None:
+        if cam["id"] is None:
+            return
         frames = np.random.default_rng([seed, index])
+        still = StaticCamera(seed * 1000 + index, noise, texture) if footage == "static" \
+            else None
         offset = index / k  # cameras are not in step: each pushes at its own phase
         for s in range(seconds):
-            time.sleep(max(0.0, start + offset + s - time.monotonic()))
             flash = cam["colour"] if s == cam["flash_at"] else None
+            pushed = _second(frames, flash) if still is None else still.second(s, flash)
+            time.sleep(max(0.0, start + offset + s - time.monotonic()))
             sent = time.monotonic()
-            api.post(f"/streams/{cam['id']}/frames", json={"frames": _second(frames, flash)})
+            api.post(f"/streams/{cam['id']}/frames", json={"frames": pushed})
             if flash:
                 cam["sent"] = sent
             if s == 1 and not baseline:  # the watches, once the stream holds frames
-                asked = [(QUESTION, list(COLOURS))] + ([(presence, ["yes", "no"])]
-                                                        if presence else [])
+                asked = ([] if presence_only else [(QUESTION, list(COLOURS))]) + \
+                    ([(presence, ["yes", "no"])] if presence else [])
                 for question, choices in asked:
                     made = api.post(f"/streams/{cam['id']}/watches",
                                     json={"question": question, "choices": choices}).json()
@@ -188,20 +256,23 @@ def run_k(base: str, k: int, seconds: int, baseline: bool, seed: int,
     else:
         seen = [[(t, e["answer"], e.get("stages")) for t, e in events.got
                  if c["watches"].get(e["watch"]) == QUESTION] for c in cams]
-    rows = [{"k": k, "path": path, "question": QUESTION, "seconds": seconds, **score(
-        cams, seen, lambda c, a: a == c["colour"],
-        lambda c, t, a: a != c["colour"] or (c["sent"] is not None and t < c["sent"]))}]
+    common = {"k": k, "seconds": seconds, "threshold": threshold, "footage": footage,
+              "opened": sum(c["id"] is not None for c in cams)}
+    rows = [] if presence_only and not baseline else [{
+        "path": path, "question": QUESTION, **common, **score(
+            cams, seen, lambda c, a: a == c["colour"],
+            lambda c, t, a: a != c["colour"] or (c["sent"] is not None and t < c["sent"]))}]
     if presence and not baseline:
         seen = [[(t, e["answer"], e.get("stages")) for t, e in events.got
                  if c["watches"].get(e["watch"]) == presence] for c in cams]
-        rows.append({"k": k, "path": "watch (presence)", "question": presence,
-                     "seconds": seconds, **score(
+        rows.append({"path": "watch (presence)", "question": presence, **common, **score(
                          cams, seen, lambda c, a: a == "yes",
                          lambda c, t, a: a == "yes" and (c["sent"] is None or t < c["sent"]))})
     for row in rows:
         row["max_eval_lag_s"] = None if baseline else max(c["lag"] for c in cams)
     for cam in cams:
-        api.delete(f"/streams/{cam['id']}")
+        if cam["id"] is not None:
+            api.delete(f"/streams/{cam['id']}")
     return rows
 
 
@@ -211,20 +282,26 @@ def write_markdown(path: Path, report: dict[str, Any]) -> None:
 
     lines = [f"# Standing questions on K cameras ({report['machine']})", "",
              f"Trained tiny model, {report['world_size']} CPU ranks, {report['seconds']} s of "
-             "2 fps footage per camera, one flash each; `python benchmarks/bench_watch.py`.", "",
-             "| K | path | recall | p50 latency (s) | p95 latency (s) | false alerts / camera-h "
-             "| max evaluation lag (s) | append queued / run, evaluation queued / run (mean s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"2 fps {report.get('footage', 'noise')} footage per camera, one flash each; "
+             f"`{report.get('command', 'python benchmarks/bench_watch.py')}`.", "",
+             "| K | path | static_threshold | streams opened | recall | p50 latency (s) | "
+             "p95 latency (s) | false alerts / camera-h | max evaluation lag (s) | append "
+             "queued / run, evaluation queued / run (mean s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         st = r.get("stages_mean_s")
         parts = "-" if not st else " / ".join(f(st.get(n)) for n in STAGES)
-        lines.append(f"| {r['k']} | {r['path']} | {r['recall']:.2f} | {f(r['p50_s'])} | "
+        lines.append(f"| {r['k']} | {r['path']} | {r.get('threshold', 0):g} | "
+                     f"{r.get('opened', r['k'])} | {r['recall']:.2f} | {f(r['p50_s'])} | "
                      f"{f(r['p95_s'])} | {r['false_alerts_per_camera_hour']:.0f} | "
                      f"{f(r['max_eval_lag_s'])} | {parts} |")
+    for threshold, best in (report.get("sustained_by_threshold") or {}).items():
+        lines += ["", f"static_threshold {threshold}: largest K sustained (recall >= 0.9, "
+                      f"p95 <= 2 s): {best}"]
     k = report["sustained_k"]
-    at_k = {r["path"]: r for r in report["runs"] if r["k"] == k}
+    at_k = {r["path"]: r for r in report["runs"] if r["k"] == k and not r.get("threshold")}
     beside = ""
-    if k is not None:
+    if k is not None and "watch" in at_k:
         base = at_k.get("baseline")
         beside = (f" (watches p95 {f(at_k['watch']['p95_s'])} s; the baseline's p95 at K = {k}: "
                   + ("not run)" if base is None else
@@ -240,12 +317,15 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     if plt is None:
         return
     fig, (lat, rec) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for name in ("watch", "baseline"):
-        runs = [r for r in report["runs"] if r["path"] == name]
+    lines = sorted({(r["path"], r.get("threshold", 0.0)) for r in report["runs"]})
+    for name, threshold in lines:
+        runs = [r for r in report["runs"] if (r["path"], r.get("threshold", 0.0)) ==
+                (name, threshold)]
         ks = [r["k"] for r in runs]
+        label = name if not threshold else f"{name}, static_threshold {threshold:g}"
         lat.plot(ks, [r["p95_s"] if r["p95_s"] is not None else float("nan") for r in runs],
-                 "o-", label=name)
-        rec.plot(ks, [r["recall"] for r in runs], "o-", label=name)
+                 "o-", label=label)
+        rec.plot(ks, [r["recall"] for r in runs], "o-", label=label)
     lat.axhline(2.0, color="grey", ls=":", label="2 s")
     lat.set(xlabel="cameras K", ylabel="p95 flash -> event (s)", xscale="log", xticks=[])
     rec.set(xlabel="cameras K", ylabel="recall", ylim=(0, 1.05), xscale="log")
@@ -276,8 +356,26 @@ def main() -> int:
     p.add_argument("--presence-question", default=None,
                    help="also watch this yes / no question on each camera (e.g. \"Is there a "
                         "flash?\"), for a model trained on it")
+    p.add_argument("--presence-only", action="store_true",
+                   help="watch the --presence-question alone (no colour question)")
+    p.add_argument("--footage", default="noise", choices=("noise", "static"),
+                   help="noise seconds, or static cameras (see the module docstring)")
+    p.add_argument("--noise", type=float, default=2.0,
+                   help="static footage: sensor noise, grey levels (standard deviation)")
+    p.add_argument("--texture", type=float, default=0.5,
+                   help="static footage: the fixed texture's weight over the camera's scene")
+    p.add_argument("--thresholds", default="0",
+                   help="the streams' static_threshold values to run per K (0: pruning off); "
+                        "each stops at the first K it does not sustain")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "watch_cpu"))
     args = p.parse_args()
+    if args.presence_only and not args.presence_question:
+        raise SystemExit("--presence-only needs --presence-question")
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--thresholds takes comma-separated numbers, got {args.thresholds!r}")\
+            from None
     if args.seconds < 12:
         raise SystemExit("--seconds must be >= 12 (the flash falls in the middle third)")
     try:
@@ -295,24 +393,40 @@ def main() -> int:
     load = {"before": _uptime()}
     serve = argparse.Namespace(world_size=args.world_size, vision_cache_gb=0, max_queue=64,
                                serve_args=("--max-streams", str(max(8, *ks))))
+    scored = "watch (presence)" if args.presence_only else "watch"
+
+    def sustained(row: dict[str, Any]) -> bool:
+        return row["path"] == scored and row["recall"] >= 0.9 and row["p95_s"] is not None \
+            and row["p95_s"] <= 2.0
+
+    broken: set[float] = set()  # thresholds past the K they sustain: not run further
     with tempfile.TemporaryDirectory() as media:
         proc, base, _ = start_server(NEEDLE_TINY, Path(media), _free_port(), serve)
         try:
             runs = []
             for k in ks:
                 for path in paths:
-                    rows = run_k(base, k, args.seconds, path == "baseline", args.seed + k,
-                                 args.presence_question)
-                    runs += rows
-                    for row in rows:
-                        print(json.dumps(row), flush=True)
+                    for threshold in thresholds if path == "watch" else [0.0]:
+                        if path == "watch" and threshold in broken:
+                            continue
+                        rows = run_k(base, k, args.seconds, path == "baseline", args.seed + k,
+                                     args.presence_question, threshold=threshold,
+                                     footage=args.footage, noise=args.noise,
+                                     texture=args.texture, presence_only=args.presence_only)
+                        runs += rows
+                        for row in rows:
+                            print(json.dumps(row), flush=True)
+                        if path == "watch" and not any(sustained(r) for r in rows):
+                            broken.add(threshold)
         finally:
             stop_server(proc)
-    good = [r["k"] for r in runs if r["path"] == "watch" and r["recall"] >= 0.9
-            and r["p95_s"] is not None and r["p95_s"] <= 2.0]
+    by_threshold = {f"{t:g}": max((r["k"] for r in runs if sustained(r)
+                                   and r["threshold"] == t), default=None) for t in thresholds}
     report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
               "world_size": args.world_size, "seconds": args.seconds, "runs": runs,
-              "sustained_k": max(good) if good else None,
+              "footage": args.footage, "noise": args.noise, "texture": args.texture,
+              "command": "python benchmarks/bench_watch.py " + shlex.join(sys.argv[1:]),
+              "sustained_k": by_threshold.get("0"), "sustained_by_threshold": by_threshold,
               "load": f"load average before: {load['before']}; after: {_uptime()}"}
     Path(args.out + ".json").write_text(json.dumps(report, indent=2))
     write_markdown(Path(args.out + ".md"), report)

@@ -9,6 +9,11 @@ over the held keys of every rank and causally within the chunk, the elementwise 
 :func:`apbv.cost.schedule.full_layer` counts them. An ask prefills the question and the
 choices (one pass, scored together) against the held window the same way, and the lm_head on
 each choice's rows. Frame decoding is not priced (a stream's frames arrive decoded).
+
+With temporal pruning a stream keeps ``keep_rate`` of its temporal units (measured per stream
+from its recent chunks, :class:`apbv.serve.stream_time.RecentAppends`): the tower runs on the
+kept units only and an append prefills their tokens only, so the appends' seconds scale with it
+(the held window is priced whole: a conservative bound).
 """
 
 from __future__ import annotations
@@ -51,15 +56,18 @@ def _prefill_s(dims: ModelDims, m: Machine, rows: int, held: int) -> float:
 
 def stream_seconds(dims: ModelDims, hw: Hardware, *, frame_tokens: int, fps: float,
                    held_tokens: int, world_size: int, chunk_frames: int,
-                   question_tokens: int, choice_tokens: tuple[int, ...] = ()) -> StreamCost:
+                   question_tokens: int, choice_tokens: tuple[int, ...] = (),
+                   keep_rate: float = 1.0) -> StreamCost:
     """Predicted seconds of a stream sampled at ``fps`` frames per second of footage whose
     temporal units (``dims.temporal_patch_size`` frames) add ``frame_tokens`` LLM tokens each,
     appended ``chunk_frames`` frames at a time, keeping ``held_tokens`` tokens per rank on
     ``world_size`` ranks (the window, or what the memory budget holds), on ``hw``; an ask of
     ``question_tokens`` tokens with one choice of each of ``choice_tokens`` tokens (none: a
-    free answer's first token).
+    free answer's first token); ``keep_rate``: the share of temporal units kept by temporal
+    pruning (1: all; an append keeps ``keep_rate`` x its units on average).
 
-    ValueError for a non-positive ``fps`` or ``chunk_frames`` or negative token counts.
+    ValueError for a non-positive ``fps`` or ``chunk_frames``, negative token counts or a
+    ``keep_rate`` outside (0, 1].
     """
     if not fps > 0:
         raise ValueError(f"fps must be > 0, got {fps}")
@@ -67,6 +75,9 @@ def stream_seconds(dims: ModelDims, hw: Hardware, *, frame_tokens: int, fps: flo
         raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 < keep_rate <= 1:
+        raise ValueError(f"keep_rate must be in (0, 1] (the share of temporal patches kept), "
+                         f"got {keep_rate}")
     counts = {"frame_tokens": frame_tokens, "held_tokens": held_tokens,
               "question_tokens": question_tokens, "choice_tokens": min(choice_tokens, default=0)}
     for name, value in counts.items():
@@ -75,10 +86,12 @@ def stream_seconds(dims: ModelDims, hw: Hardware, *, frame_tokens: int, fps: flo
     m = Machine(hw, hw.dtype_bytes)
     units = max(1, chunk_frames // dims.temporal_patch_size)
     chunk_s = chunk_frames / fps  # footage seconds one append brings
-    rows = units * frame_tokens
+    kept = units * keep_rate  # units kept per append, on average
     held = held_tokens * world_size  # every rank's keys attend
-    vision, _ = vision_cost(dims, units, squarest_grid(frame_tokens), m)
-    prefill = _prefill_s(dims, m, rows, held)
+    whole = max(1, round(kept))  # an append that keeps any keeps whole units
+    vision, _ = vision_cost(dims, whole, squarest_grid(frame_tokens), m)
+    prefill = _prefill_s(dims, m, whole * frame_tokens, held)
+    vision, prefill = vision * kept / whole, prefill * kept / whole
     answer = question_tokens + sum(choice_tokens)
     heads = max(1, len(choice_tokens)) * m.matmuls(1, [(dims.hidden, dims.vocab)])
     ask = _prefill_s(dims, m, answer, held) + heads

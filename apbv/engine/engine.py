@@ -294,6 +294,8 @@ class Engine:
             raise ValueError(f"stream {stream_id[:64]!r} is already open")
         if not self.model.streams:
             raise ValueError(f"the loaded model ({self.model.family}) runs no live streams")
+        if spec.static_threshold is None:  # the config's temporal pruning
+            spec = dataclasses.replace(spec, static_threshold=self.cfg.video.static_threshold)
         stream = Stream(self.model, self.info, spec, kernel=self.cfg.attention.kernel)
         self.streams[stream_id] = stream
         return stream.describe()

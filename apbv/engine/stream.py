@@ -36,6 +36,12 @@ embeddings and are added at its video tokens as in the one-shot prefill. So whil
 evicted, an ask returns the tokens of one-shot ``exact`` mode on the same frames
 (``Request(video=DecodedVideo(frames, fps))``).
 
+With a static threshold (``StreamSpec.static_threshold``, else the config's
+``video.static_threshold``) a chunk's temporal patches that did not change since the stream's
+last kept patch are dropped before the tower (:mod:`apbv.engine.stream_prune`): a chunk keeping
+none adds no tokens, and the kept patches keep the positions and text of their own capture time,
+so an ask equals one-shot exact with the same threshold on the same frames.
+
 A window (``window_s``, or ``window_tokens`` per rank) evicts the oldest whole chunks and frees
 their rows on the rank that held them. The survivors keep their KV and positions: they were
 encoded with the older frames in view, so after an eviction the answer is no longer the
@@ -75,6 +81,7 @@ from apbv.engine.stream_plan import (
     row_start,
     unit_times,
 )
+from apbv.engine.stream_prune import ChunkPruner
 from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.model.stream_prompt import ChunkPlace
 from apbv.plan import QUERY_RANK
@@ -111,6 +118,8 @@ class Stream:
         _, *hw = model.video_grid(self._sampling(1))
         self.grid_hw = (hw[0], hw[1])
         self.tokens_per_patch = (self.grid_hw[0] // merge) * (self.grid_hw[1] // merge)
+        self.pruner = ChunkPruner(spec.static_threshold or 0.0, self.unit,
+                                  (self.grid_hw[0] // merge, self.grid_hw[1] // merge))
         self.rebase_at = spec.rebase_at or model.max_positions // 2
         self.prompt = model.stream_prompt(self.grid_hw)
         self.header_ids, self.after_ids = self.prompt.header, self.prompt.after
@@ -147,7 +156,8 @@ class Stream:
             chunks_held=len(self.chunks), chunks_evicted=self.stats.evicted_chunks,
             seconds_held=seconds_held, video_tokens_per_rank=held,
             tokens_per_rank=list(self.tokens), rebases=self.stats.rebases,
-            position_shift=self.stats.shift, seconds=dict(self.stats.seconds))
+            position_shift=self.stats.shift, seconds=dict(self.stats.seconds),
+            patches_pruned=self.stats.patches_pruned)
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -180,16 +190,17 @@ class Stream:
             raise ValueError(f"{frames.shape[0]} frames but {len(stamps)} timestamps")
         return frames, stamps
 
-    def _chunk_rows(self, patches: list[int],
-                    stamps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _chunk_rows(self, patches: list[int], stamps: list[float],
+                    frames: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """(R,) ids and (3, 1, R) positions of a chunk of temporal units ``patches`` whose
-        frames were captured at ``stamps`` (seconds; after the current shift), from the
+        frames were captured at ``stamps`` (seconds; after the current shift) and whose first
+        frames have the numbers ``frames`` (empty: they follow the frames fed), from the
         family (:class:`apbv.model.stream_prompt.StreamPrompt`)."""
         assert self._t0 is not None
         return self.prompt.chunk(ChunkPlace(
             self._frames_fed, patches, self.seconds_per_patch,
             self.header_len - self.stats.shift, self.max_position + 1,
-            seconds=tuple(unit_times(stamps, self._t0, self.unit))))
+            seconds=tuple(unit_times(stamps, self._t0, self.unit)), frames=tuple(frames)))
 
     def _sampling(self, units: int) -> Sampling:
         """``units`` temporal units of frames at the stream's size and fps (frame i at i / fps
@@ -232,12 +243,24 @@ class Stream:
         assert self._t0 is not None
         starts = stamps[::self.unit]
         patches = patch_indices(starts, self._t0, self.seconds_per_patch, self._next_patch)
-        ids, positions = self._chunk_rows(patches, stamps)
+        judged, fed, every = self.pruner.judge(frames), len(stamps), len(patches)
+        units, next_patch = judged.units, patches[-1] + 1
+        numbers: tuple[int, ...] = ()
+        if not units:  # nothing changed: no tokens, but the patches' time passes
+            self._next_patch, self._frames_fed = next_patch, self._frames_fed + fed
+            self.stats.patches_pruned += every
+            return Appended(chunk=None, owner=None, tokens=0, evicted=0, patches=every)
+        if len(units) < every:  # the kept patches alone, at their own times and numbers
+            index = ChunkPruner.frame_index(judged, self.unit)
+            frames, stamps = frames[index], [stamps[i] for i in index]
+            numbers = tuple(self._frames_fed + u * self.unit for u in units)
+            patches = [patches[u] for u in units]
+        ids, positions = self._chunk_rows(patches, stamps, numbers)
         tokens = len(ids)
         check_room(sum(self.tokens), tokens, self.model.max_positions)
         if int(positions.max()) >= self.rebase_at:
             self._rebase(positions)
-            ids, positions = self._chunk_rows(patches, stamps)
+            ids, positions = self._chunk_rows(patches, stamps, numbers)
         owner = pick_owner(self.tokens)
         timer = StageTimer(info.device, info.group)
         mark = self.cache.lengths()
@@ -253,16 +276,17 @@ class Stream:
         self.chunks.append(chunk)
         self.tokens[owner] += tokens
         self.max_position = max(self.max_position, int(positions.max()))
-        self._next_patch = patches[-1] + 1
-        self._frames_fed += len(stamps)
+        self._next_patch, self._frames_fed = next_patch, self._frames_fed + fed
+        self.pruner.commit(judged)
         self._chunk_index += 1
         self.stats.chunks += 1
+        self.stats.patches_pruned += every - len(units)
         evicted = self._evict()
         seconds = timer.max_over_ranks(info.group)
         for name, s in seconds.items():
             self.stats.seconds[name] = self.stats.seconds.get(name, 0.0) + s
         return Appended(chunk=chunk.index, owner=owner, tokens=tokens, evicted=evicted,
-                        seconds=seconds)
+                        seconds=seconds, patches=every, kept=len(units))
 
     @torch.inference_mode()
     def _encode_and_feed(self, frames: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,

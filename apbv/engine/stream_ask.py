@@ -63,6 +63,11 @@ def asked_stream(streams: Mapping[str, Stream], request: Request, rank: int) -> 
     if request.system is not None:
         raise ValueError("a stream's prompt took the chat template's default system turn when "
                          "it was opened: a question about it takes no system text")
+    if ref.fresh and stream.pruner.threshold > 0:
+        raise ValueError("a fresh stream ask reads the held window as one video without gaps; "
+                         "a stream with temporal pruning (static_threshold > 0) holds its "
+                         "kept patches only: ask over the held KV (fresh=False), or open the "
+                         "stream with static_threshold 0")
     if ref.fresh and not stream.spec.keep_vision:
         raise ValueError("a fresh stream ask needs the vision embeddings: open the stream "
                          "with keep_vision=True")

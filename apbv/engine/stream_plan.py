@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apbv.validate import check_int, positive
+from apbv.validate import check_int, positive, pruning_settings
 
 MAX_TIMESTAMP_S = 1e10
 """A frame's timestamp is within +-this many seconds (Unix times fit, and float seconds there
@@ -77,6 +77,10 @@ class StreamSpec:
     """Keep each chunk's vision embeddings (on its owner) so ``ask(fresh=True)`` can run."""
     rebase_at: int | None = None
     """Re-base the positions before they pass this (None: half the model's context)."""
+    static_threshold: float | None = None
+    """Temporal pruning of appended chunks (levels 0-255, 0: off; None: the config's
+    ``video.static_threshold``): a temporal patch that changed less than this since the
+    stream's last kept patch is not encoded and adds no tokens (:mod:`apbv.video.prune`)."""
 
     def __post_init__(self) -> None:
         for name in ("height", "width"):
@@ -87,6 +91,9 @@ class StreamSpec:
             check_int("window_tokens", self.window_tokens, 1)
         if self.rebase_at is not None:
             check_int("rebase_at", self.rebase_at, 1)
+        if self.static_threshold is not None:
+            pruning_settings(0.0, self.static_threshold,
+                             names=("pruning_rate", "static_threshold"))
 
     @property
     def windowed(self) -> bool:
@@ -120,6 +127,8 @@ class StreamStats:
     rebases: int = 0
     shift: int = 0
     """Positions taken off every cached position by re-basing so far."""
+    patches_pruned: int = 0
+    """Temporal patches appended and dropped as unchanged (temporal pruning)."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Per stage, summed over appends (slowest rank per append)."""
 
@@ -138,6 +147,10 @@ class Appended:
     """Chunks the window dropped after it."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Per stage (vision, transfer, prefill), the slowest rank."""
+    patches: int = 0
+    """Whole temporal patches this append completed (pruned ones included)."""
+    kept: int = 0
+    """Of those, the ones kept (all of them without temporal pruning): the chunk's."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,8 @@ class StreamInfo:
     position_shift: int
     seconds: dict[str, float]
     """Per stage, summed over appends (slowest rank per append)."""
+    patches_pruned: int = 0
+    """Temporal patches dropped as unchanged since the stream opened (temporal pruning)."""
 
 
 def pick_owner(tokens: Sequence[int]) -> int:

@@ -49,6 +49,10 @@ class ChunkPlace:
     """Each unit's time: the mean of its first and last frame's capture times, in seconds
     since the stream's first frame, as the Qwen3-VL processor times a temporal patch (for a
     family that writes times into its prompt: Qwen3-VL's ``<t seconds>``)."""
+    frames: Sequence[int] = ()
+    """Each unit's first frame's number since the stream opened (evicted and pruned frames
+    counted), for a family that numbers its frames (InternVL3's ``FrameN:``); empty: the
+    units follow each other from ``first_frame`` (nothing pruned)."""
 
 
 class StreamPrompt(Protocol):

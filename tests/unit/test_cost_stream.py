@@ -54,3 +54,16 @@ def test_the_load_is_the_sum_of_its_parts():
 def test_bad_figures_are_refused_by_name(change, name):
     with pytest.raises(ValueError, match=name):
         _cost(**change)
+
+
+def test_a_keep_rate_scales_the_appends_and_not_the_ask():
+    base = _cost(chunk_frames=8)  # 4 temporal units per append
+    assert _cost(chunk_frames=8, keep_rate=1.0) == base  # 1: the unpruned figures, exactly
+    half, tenth = _cost(chunk_frames=8, keep_rate=0.5), _cost(chunk_frames=8, keep_rate=0.1)
+    assert half.vision_s == pytest.approx(0.5 * base.vision_s, rel=0.1), (half, base)
+    assert half.prefill_s == pytest.approx(0.5 * base.prefill_s, rel=0.1), (half, base)
+    assert tenth.append_load == pytest.approx(0.1 * base.append_load, rel=0.2), (tenth, base)
+    assert half.ask_s == base.ask_s  # the held window is priced whole
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=r"keep_rate must be in \(0, 1\]"):
+            _cost(keep_rate=bad)

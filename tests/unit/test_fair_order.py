@@ -130,7 +130,8 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
     from tests.unit.test_watch_budget import _watch
 
     async def main() -> tuple[list, list]:
-        live = SimpleNamespace(id="s", closing=False, append_s=(0.25, 0.5))
+        live = SimpleNamespace(id="s", closing=False, append_s=(0.25, 0.5),
+                               recent=SimpleNamespace(tokens=4))
         queued = []
         probs = iter([{"yes": 0.9, "no": 0.1}, {"yes": 0.1, "no": 0.9}])
 
@@ -147,6 +148,7 @@ def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():
         evaluator = Evaluator(registry, of, hub, Metrics("m"))
         evaluator.appended(live, 1.0, 100.0, 1.0)
         await of["s"].task
+        live.recent.tokens += 4  # the next chunk's tokens: asked again, not reused
         evaluator.appended(live, 2.0, 101.5, 1.0)
         await of["s"].task
         return queued, [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]

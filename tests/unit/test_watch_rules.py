@@ -76,3 +76,27 @@ def test_a_threshold_choice_must_be_one_of_the_choices():
     Rule("threshold", choice="yes").check_choices(CHOICES)
     with pytest.raises(ValueError, match="the rule's choice 'maybe' is not one of the choices"):
         Rule("threshold", choice="maybe").check_choices(CHOICES)
+
+
+def test_a_question_over_no_new_tokens_reuses_its_answer_and_its_hold_still_counts():
+    from types import SimpleNamespace
+
+    from apbv.watch.question import StandingQuestion
+
+    def result(yes: float) -> SimpleNamespace:
+        return SimpleNamespace(choices=[{"text": "yes", "prob": yes},
+                                        {"text": "no", "prob": 1.0 - yes}])
+
+    asked = StandingQuestion(SimpleNamespace(question="q"), Rule(hold=2))  # type: ignore[arg-type]
+    assert not asked.reuses(0)  # never asked: nothing to reuse
+    assert asked.fold(result(0.9), 1.0, tokens=10) is None  # the baseline
+    assert asked.reuses(10) and not asked.reuses(12)
+    assert asked.fold(result(0.1), 2.0, tokens=12) is None  # "no" once: the hold wants 2
+    assert asked.reuses(12)
+    change = asked.reuse(3.0)  # the same tokens: "no" again, from the reused answer
+    assert change == Change(previous="yes", answer="no"), change
+    assert (asked.evaluations, asked.reused, asked.events, asked.last_ts) == (3, 1, 1, 3.0)
+    assert asked.asked_share == pytest.approx(2 / 3) and asked.last == {"yes": 0.1, "no": 0.9}
+    cli = StandingQuestion(SimpleNamespace(question="q"))  # type: ignore[arg-type]
+    cli.fold(result(0.5), 1.0)  # tokens not counted: never reused
+    assert not cli.reuses(0) and cli.seen_tokens is None

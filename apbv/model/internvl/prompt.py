@@ -195,8 +195,12 @@ class InternVLStreamPrompt:
         return expand_frames(self.processor, ids)
 
     def chunk(self, place: ChunkPlace) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chunk's frames' ids (one frame per temporal unit) at 1-D positions from
+        """The chunk's frames' ids (one frame per temporal unit, numbered by
+        ``place.frames`` when given: temporal pruning) at 1-D positions from
         ``place.next_position``."""
-        text = frames_text(self.processor.tokenizer, place.first_frame, len(place.patches))
-        ids = self._ids(("\n" if place.first_frame else "") + text)
+        tokenizer = self.processor.tokenizer
+        first = place.frames[0] if place.frames else place.first_frame
+        text = "\n".join(frame_text(tokenizer, i) for i in place.frames) if place.frames \
+            else frames_text(tokenizer, place.first_frame, len(place.patches))
+        ids = self._ids(("\n" if first else "") + text)
         return ids, sequential_positions(place.next_position, len(ids))

@@ -128,6 +128,8 @@ class Metrics:
                                          "questions", model).labels(model_name)
         self.watch_coalesced = counter("watch_coalesced", "Chunks folded into a later "
                                        "evaluation", model).labels(model_name)
+        self.watch_reused = counter("watch_reused", "Evaluations answered by the previous one "
+                                    "(the stream gained no tokens)", model).labels(model_name)
         self.events_dropped = counter("events_dropped", "Events a full subscriber or webhook "
                                       "queue dropped", model).labels(model_name)
         self._zero_series()

@@ -19,20 +19,93 @@ yet appended to, a watch not yet evaluated (one scale for appends and asks, whic
 find off by alike factors). A measured figure
 replaces its own prediction; a stream the server could not price counts its measured load
 alone (0 before its first append).
+
+With temporal pruning (``static_threshold``) a stream's appends cost what changes: its measured
+load is the mean over its last :data:`RECENT_APPENDS` appends (:class:`RecentAppends`: one
+append keeping a patch costs a full chunk, the next none), and its prediction takes its keep
+rate measured over them (kept / appended temporal patches; a new stream: 1, every patch), so
+a static camera's figures are what it takes and the replica admits more of them. Only streams
+that keep at least :data:`SCALE_KEEP_RATE` of their patches set the scale (a mostly pruned
+append's seconds are the per-append dispatch the model leaves out, not its prediction's
+compute).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from apbv.cost.hardware import Hardware
 from apbv.cost.stream import StreamCost, stream_seconds
 from apbv.cost.work import ModelDims
-from apbv.engine.stream_plan import StreamSpec
+from apbv.engine.stream_plan import Appended, StreamSpec
 from apbv.openai.policy import ClientError
 from apbv.serve.streams.budget import KVSizing
+
+RECENT_APPENDS = 16
+"""Appends a stream's measured load and keep rate are taken over (its most recent)."""
+MIN_KEEP_RATE = 0.05
+"""The least keep rate a stream is priced at (one patch in 20: a static camera still keeps a
+patch when something moves)."""
+SCALE_KEEP_RATE = 0.5
+"""Streams keeping at least this share of their patches set the prediction scale."""
+
+
+@dataclass
+class RecentAppends:
+    """A stream's last :data:`RECENT_APPENDS` appends (``rows``: temporal patches appended,
+    kept, seconds on the ranks, seconds of footage) and the tokens its chunks added since it
+    opened (``tokens``: a watch whose stream gained none since its last evaluation reuses that
+    evaluation's answer)."""
+
+    rows: deque[tuple[int, int, float, float]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_APPENDS))
+    tokens: int = 0
+    appends: int = 0
+
+    def add(self, appended: Appended, seconds: float, footage_s: float) -> float:
+        """Record an append (what the engine did, its seconds on the ranks, the footage
+        seconds it brought); returns :attr:`load`. The stream's first append (its first patch
+        is always kept: a start-up cost, not its steady load) stands for it only until a
+        second one is measured."""
+        if self.appends == 1 and len(self.rows) == 1:
+            self.rows.clear()
+        self.rows.append((appended.patches, appended.kept, seconds, footage_s))
+        self.tokens += appended.tokens
+        self.appends += 1
+        return self.load or 0.0
+
+    @property
+    def keep_rate(self) -> float | None:
+        """Kept / appended temporal patches over the recent appends (None: none appended)."""
+        patches = sum(r[0] for r in self.rows)
+        return sum(r[1] for r in self.rows) / patches if patches else None
+
+    @property
+    def load(self) -> float | None:
+        """Seconds on the ranks per second of footage over the recent appends (None: none)."""
+        footage = sum(r[3] for r in self.rows)
+        return sum(r[2] for r in self.rows) / footage if footage > 0 else None
+
+    @property
+    def priced(self) -> float:
+        """The keep rate the stream is priced at (:func:`priced_keep_rate`)."""
+        return priced_keep_rate(self.keep_rate)
+
+    @property
+    def mostly_pruned(self) -> bool:
+        """Whether it keeps less than :data:`SCALE_KEEP_RATE` of its patches (its measured
+        load does not set the prediction scale)."""
+        rate = self.keep_rate
+        return rate is not None and rate < SCALE_KEEP_RATE
+
+
+def priced_keep_rate(measured: float | None) -> float:
+    """The keep rate a stream is priced at: its measured one (:class:`RecentAppends`), at least
+    :data:`MIN_KEEP_RATE`; 1 before one was measured."""
+    return 1.0 if measured is None else max(MIN_KEEP_RATE, min(1.0, measured))
 
 
 @dataclass(frozen=True)
@@ -49,17 +122,18 @@ class StreamPricing:
     count_tokens: Callable[[str], int]
 
     def cost(self, sizing: KVSizing, spec: StreamSpec, pixels: int, question: str = "",
-             choices: Sequence[str] = ()) -> StreamCost:
+             choices: Sequence[str] = (), keep_rate: float = 1.0) -> StreamCost:
         """A stream of ``spec`` whose frames have ``pixels`` pixels, its window as the memory
         budget counts it (:meth:`KVSizing.tokens_per_rank`: without one, the engine's ceiling),
-        and an ask of ``question`` with ``choices`` on it."""
+        keeping ``keep_rate`` of its temporal patches, and an ask of ``question`` with
+        ``choices`` on it."""
         tokens = sizing.unit_tokens(pixels)
         held = sizing.tokens_per_rank(tokens, spec.fps, spec.window_s, spec.window_tokens)
         return stream_seconds(
             self.dims, self.hw, frame_tokens=tokens, fps=spec.fps, held_tokens=held,
             world_size=self.world_size, chunk_frames=self.chunk_frames,
             question_tokens=self.count_tokens(question) if question else 0,
-            choice_tokens=tuple(self.count_tokens(c) for c in choices))
+            choice_tokens=tuple(self.count_tokens(c) for c in choices), keep_rate=keep_rate)
 
 
 class TextTokenizer(Protocol):
@@ -85,7 +159,8 @@ def combined_load(streams: Iterable[tuple[float | None, float | None]]) -> tuple
     """(seconds per second of footage, the scale on predictions) of streams' appends, each
     given as (its measured load or None, its predicted load or None): the measured figure where
     there is one, else the prediction x the scale, the ratio of measured to predicted loads
-    summed over the streams that have both (1.0 where none has)."""
+    summed over the streams that have both (1.0 where none has; a mostly pruned stream is
+    given without its prediction, see the module docstring)."""
     figures = list(streams)
     both = [(m, p) for m, p in figures if m is not None and p]
     scale = sum(m for m, _ in both) / sum(p for _, p in both) if both else 1.0

@@ -75,7 +75,8 @@ class LiveStream:
     append_s: tuple[float, float] | None = None
     """Its last append's (seconds queued, seconds on the ranks)."""
     append_load: float = 0.0
-    """Its last append's seconds on the ranks per second of footage it held."""
+    """Its recent appends' seconds on the ranks per second of footage (``recent.load``)."""
+    recent: stream_time.RecentAppends = field(default_factory=stream_time.RecentAppends)
     predicted: StreamCost | None = None
     """The cost model's figures for it (:mod:`apbv.serve.streams.pricing`; None: not priced)."""
     error: str | None = None
@@ -189,14 +190,14 @@ class StreamRegistry:
         return spec.height * spec.width if sized else min(max_pixels or most, most)
 
     def price(self, spec: StreamSpec, sized: bool, max_pixels: int | None, question: str = "",
-              choices: tuple[str, ...] = ()) -> StreamCost | None:
-        """:meth:`~apbv.serve.streams.pricing.StreamPricing.cost` of a stream (and an ask on it);
-        None without a cost model."""
+              choices: tuple[str, ...] = (), keep_rate: float = 1.0) -> StreamCost | None:
+        """:meth:`~apbv.serve.streams.pricing.StreamPricing.cost` of a stream keeping
+        ``keep_rate`` of its temporal patches (and an ask on it); None without a cost model."""
         pricing, sizing = self.opt.pricing, self.opt.sizing
         if pricing is None or sizing is None:
             return None
         return pricing.cost(sizing, spec, self.pixels(spec, sized, max_pixels), question,
-                            choices)
+                            choices, keep_rate)
 
     def place(self, need: int, cost: StreamCost | None = None, spec: StreamSpec | None = None,
               pixels: int = 0) -> Replica:
@@ -226,7 +227,7 @@ class StreamRegistry:
         footage, the scale on its predictions): :func:`apbv.serve.streams.pricing.combined_load`."""
         return stream_time.combined_load(
             (None if s.append_s is None and s.predicted else s.append_load,
-             None if s.predicted is None else s.predicted.append_load)
+             None if s.predicted is None or s.recent.mostly_pruned else s.predicted.append_load)
             for s in self.live.values() if s.replica is replica)
 
     def time_share(self, replica: Replica) -> float:
@@ -270,7 +271,9 @@ class StreamRegistry:
         queued = time.monotonic()
         result, wait = await self.run(live, Append(live.id, frames, tuple(stamps)))
         live.append_s = (wait, time.monotonic() - queued - wait)
-        live.append_load = live.append_s[1] * live.spec.fps / max(1, len(stamps))
+        live.append_load = live.recent.add(result, live.append_s[1], len(stamps) / live.spec.fps)
+        if live.predicted is not None and result.patches:  # priced at its keep rate
+            live.predicted = self.price(live.spec, True, None, keep_rate=live.recent.priced)
         live.frames_pushed += len(stamps)
         live.pushes += 1
         live.last_ts = stamps[-1]

@@ -46,7 +46,7 @@ from apbv.serve.streams.registry import (
 __all__ = ["StreamOptions", "Streams"]
 
 OPEN_FIELDS = {"fps", "width", "height", "min_pixels", "max_pixels", "window_s",
-               "window_tokens", "keep_vision", "source"}
+               "window_tokens", "keep_vision", "source", "static_threshold"}
 PROBE_TIMEOUT_S = 10.0
 """The longest a source's probe at open may take (seconds; it reads a few MiB at most)."""
 
@@ -76,7 +76,8 @@ class Streams:
                 fps=2.0 if fps is None else fps,
                 window_s=chat_body.typed_field(body, "window_s", (int, float)),
                 window_tokens=chat_body.typed_field(body, "window_tokens", (int,)),
-                keep_vision=bool(chat_body.typed_field(body, "keep_vision", (bool,))))
+                keep_vision=bool(chat_body.typed_field(body, "keep_vision", (bool,))),
+                static_threshold=chat_body.typed_field(body, "static_threshold", (int, float)))
         except ValueError as exc:
             raise ClientError(400, str(exc)) from None
         if spec.window_s is not None and not math.isfinite(spec.window_s * spec.fps):
@@ -157,7 +158,8 @@ class Streams:
             done = await self.registry.append(live, push.frames, push.timestamps)
         return JSONResponse({"id": live.id, "appended": len(push.timestamps),
                              "chunk": done.chunk, "owner": done.owner, "tokens": done.tokens,
-                             "evicted": done.evicted, "frames_pushed": live.frames_pushed})
+                             "evicted": done.evicted, "patches_kept": done.kept,
+                             "frames_pushed": live.frames_pushed})
 
     async def ask(self, stream_id: str, request: Request) -> Response:
         self.front.authorize(request)

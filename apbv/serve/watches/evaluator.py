@@ -18,6 +18,11 @@ evaluations (``coalesced`` chunks) and the round's other watches.
 
 An evaluation's job carries the arrival of its oldest chunk (``Job.evaluates``): the
 replica's queue runs it before other work (:mod:`apbv.serve.scheduler.fair_order`).
+
+A watch whose stream gained no tokens since its last evaluation was asked (temporal pruning
+kept none of the new patches) is not asked again: that evaluation's answer is reused (no job;
+``reused``, ``apbv:watch_reused_total``) and its rule still folds it in, as
+:class:`apbv.watch.question.StandingQuestion` rules.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from apbv.serve.watches.events import EventHub
 from apbv.serve.watches.state import StreamWatches, Watch
 
 if TYPE_CHECKING:
-    from apbv.engine.request import Result
     from apbv.serve.front.metrics import Metrics
+    from apbv.watch.rules import Change
 
 log = logging.getLogger("apbv.serve")
 
@@ -50,6 +55,7 @@ class Evaluator:
         self.events_total, self.latency = metrics.watch_events, metrics.capture_to_event
         self.evaluations, self.coalesced = metrics.watch_evaluations, metrics.watch_coalesced
         self.dropped = metrics.events_dropped
+        self.reused = metrics.watch_reused
 
     def appended(self, live: LiveStream, footage_ts: float, arrived: float,
                  chunk_s: float) -> None:
@@ -94,7 +100,15 @@ class Evaluator:
         for watch in [w for w in sw.watches.values() if w.due(footage_ts)]:
             if live.closing or self.registry.live.get(live.id) is not live:
                 return
-            start = time.monotonic()
+            stages: dict[str, float | bool | None] = {
+                "append_wait_s": None if appended is None else appended[0],
+                "append_s": None if appended is None else appended[1]}
+            if watch.reuses(live.recent.tokens):
+                self.reused.inc()
+                self._judge(watch, watch.reuse(footage_ts), None, arrived,
+                            {**stages, "eval_wait_s": 0.0, "eval_s": 0.0, "reused": True})
+                continue
+            seen, start = live.recent.tokens, time.monotonic()
             try:
                 result, wait = await self.registry.run(live, Generate(watch.request),
                                                        evaluates=arrived)
@@ -105,24 +119,22 @@ class Evaluator:
             watch.eval_s = time.monotonic() - start - wait
             if sw.watches.get(watch.id) is not watch:
                 continue  # deleted meanwhile
-            stages = {"append_wait_s": None if appended is None else appended[0],
-                      "append_s": None if appended is None else appended[1],
-                      "eval_wait_s": wait, "eval_s": watch.eval_s}
-            self._judge(watch, result, footage_ts, arrived, stages)
+            self._judge(watch, watch.fold(result, footage_ts, seen), result.ttft_s, arrived,
+                        {**stages, "eval_wait_s": wait, "eval_s": watch.eval_s})
 
-    def _judge(self, watch: Watch, result: Result, footage_ts: float, arrived: float,
-               stages: dict[str, float | None] | None = None) -> None:
-        """Fold an evaluation's ``result`` into ``watch``'s rule; publish an event if any
+    def _judge(self, watch: Watch, change: Change | None, ttft_s: float | None,
+               arrived: float, stages: dict[str, float | bool | None]) -> None:
+        """Count an evaluation folded into ``watch``'s rule (:meth:`Watch.fold` or
+        :meth:`Watch.reuse`: ``ttft_s`` None); publish the ``change`` it made, if any
         (``stages``: the seconds its latency is made of, see the module docstring)."""
         watch.error = None
         self.evaluations.inc()
-        change = watch.fold(result, footage_ts)
         if change is None:
             return
         latency = time.monotonic() - arrived
         event = {"object": "watch.event", "watch": watch.id, "stream": watch.stream,
                  **watch.event(change), "rule": watch.rule.kind, "choice": watch.rule.choice,
-                 "capture_to_event_s": latency, "ttft_s": result.ttft_s, "stages": stages,
+                 "capture_to_event_s": latency, "ttft_s": ttft_s, "stages": stages,
                  "evaluation": watch.evaluations, "created": time.time()}
         self.events_total.inc()
         self.latency.observe(latency)
@@ -133,6 +145,6 @@ class Evaluator:
             watch.webhook.put(event)
             before += watch.webhook.dropped
         self.dropped.inc(self.hub.dropped - before)
-        log.info("watch %s on %s: %r -> %r at %.2f s of footage (%.3f s after arrival, TTFT "
-                 "%.3f s)", watch.id, watch.stream, change.previous, change.answer, footage_ts,
-                 latency, result.ttft_s)
+        log.info("watch %s on %s: %r -> %r at %.2f s of footage (%.3f s after arrival, %s)",
+                 watch.id, watch.stream, change.previous, change.answer, watch.last_ts, latency,
+                 "the previous answer reused" if ttft_s is None else f"TTFT {ttft_s:.3f} s")

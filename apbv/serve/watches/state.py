@@ -48,7 +48,8 @@ class Watch(StandingQuestion):
                          "threshold": self.rule.threshold,
                          "hysteresis": self.rule.hysteresis, "hold": self.rule.hold},
                 "answer": self.state.answer, "probs": self.last,
-                "evaluations": self.evaluations, "events": self.events, "errors": self.errors,
+                "evaluations": self.evaluations, "reused": self.reused, "events": self.events,
+                "errors": self.errors,
                 "error": self.error, "last_timestamp": self.last_ts,
                 "webhook": None if self.webhook is None else self.webhook.stats()}
 
@@ -94,12 +95,13 @@ def lag_s(sw: StreamWatches) -> float:
 
 
 def share(watch: Watch, sw: StreamWatches) -> float:
-    """The share of its replica's time ``watch`` takes: its last evaluation's seconds per
-    footage seconds between its evaluations; before it was measured, its predicted seconds
+    """The share of its replica's time ``watch`` takes: its last asked evaluation's seconds
+    per footage seconds between its evaluations, times the share of its recent evaluations
+    that were asked (not reused); before it was measured, its predicted seconds
     (:attr:`Watch.predicted`; 0 without one)."""
     period = watch.every_s or sw.chunk_s
     if watch.eval_s is not None and period:
-        return watch.eval_s / period
+        return watch.eval_s * watch.asked_share / period
     if watch.predicted is None:
         return 0.0
     seconds, chunk_s = watch.predicted

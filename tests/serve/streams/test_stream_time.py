@@ -2,7 +2,8 @@
 stand-in replica, the cost model on the ``cpu`` preset with Qwen2.5-VL-3B's sizes): a stream
 the replica can sustain is opened, one it cannot is refused (429) with its figures, measured
 appends scale the predictions, and a watch is refused from its prediction before anything was
-measured on its stream."""
+measured on its stream; static cameras (temporal pruning) are priced at their measured keep
+rate and measured over their recent appends, so a replica admits more of them."""
 
 from __future__ import annotations
 
@@ -17,13 +18,20 @@ pytest.importorskip("fastapi")
 
 from apbv import cost  # noqa: E402
 from apbv.config import load_config  # noqa: E402
+from apbv.engine.stream_plan import Appended  # noqa: E402
 from apbv.openai.policy import ClientError, Limits  # noqa: E402
 from apbv.serve.app import live_streams  # noqa: E402
 from apbv.serve.front.metrics import Metrics  # noqa: E402
 from apbv.serve.scheduler.admission import Admission  # noqa: E402
 from apbv.serve.scheduler.replicas import Replica  # noqa: E402
 from apbv.serve.streams.budget import GIB, KVSizing  # noqa: E402
-from apbv.serve.streams.pricing import StreamPricing, combined_load  # noqa: E402
+from apbv.serve.streams.pricing import (  # noqa: E402
+    RECENT_APPENDS,
+    RecentAppends,
+    StreamPricing,
+    combined_load,
+    priced_keep_rate,
+)
 from apbv.serve.streams.registry import StreamOptions  # noqa: E402
 from apbv.serve.streams.routes import Streams  # noqa: E402
 from apbv.serve.watches.state import StreamWatches, Watch  # noqa: E402
@@ -118,3 +126,46 @@ def test_a_watch_is_refused_from_its_prediction_before_anything_was_measured():
     measured = Watch(first.request, first.rule, None, id="m", stream=busy, eval_s=0.02)
     streams.registry.listener.of[busy] = StreamWatches({"m": measured}, chunk_s=4.0)
     _watch(streams, busy)  # measured on the stream: 0.02 s per 4 s fits
+
+
+def test_static_cameras_are_priced_at_their_keep_rate_and_more_are_admitted():
+    recent = RecentAppends()
+    assert (recent.keep_rate, recent.load) == (None, None) and priced_keep_rate(None) == 1.0
+    first = Appended(0, 0, 4, 0, patches=1, kept=1)  # the always kept first patch: alone,
+    assert recent.add(first, 0.5, 0.5) == 1.0  # it stands for the stream; replaced by the next
+    for i in range(RECENT_APPENDS + 4):  # the oldest 4 (every patch kept) leave the window
+        kept = 4 if i < 4 else i % 2
+        recent.add(Appended(None, None, 16 * kept, 0, patches=4, kept=kept),
+                   0.4 if i < 4 else 0.05 * (i % 2), 16.0)
+    assert recent.keep_rate == pytest.approx(8 / 64) and recent.load == pytest.approx(
+        0.4 / 256) and recent.tokens == 4 + 16 * 24, recent
+    assert recent.mostly_pruned and recent.priced == pytest.approx(8 / 64)
+    assert priced_keep_rate(0.0) == 0.05 and priced_keep_rate(0.3) == 0.3
+    streams, replica = _streams()
+    unpruned = 0
+    while unpruned < 8:  # every patch kept: about 0.24 each, 4 fit
+        try:
+            _open(streams, SMALL)
+        except ClientError:
+            break
+        unpruned += 1
+    assert unpruned == 4, unpruned
+    streams, replica = _streams()
+    static = 0
+    while static < 8:  # --max-streams
+        live = streams.registry.live[_open(streams, SMALL)["id"]]
+        full = live.predicted
+        assert full is not None
+        for _ in range(RECENT_APPENDS):  # one patch in ten kept, measured at that share
+            appended = Appended(None, None, 0, 0, patches=10, kept=1)
+            live.append_load = live.recent.add(appended, 0.1 * full.append_load * 20.0, 20.0)
+        live.append_s = (0.0, 0.1)
+        live.predicted = streams.registry.price(live.spec, live.sized, live.pixels[1],
+                                                keep_rate=live.recent.priced)
+        assert live.predicted is not None and live.predicted.append_load == pytest.approx(
+            0.1 * full.append_load, rel=0.2), (live.predicted, full)
+        static += 1
+    assert static >= 2 * unpruned, static  # all 8 the stream limit allows
+    # their measured load counts; being mostly pruned, they do not set the scale
+    assert streams.registry.appends(replica) == (pytest.approx(
+        8 * 0.1 * full.append_load), 1.0)

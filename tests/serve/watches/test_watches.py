@@ -3,7 +3,8 @@ trained tiny model, pushed 56x56 frames): asked "Is there a flash?" (yes / no), 
 one chunk of a flash (server-sent events and the webhook), none on flash-free frames, the
 minimum hold of a threshold rule, the colour question's answer on the flash's chunk,
 coalescing under load, a watch on a closed stream, bad watches refused (a webhook to a
-disallowed host among them)."""
+disallowed host among them); on a stream with temporal pruning, a push that keeps no patch
+adds no tokens and a watch reuses its last answer, its hold still counting."""
 
 from __future__ import annotations
 
@@ -238,3 +239,43 @@ def test_a_watch_on_a_closed_stream_and_bad_watches_are_refused(base):
              404, "no open stream")
     _refused(_call("GET", url + "/watches"), 404, "no open stream")
     _refused(_call("GET", url + "/events"), 404, "no open stream")
+
+
+def _pushed(url: str, frames: list[str]) -> tuple[dict, float]:
+    """The push's answer and the stream's last timestamp after it."""
+    pushed = _call("POST", url + "/frames", json={"frames": frames})
+    assert pushed.status_code == 200, pushed.text
+    return pushed.json(), _call("GET", url).json()["last_timestamp"]
+
+
+def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_counts(base):
+    _refused(_call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": -1}), 400,
+             "static_threshold must be in [0, 255] levels")
+    opened = _call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": 8})
+    assert opened.status_code == 201, opened.text
+    assert opened.json()["spec"]["static_threshold"] == 8
+    url = f"{base}/v1/streams/{opened.json()['id']}"
+    first, _ = _pushed(url, _chunk(1))  # one still image: its second patch is dropped
+    assert first["patches_kept"] == 1 and first["tokens"] > 0, first
+    held = _watch(url, rule="threshold", choice="yes", threshold=0.6, hysteresis=0.2, hold=2)
+    same, ts = _pushed(url, _chunk(1))  # nothing changed: no tokens, the answer reused
+    assert (same["patches_kept"], same["tokens"], same["chunk"]) == (0, 0, None), same
+    watch = _settled(url, ts)[held["id"]]
+    assert (watch["evaluations"], watch["reused"], watch["answer"]) == (2, 1, "below"), watch
+    flash, ts = _pushed(url, _chunk(1, flash="red"))  # the still patch dropped, the flash kept
+    assert flash["patches_kept"] == 1, flash
+    watch = _settled(url, ts)[held["id"]]  # asked: "yes" once, the hold of 2 not yet met
+    assert (watch["reused"], watch["events"], watch["answer"]) == (1, 0, "below"), watch
+    assert watch["probs"]["yes"] >= 0.6, watch
+    still, ts = _pushed(url, _chunk(1, flash="red")[2:] * 2)  # the flash goes on unchanged
+    assert still["patches_kept"] == 0, still
+    watch = _settled(url, ts)[held["id"]]  # reused, and the rule saw it: the event
+    assert (watch["reused"], watch["events"], watch["answer"]) == (2, 1, "above"), watch
+    engine = _call("GET", url).json()["engine"]
+    assert engine["patches_pruned"] == 1 + 2 + 1 + 2, engine
+    _refused(_call("POST", url + "/ask", json={"question": PRESENCE, "fresh": True}), 400,
+             "temporal pruning")
+    reused = [line for line in httpx.get(base + "/metrics").text.splitlines()
+              if line.startswith("apbv:watch_reused_total{")]
+    assert reused and float(reused[0].split()[-1]) >= 2, reused
+    assert _call("DELETE", url).status_code == 200
