@@ -87,7 +87,6 @@ def _passing(sample, fraction: float | None) -> int | None:
 def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
               variants: list[str], per_class: bool = False) -> list[dict]:
     from apbv.engine.engine import Engine
-    from apbv.engine.request import Request
 
     engine = Engine(cfg, info)
     if per_class:
@@ -101,9 +100,8 @@ def _rank_job(info: DistInfo, cfg: RuntimeConfig, jobs: list[dict],
         for label in variants:
             mode, fraction = VARIANTS[label]
             passing = _passing(sample, fraction)
-            result = engine.generate(Request(video=video, question=sample.question, mode=mode,
-                                             max_new_tokens=MAX_NEW_TOKENS,
-                                             passing_len=passing))
+            result = fidelity_classes.free_answer(engine, sample, video, mode, passing,
+                                                  MAX_NEW_TOKENS)
             answer = result.answer.strip()
             logits = result.first_logits.float()
             if label == "exact":

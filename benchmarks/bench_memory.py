@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import print_table
+
 SIDE = 448  # pixels: (448 / 28)^2 = 256 LLM tokens per 2 frames
 
 
@@ -124,10 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"| {row['estimate'] / measured:.2f} | {row['peak_phase']} | {parts} |")
                 print(line, file=sys.stderr, flush=True)
                 lines.append(line)
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(table + "\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import add_model_args, model_dir  # noqa: E402
+from common import add_model_args, model_dir, print_table  # noqa: E402
 
 from apbv.config import load_config  # noqa: E402
 from apbv.distributed import DistInfo, spawn_local  # noqa: E402
@@ -221,10 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                            for m in [keep_mask(signatures(other.frames, 2, cells_hw), t)])
     lines += ["", f"The same footage {clock} a running timestamp overlay keeps (signatures "
                   f"only): {kept_other}."]
-    text_out = "\n".join(lines)
-    print(text_out)
-    if args.out:
-        Path(args.out).write_text(text_out + "\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +345,15 @@ def _uptime() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
+def _comma_list(text: str, kind: Callable[[str], Any], option: str, what: str) -> list[Any]:
+    """``text`` split at commas, each part read by ``kind``; SystemExit naming ``option`` and
+    ``what`` it takes when a part does not read."""
+    try:
+        return [kind(part) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{option} takes comma-separated {what}, got {text!r}") from None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cameras", default="1,2,4,8,12,16",
@@ -371,18 +381,10 @@ def main() -> int:
     args = p.parse_args()
     if args.presence_only and not args.presence_question:
         raise SystemExit("--presence-only needs --presence-question")
-    try:
-        thresholds = [float(t) for t in args.thresholds.split(",")]
-    except ValueError:
-        raise SystemExit(f"--thresholds takes comma-separated numbers, got {args.thresholds!r}")\
-            from None
+    thresholds = _comma_list(args.thresholds, float, "--thresholds", "numbers")
     if args.seconds < 12:
         raise SystemExit("--seconds must be >= 12 (the flash falls in the middle third)")
-    try:
-        ks = [int(k) for k in args.cameras.split(",")]
-    except ValueError:
-        raise SystemExit(f"--cameras takes comma-separated integers, got {args.cameras!r}") \
-            from None
+    ks = _comma_list(args.cameras, int, "--cameras", "integers")
     if not ks or min(ks) < 1:
         raise SystemExit(f"--cameras takes K >= 1, got {args.cameras!r}")
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]

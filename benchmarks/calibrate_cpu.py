@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,10 +48,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import finish_calibration
 
 from apbv import comm
 from apbv.cost import CPU, Hardware
-from apbv.cost.hardware import write_calibration
 from apbv.distributed import DistInfo, ranks_ready, spawn_local
 from apbv.timing import best_time
 
@@ -340,11 +339,8 @@ def main(argv: list[str] | None = None) -> None:
                                 "kv_heads": ATTN_KV_HEADS},
                   "video_size": VIDEO_SIZE, "rank_frames": RANK_FRAMES,
                   "conv_patches": CONV_PATCHES},
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "seconds": time.perf_counter() - started,
     }
-    write_calibration(args.out, report, "calibrate_cpu")
+    finish_calibration(args.out, report, "calibrate_cpu", started)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import STOCK_TOWER
+from common import STOCK_TOWER, finish_calibration
 
 from apbv.attention import kernels
 from apbv.cost import Hardware, ModelDims, hardware, model_dims
@@ -392,11 +391,8 @@ def main(argv: list[str] | None = None) -> None:
         "not_measured": ["link_bw", "link_latency_s", "decode_s_per_pixel",
                          "process_s_per_pixel", "preprocess_fixed_s", "tokenize_s_per_token"],
         "setup": setup,
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "seconds": time.perf_counter() - started,
     }
-    write_calibration(args.out, report, "calibrate_gpu")
+    finish_calibration(args.out, report, "calibrate_gpu", started)
 
 
 if __name__ == "__main__":

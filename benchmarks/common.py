@@ -56,3 +56,27 @@ def save_figure(fig: Any, path: Path, *, styled: Any = (), dpi: int = 120) -> bo
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     return True
+
+
+def print_table(lines: list[str], out: str | None) -> None:
+    """Print the Markdown ``lines`` on stdout and, when ``out`` is given, write them there."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
+def finish_calibration(out: str, report: dict[str, Any], name: str, started: float) -> None:
+    """Add the torch version, the machine and the seconds since ``started``
+    (``time.perf_counter``) to a calibration ``report`` and write it
+    (:func:`apbv.cost.hardware.write_calibration`)."""
+    import platform
+    import time
+
+    import torch
+
+    from apbv.cost.hardware import write_calibration
+
+    report = {**report, "torch": torch.__version__, "machine": platform.machine(),
+              "seconds": time.perf_counter() - started}
+    write_calibration(out, report, name)

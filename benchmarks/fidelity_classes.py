@@ -46,6 +46,16 @@ def class_jobs(tokens: list[int], per_class: int, depths: list[float], seed: int
     return jobs
 
 
+def free_answer(engine: Any, sample: Any, video: Any, mode: str, passing: int | None,
+                max_new_tokens: int) -> Any:
+    """The engine's free-form answer to ``sample``'s question about ``video`` in ``mode`` with
+    the ``passing`` budget (None: the mode's)."""
+    from apbv.engine.request import Request
+
+    return engine.generate(Request(video=video, question=sample.question, mode=mode,
+                                   max_new_tokens=max_new_tokens, passing_len=passing))
+
+
 def rank_job(engine: Any, info: Any, jobs: list[dict], variants: list[str],
              variant_modes: dict[str, tuple[str, float | None]], make_sample: Any,
              passing_of: Any, max_new_tokens: int) -> list[dict]:
@@ -60,9 +70,7 @@ def rank_job(engine: Any, info: Any, jobs: list[dict], variants: list[str],
         for label in variants:
             mode, fraction = variant_modes[label]
             passing = passing_of(sample, fraction)
-            free = engine.generate(Request(video=video, question=sample.question, mode=mode,
-                                           max_new_tokens=max_new_tokens,
-                                           passing_len=passing))
+            free = free_answer(engine, sample, video, mode, passing, max_new_tokens)
             closed = engine.generate(Request(video=video, question=sample.question, mode=mode,
                                              passing_len=passing,
                                              choices=answer_choices(job["kind"])))

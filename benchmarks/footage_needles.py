@@ -31,6 +31,8 @@ def write_camera_needle(sample: Any, path: Path, gop_seconds: float = 2.0,
     keyframe every ``gop_seconds`` and ``bframes`` B-frames."""
     import av
 
+    from apbv.video.footage import mux_frame
+
     keyint = round(30 * gop_seconds)
     frames = sample.frames.permute(0, 2, 3, 1).numpy()  # (T, H, W, 3) at 2 fps
     with av.open(str(path), mode="w") as container:
@@ -43,10 +45,8 @@ def write_camera_needle(sample: Any, path: Path, gop_seconds: float = 2.0,
         for image in frames:
             frame = av.VideoFrame.from_ndarray(image, format="rgb24")
             for _ in range(HOLD):
-                for packet in stream.encode(frame):
-                    container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+                mux_frame(container, stream, frame)
+        mux_frame(container, stream, None)
     return path
 
 

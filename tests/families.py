@@ -89,3 +89,31 @@ def check_same(got: tuple[list[int], list[float]], want: tuple[list[int], list[f
     assert max(errors, default=0.0) <= LOGPROB_RTOL, (
         f"{what}: choice log-probabilities over the stream vs one-shot: max relative err "
         f"{max(errors):.2e} > {LOGPROB_RTOL:g}; {got[1]} vs {want[1]}")
+
+
+def stock_internvl(directory: Path, question: str) -> tuple[Any, Any, str]:
+    """transformers alone on an InternVL3 checkpoint: the stock processor, the model (SDPA,
+    eval mode) and the chat text asking ``question`` about one video."""
+    from transformers import AutoProcessor, InternVLForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(directory, local_files_only=True)
+    hf = InternVLForConditionalGeneration.from_pretrained(
+        directory, local_files_only=True, attn_implementation="sdpa").eval()
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": question}]}]
+    return processor, hf, processor.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def stock_internvl_file(directory: Path, video: Path, question: str,
+                        num_frames: int) -> tuple[Any, Any]:
+    """:func:`stock_internvl`'s model and its inputs for ``question`` about the video file:
+    every frame decoded, the stock processor's own choice of ``num_frames`` and resize."""
+    import decord
+    import torch
+
+    processor, hf, text = stock_internvl(directory, question)
+    reader = decord.VideoReader(str(video))
+    frames = torch.from_numpy(reader.get_batch(list(range(len(reader)))).asnumpy())
+    inputs = processor(text=[text], videos=[frames.permute(0, 3, 1, 2)], return_tensors="pt",
+                       do_sample_frames=True, num_frames=num_frames)
+    return hf, inputs

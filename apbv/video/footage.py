@@ -23,8 +23,12 @@ import math
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import av
 
 CAMERA_CODECS = ("h264", "h265")
 """Codecs :func:`write_camera_video` writes (libx264, libx265 in PyAV's FFmpeg build)."""
@@ -149,11 +153,17 @@ def write_camera_video(
             if vfr:
                 frame.pts, frame.time_base = round(pts * tick), time_base
                 pts += 2 if index % 5 == 3 else 1  # every fifth interval is a dropped frame
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+            mux_frame(container, stream, frame)
+        mux_frame(container, stream, None)
     return path
+
+
+def mux_frame(container: av.container.OutputContainer, stream: av.VideoStream,
+              frame: av.VideoFrame | None) -> None:
+    """Encode ``frame`` on ``stream`` and mux its packets into ``container``; None: flush the
+    encoder's last packets."""
+    for packet in stream.encode(frame):
+        container.mux(packet)
 
 
 def camera_video_cli(args: argparse.Namespace) -> Path:

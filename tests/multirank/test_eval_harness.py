@@ -28,6 +28,7 @@ from apbv.distributed import DistInfo, spawn_local
 from apbv.engine.engine import Engine
 from apbv.eval.harness import EvalSpec, run_eval
 from apbv.synthetic.eval_fixtures import make_eval_fixtures
+from tests.unit.test_eval_loop import add_vnbench_tries
 
 ROOT = Path(__file__).resolve().parents[2]
 PIXELS = 112 * 112  # per frame: 16 tokens per temporal patch keeps every call fast
@@ -54,12 +55,7 @@ def vnb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One question per category (12 samples), plus 4 tries of a question on a missing video."""
     root = make_eval_fixtures("vnbench", tmp_path_factory.mktemp("vnb"),
                               types=("ret_insert1", "ord_edit1", "cnt_edit2")).parent
-    path = root / "VNBench-main-4try.json"
-    entries = json.loads(path.read_text())
-    entries += [{**e, "video": "./VNBench/gone_cnt_insert1.mp4", "type": "cnt_insert1"}
-                for e in entries[:4]]
-    path.write_text(json.dumps(entries))
-    return root
+    return add_vnbench_tries(root, "gone_cnt_insert1.mp4", "cnt_insert1")
 
 
 class Interrupting:

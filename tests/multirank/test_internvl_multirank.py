@@ -40,7 +40,7 @@ from apbv.modes import get_mode
 from apbv.plan import patch_ranges
 from apbv.timing import StageTimer
 from apbv.video import VideoSpec
-from tests.families import tiny_dir
+from tests.families import stock_internvl, stock_internvl_file, tiny_dir
 
 QUESTION = "Which colour comes after the blue one?"
 NUM_FRAMES = 3
@@ -66,14 +66,7 @@ def internvl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(internvl_dir: Path) -> dict:
     """transformers alone: the stock processor, model and greedy ``generate``."""
-    from transformers import AutoProcessor, InternVLForConditionalGeneration
-
-    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
-    hf = InternVLForConditionalGeneration.from_pretrained(
-        internvl_dir, local_files_only=True, attn_implementation="sdpa").eval()
-    messages = [{"role": "user", "content": [{"type": "video"},
-                                             {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    processor, hf, text = stock_internvl(internvl_dir, QUESTION)
     inputs = processor(text=[text], videos=[_frames()], return_tensors="pt")
     with torch.inference_mode():
         out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -97,19 +90,7 @@ def video_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def file_reference(internvl_dir: Path, video_file: Path) -> dict:
     """transformers alone on the video file: every frame decoded, the stock processor's own
     frame choice (``num_frames``, ``do_sample_frames``) and resize, greedy ``generate``."""
-    import decord
-    from transformers import AutoProcessor, InternVLForConditionalGeneration
-
-    reader = decord.VideoReader(str(video_file))
-    frames = torch.from_numpy(reader.get_batch(list(range(len(reader)))).asnumpy())
-    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
-    hf = InternVLForConditionalGeneration.from_pretrained(
-        internvl_dir, local_files_only=True, attn_implementation="sdpa").eval()
-    messages = [{"role": "user", "content": [{"type": "video"},
-                                             {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(text=[text], videos=[frames.permute(0, 3, 1, 2)], return_tensors="pt",
-                       do_sample_frames=True, num_frames=FILE_FRAMES)
+    hf, inputs = stock_internvl_file(internvl_dir, video_file, QUESTION, FILE_FRAMES)
     with torch.inference_mode():
         out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
         logits = hf(**inputs).logits[0, -1].float()

@@ -99,3 +99,15 @@ def serving(model: Path, *flags: str,
         yield server
     finally:
         server.stop()
+
+
+def call(method: str, url: str, key: str, timeout: float, **kwargs: Any) -> httpx.Response:
+    """One HTTP request to a test server with ``key`` as its bearer token."""
+    return httpx.request(method, url, timeout=timeout, headers={"Authorization": f"Bearer {key}"},
+                         **kwargs)
+
+
+def refused(response: httpx.Response, status: int, text: str) -> None:
+    """Assert ``response`` is an error of ``status`` whose message holds ``text``."""
+    assert response.status_code == status, response.text
+    assert text in response.json()["error"]["message"], response.text

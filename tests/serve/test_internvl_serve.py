@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from tests.families import tiny_dir  # noqa: E402
+from tests.families import stock_internvl_file, tiny_dir  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
 KEY = "internvl-key"
@@ -43,19 +43,7 @@ def server(internvl_dir: Path, short_video: Path, tmp_path_factory: pytest.TempP
 def _generate(internvl_dir: Path, video: Path) -> list[int]:
     """transformers alone: every frame decoded, the stock processor's frame choice and resize,
     greedy ``generate``."""
-    import decord
-    from transformers import AutoProcessor, InternVLForConditionalGeneration
-
-    reader = decord.VideoReader(str(video))
-    frames = torch.from_numpy(reader.get_batch(list(range(len(reader)))).asnumpy())
-    processor = AutoProcessor.from_pretrained(internvl_dir, local_files_only=True)
-    hf = InternVLForConditionalGeneration.from_pretrained(internvl_dir,
-                                                          local_files_only=True).eval()
-    messages = [{"role": "user", "content": [{"type": "video"},
-                                             {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(text=[text], videos=[frames.permute(0, 3, 1, 2)], return_tensors="pt",
-                       do_sample_frames=True, num_frames=FRAMES)
+    hf, inputs = stock_internvl_file(internvl_dir, video, QUESTION, FRAMES)
     with torch.inference_mode():
         out = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,12 @@ def _api(base: str, url: str, choices: list[str] | None = None) -> dict:
     return {"answer": out.choices[0].message.content, "apbv": out.model_extra["apbv"]}
 
 
+def _ask(page: Any, state: str) -> None:
+    """Press the page's Ask button and wait until its status reaches ``state``."""
+    page.click("#ask")
+    page.wait_for_selector(f'#status[data-state="{state}"]')
+
+
 def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Path):
     from playwright.sync_api import sync_playwright
 
@@ -125,8 +132,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
             page.select_option("#video", label="clip.mp4")
             page.fill("#question", QUESTION)
             page.fill("#maxtokens", "8")
-            page.click("#ask")
-            page.wait_for_selector('#status[data-state="done"]')
+            _ask(page, "done")
             assert page.text_content("#answer") == plain["answer"]
             stages = page.locator("#stages .stage").evaluate_all(
                 "segs => segs.map(s => s.dataset.stage)")
@@ -134,8 +140,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
             assert page.locator("#legend").text_content().startswith(stages[0])
 
             page.fill("#choices", "red, blue")
-            page.click("#ask")
-            page.wait_for_selector('#status[data-state="done"]')
+            _ask(page, "done")
             assert page.text_content("#answer") == picked["answer"]
             rows = page.locator("#probtable tr").evaluate_all(
                 "rows => rows.map(r => [r.dataset.choice, r.cells[2].textContent])")
@@ -144,8 +149,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
 
             page.fill("#choices", "")
             page.select_option("#compare", label="exact")  # the same question in a second mode
-            page.click("#ask")
-            page.wait_for_selector('#status[data-state="done"]')
+            _ask(page, "done")
             assert page.is_visible("#run-b") and page.text_content("#mode-shown-b") == \
                 "mode exact"
             parts = page.locator("#stages-b .stage").evaluate_all(
@@ -154,8 +158,7 @@ def test_page_asks_and_shows_answer_choices_and_stages(browser_server, media: Pa
             page.select_option("#compare", label="none")
 
             page.fill("#key", "wrong")
-            page.click("#ask")
-            page.wait_for_selector('#status[data-state="error"]')
+            _ask(page, "error")
             assert "API key" in page.text_content("#status")
         finally:
             browser.close()

@@ -14,7 +14,7 @@ import torch
 
 from apbv.attention import bundled_flash, kernels
 from tests.flash_standin import flash_forward
-from tests.unit.test_kernels import FLOOR, HEADS, SHAPES, _finite_err, naive_same_dtype, truth
+from tests.unit.test_kernels import HEADS, SHAPES, assert_matches_truth
 
 BF16_EPS = torch.finfo(torch.bfloat16).eps  # 2**-8: one rounding of a bf16 output
 FP32_TOL = 1e-5  # two fp32 evaluations of one softmax over <= 64 keys
@@ -111,13 +111,7 @@ def test_sdpa_backend_through_the_op_matches_truth(standin, dtype, tq, tk, causa
     assert lse.shape == (2, hq, tq) and lse.dtype == torch.float32
     sees_keys = tq - max(0, tq - tk) if causal else tq  # rows that see a key reach the op
     assert standin == [(2 * sees_keys, hq, 16)], standin
-    ref_out, ref_lse = truth(q, k, v, causal, scale)
-    base_out, base_lse = naive_same_dtype(q, k, v, causal, scale)
-    out_tol = 2 * _finite_err(base_out, ref_out) + FLOOR
-    lse_tol = 2 * _finite_err(base_lse, ref_lse) + FLOOR
-    out_err, lse_err = _finite_err(out, ref_out), _finite_err(lse, ref_lse)
-    assert out_err <= out_tol, f"{dtype} out: max err {out_err:.2e} > tol {out_tol:.2e}"
-    assert lse_err <= lse_tol, f"{dtype} lse: max err {lse_err:.2e} > tol {lse_tol:.2e}"
+    assert_matches_truth(out, lse, q, k, v, causal, scale, str(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

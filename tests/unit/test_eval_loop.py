@@ -56,10 +56,15 @@ def vnbench_fixture(root: Path) -> Path:
     """2 VNBench questions (8 samples) and a third whose video is corrupt (4 more)."""
     root = make_eval_fixtures("vnbench", root, types=("ret_insert1", "cnt_edit1")).parent
     (root / "VNBench" / "bad_ord_insert1.mp4").write_bytes(b"not a video")
+    return add_vnbench_tries(root, "bad_ord_insert1.mp4", "ord_insert1")
+
+
+def add_vnbench_tries(root: Path, video: str, kind: str) -> Path:
+    """Add to the VNBench fixture under ``root`` the 4 tries of its first question again, on
+    ``VNBench/video`` as a question of type ``kind``; ``root``."""
     path = root / "VNBench-main-4try.json"
     entries = json.loads(path.read_text())
-    entries += [{**e, "video": "./VNBench/bad_ord_insert1.mp4", "type": "ord_insert1"}
-                for e in entries[:4]]
+    entries += [{**e, "video": f"./VNBench/{video}", "type": kind} for e in entries[:4]]
     path.write_text(json.dumps(entries))
     return root
 

@@ -67,7 +67,9 @@ def test_next_job_indexes_the_waiting_list_and_turns_are_bounded():
         max(turns.values())
 
 
-def test_the_replica_queue_takes_its_jobs_in_that_order():
+def _replica_queue(jobs: tuple[tuple[str, str, float | None], ...]) -> list[str]:
+    """Admit ``(name, stream, evaluates)`` close-stream jobs into a fresh replica queue, in that
+    order; the names as the queue lists them waiting, then as it hands them out one by one."""
     import asyncio
 
     from apbv.serve.ranks.ops import CloseStream
@@ -76,42 +78,31 @@ def test_the_replica_queue_takes_its_jobs_in_that_order():
     async def main() -> list[str]:
         adm = Admission(16)
         names = {}
-        for name, stream, evaluates in (("a0", "a", None), ("a1", "a", None), ("a2", "a", None),
-                                        ("b0", "b", None), ("c-eval", "c", 7.0)):
+        for name, stream, evaluates in jobs:
             job = adm.admit(None, {}, op=CloseStream(stream), predicted_s=0.0,
                             stream_id=stream, evaluates=evaluates)
             names[id(job)] = name
-        assert [names[id(j)] for j in adm.waiting()] == ["c-eval", "a0", "b0", "a1", "a2"]
-        taken = []
-        for _ in range(5):
+        taken = [names[id(j)] for j in adm.waiting()]
+        for _ in jobs:
             job = await adm.next()
             adm.done(job)
             taken.append(names[id(job)])
         return taken
 
-    assert asyncio.run(main()) == ["c-eval", "a0", "b0", "a1", "a2"]
+    return asyncio.run(main())
+
+
+def test_the_replica_queue_takes_its_jobs_in_that_order():
+    listed = _replica_queue((("a0", "a", None), ("a1", "a", None), ("a2", "a", None),
+                             ("b0", "b", None), ("c-eval", "c", 7.0)))
+    assert listed[:5] == ["c-eval", "a0", "b0", "a1", "a2"]  # waiting
+    assert listed[5:] == ["c-eval", "a0", "b0", "a1", "a2"]  # taken
 
 
 def test_the_replica_queue_serves_a_burst_round_robin():
-    import asyncio
-
-    from apbv.serve.ranks.ops import CloseStream
-    from apbv.serve.scheduler.admission import Admission
-
-    async def main() -> list[str]:
-        adm = Admission(16)
-        names = {}
-        for name, stream in (("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b"), ("c0", "c")):
-            job = adm.admit(None, {}, op=CloseStream(stream), predicted_s=0.0, stream_id=stream)
-            names[id(job)] = name
-        taken = []
-        for _ in range(5):
-            job = await adm.next()
-            adm.done(job)
-            taken.append(names[id(job)])
-        return taken
-
-    assert asyncio.run(main()) == ["a0", "b0", "c0", "a1", "a2"]  # FIFO: a0 a1 a2 b0 c0
+    listed = _replica_queue((("a0", "a", None), ("a1", "a", None), ("a2", "a", None),
+                             ("b0", "b", None), ("c0", "c", None)))
+    assert listed[5:] == ["a0", "b0", "c0", "a1", "a2"]  # FIFO: a0 a1 a2 b0 c0
 
 
 def test_a_watch_evaluation_is_queued_as_the_evaluation_of_its_oldest_chunk():

@@ -55,6 +55,19 @@ def _finite_err(a, b) -> float:
     return (a.double() - b.double()).masked_fill(both_inf, 0.0).abs().max().item()
 
 
+def assert_matches_truth(out, lse, q, k, v, causal: bool, scale: float, label: str) -> None:
+    """``out`` (B, Tq, Hq, D) and ``lse`` (B, Hq, Tq) of attention over CPU ``q, k, v``
+    within twice the same-dtype naive implementation's error against fp64 :func:`truth`,
+    plus :data:`FLOOR`; the assert message names ``label`` and the measured errors."""
+    ref_out, ref_lse = truth(q, k, v, causal, scale)
+    base_out, base_lse = naive_same_dtype(q, k, v, causal, scale)
+    out_tol = 2 * _finite_err(base_out, ref_out) + FLOOR
+    lse_tol = 2 * _finite_err(base_lse, ref_lse) + FLOOR
+    out_err, lse_err = _finite_err(out.cpu(), ref_out), _finite_err(lse.cpu(), ref_lse)
+    assert out_err <= out_tol, f"{label} out: max err {out_err:.2e} > tol {out_tol:.2e}"
+    assert lse_err <= lse_tol, f"{label} lse: max err {lse_err:.2e} > tol {lse_tol:.2e}"
+
+
 SHAPES = [  # (Tq, Tk, causal)
     (16, 16, True),
     (8, 40, True),  # fewer rows than keys: bottom-right alignment matters
@@ -76,13 +89,7 @@ def test_kernel_matches_truth(backend, dtype, tq, tk, causal, hq, hkv, d):
     out, lse = kernels.attention(q, k, v, causal=causal, scale=scale, backend=backend)
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (1, hq, tq) and lse.dtype == torch.float32
-    ref_out, ref_lse = truth(q, k, v, causal, scale)
-    base_out, base_lse = naive_same_dtype(q, k, v, causal, scale)
-    out_tol = 2 * _finite_err(base_out, ref_out) + FLOOR
-    lse_tol = 2 * _finite_err(base_lse, ref_lse) + FLOOR
-    out_err, lse_err = _finite_err(out, ref_out), _finite_err(lse, ref_lse)
-    assert out_err <= out_tol, f"{backend} {dtype} out: max err {out_err:.2e} > tol {out_tol:.2e}"
-    assert lse_err <= lse_tol, f"{backend} {dtype} lse: max err {lse_err:.2e} > tol {lse_tol:.2e}"
+    assert_matches_truth(out, lse, q, k, v, causal, scale, f"{backend} {dtype}")
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "reference"])

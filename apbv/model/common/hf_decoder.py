@@ -95,6 +95,16 @@ class HFVisionLM:
         inputs), without asking for a copy."""
         return t if t.device == self.device else t.to(self.device)
 
+    def run_decoder(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                    **extra: Any) -> torch.Tensor:
+        """The stock decoder layers and final norm without a cache: hidden (1, T, hidden) of
+        ``inputs_embeds`` (1, T, hidden) at ``position_ids`` (the family's layout), with the
+        family's ``extra`` keyword inputs."""
+        out = self.model.model.language_model(inputs_embeds=inputs_embeds,
+                                              position_ids=self.on_device(position_ids),
+                                              use_cache=False, **extra)
+        return out.last_hidden_state
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids (1, T) -> embeddings (1, T, hidden)."""
         return self.model.model.language_model.embed_tokens(self.on_device(ids))

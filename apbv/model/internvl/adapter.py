@@ -176,10 +176,7 @@ class InternVL(HFVisionLM):
         assert video_features is None, "InternVL3 has no extra vision features"
         if position_ids.dim() == 3:
             position_ids = position_ids[0]
-        out = self.model.model.language_model(inputs_embeds=inputs_embeds,
-                                              position_ids=self.on_device(position_ids),
-                                              use_cache=False)
-        return out.last_hidden_state
+        return self.run_decoder(inputs_embeds, position_ids)
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,

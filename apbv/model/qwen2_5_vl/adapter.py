@@ -244,12 +244,7 @@ class QwenVL(QwenVideoLM):
         Attention goes through the installed :class:`apbv.context.AttentionContext`.
         """
         assert video_features is None, "Qwen2.5-VL has no extra vision features"
-        out = self.model.model.language_model(
-            inputs_embeds=inputs_embeds,
-            position_ids=self.on_device(position_ids),
-            use_cache=False,
-        )
-        return out.last_hidden_state
+        return self.run_decoder(inputs_embeds, position_ids)
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,

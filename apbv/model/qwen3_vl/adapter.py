@@ -165,10 +165,7 @@ class Qwen3VL(QwenVideoLM):
         if video_features is not None:
             extra = {"visual_pos_masks": self.on_device(video_features.mask),
                      "deepstack_visual_embeds": video_features.levels}
-        out = self.model.model.language_model(inputs_embeds=inputs_embeds,
-                                              position_ids=self.on_device(position_ids),
-                                              use_cache=False, **extra)
-        return out.last_hidden_state
+        return self.run_decoder(inputs_embeds, position_ids, **extra)
 
 
 def load(path: str | Path, *, device: torch.device, dtype: torch.dtype,

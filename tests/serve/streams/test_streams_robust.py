@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 
-from tests.serve.server import serving  # noqa: E402
+from tests.serve.server import call, refused, serving  # noqa: E402
 
 KEY = "robust-key"
 IDLE_S = 2.0
@@ -41,13 +41,7 @@ def base(tiny_model_dir: Path, media: Path):
 
 
 def _call(method: str, url: str, **kwargs) -> httpx.Response:
-    return httpx.request(method, url, timeout=120, headers={"Authorization": f"Bearer {KEY}"},
-                         **kwargs)
-
-
-def _refused(response: httpx.Response, status: int, text: str) -> None:
-    assert response.status_code == status, response.text
-    assert text in response.json()["error"]["message"], response.text
+    return call(method, url, KEY, 120, **kwargs)
 
 
 def _pngs(count: int, seed: int) -> list[str]:
@@ -65,7 +59,7 @@ def _pngs(count: int, seed: int) -> list[str]:
 
 def test_a_source_that_is_no_video_is_refused_at_open(base, media):
     start = time.monotonic()
-    _refused(_call("POST", base + "/v1/streams", json={"source": f"file://{media}/notes.mp4"}),
+    refused(_call("POST", base + "/v1/streams", json={"source": f"file://{media}/notes.mp4"}),
              400, f"source: followed video '{media}/notes.mp4' is not a video that can be "
                   "followed")
     assert time.monotonic() - start < 10  # not after --stream-end-after-s (30 s)
@@ -79,9 +73,9 @@ def test_a_stream_in_use_is_not_closed_as_idle(base):
     pushed = _call("POST", url + "/frames",
                    json={"frames": _pngs(4, 1), "timestamps": [0.0, 0.5, 1.0, 1.5]})
     assert pushed.status_code == 200, pushed.text
-    _refused(_call("POST", url + "/frames", json={"frames": _pngs(1, 2), "timestamps": [1e308]}),
+    refused(_call("POST", url + "/frames", json={"frames": _pngs(1, 2), "timestamps": [1e308]}),
              400, "timestamps must be within +-1e+10 s, got 1e+308")
-    _refused(_call("POST", url + "/frames", json={"frames": _pngs(1, 2),
+    refused(_call("POST", url + "/frames", json={"frames": _pngs(1, 2),
                                                   "timestamps": [4000.0]}),
              400, "timestamps may jump at most 3600 s from the previous frame: 4000.0 follows "
                   "1.5")

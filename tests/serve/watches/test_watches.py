@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 
 from apbv.synthetic.needles import COLOURS, FRAME_SIZE, PRESENCE_ANSWERS, QUESTIONS  # noqa: E402
 from tests.serve.hooks import webhook_receiver  # noqa: E402
-from tests.serve.server import serving  # noqa: E402
+from tests.serve.server import call, refused, serving  # noqa: E402
 
 NEEDLE_TINY = Path(__file__).resolve().parents[3] / "apbv" / "assets" / "needle-tiny"
 KEY = "watch-key"
@@ -56,13 +56,7 @@ def base():
 
 
 def _call(method: str, url: str, **kwargs) -> httpx.Response:
-    return httpx.request(method, url, timeout=60, headers={"Authorization": f"Bearer {KEY}"},
-                         **kwargs)
-
-
-def _refused(response: httpx.Response, status: int, text: str) -> None:
-    assert response.status_code == status, response.text
-    assert text in response.json()["error"]["message"], response.text
+    return call(method, url, KEY, 60, **kwargs)
 
 
 def _png(pixels: torch.Tensor) -> str:
@@ -208,37 +202,37 @@ def test_evaluations_coalesce_under_load(base):
     # fewer evaluations than one per watch per chunk (9 chunks), as many as were not folded
     assert all(w["evaluations"] < 9 for w in watches.values()), watches
     assert stats["footage_lag_s"] == 0.0 and stats["lag_s"] == 0.0
-    _refused(_call("DELETE", url + "/watches/watch-nonesuch"), 404, "no watch 'watch-nonesuch'")
+    refused(_call("DELETE", url + "/watches/watch-nonesuch"), 404, "no watch 'watch-nonesuch'")
     gone = next(iter(watches))
     assert _call("DELETE", f"{url}/watches/{gone}").json() == {"id": gone, "deleted": True}
     assert len(_call("GET", url + "/watches").json()["data"]) == 2
     assert _call("DELETE", url).status_code == 200
 
 
-def test_a_watch_on_a_closed_stream_and_bad_watches_are_refused(base):
+def test_a_watch_on_a_closed_stream_and_bad_watches_arerefused(base):
     url = _open(base)
     _push(url, _chunk(1))
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION}), 400,
+    refused(_call("POST", url + "/watches", json={"question": QUESTION}), 400,
              "choices is required")
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+    refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "webhook": "http://alerts.example.com/x"}),
              400, "host 'alerts.example.com' is not in --allow-webhook-host (127.0.0.1)")
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+    refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "webhook": "file:///tmp/x"}),
              400, "webhook must be an http(s) URL")
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+    refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "rule": "threshold", "choice": "pink"}),
              400, "the rule's choice 'pink' is not one of the choices")
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
+    refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES,
                                                    "hold": 0}),
              400, "hold must be an integer in 1 .. 100")
     assert _call("GET", url + "/watches").json()["data"] == []
     _watch(url)
     assert _call("DELETE", url).status_code == 200
-    _refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES}),
+    refused(_call("POST", url + "/watches", json={"question": QUESTION, "choices": CHOICES}),
              404, "no open stream")
-    _refused(_call("GET", url + "/watches"), 404, "no open stream")
-    _refused(_call("GET", url + "/events"), 404, "no open stream")
+    refused(_call("GET", url + "/watches"), 404, "no open stream")
+    refused(_call("GET", url + "/events"), 404, "no open stream")
 
 
 def _pushed(url: str, frames: list[str]) -> tuple[dict, float]:
@@ -249,7 +243,7 @@ def _pushed(url: str, frames: list[str]) -> tuple[dict, float]:
 
 
 def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_counts(base):
-    _refused(_call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": -1}), 400,
+    refused(_call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": -1}), 400,
              "static_threshold must be in [0, 255] levels")
     opened = _call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": 8})
     assert opened.status_code == 201, opened.text
@@ -273,7 +267,7 @@ def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_count
     assert (watch["reused"], watch["events"], watch["answer"]) == (2, 1, "above"), watch
     engine = _call("GET", url).json()["engine"]
     assert engine["patches_pruned"] == 1 + 2 + 1 + 2, engine
-    _refused(_call("POST", url + "/ask", json={"question": PRESENCE, "fresh": True}), 400,
+    refused(_call("POST", url + "/ask", json={"question": PRESENCE, "fresh": True}), 400,
              "temporal pruning")
     reused = [line for line in httpx.get(base + "/metrics").text.splitlines()
               if line.startswith("apbv:watch_reused_total{")]
