@@ -30,9 +30,17 @@ def register(sub: Any) -> None:
     train.add_argument("--init", metavar="DIR",
                        help="continue from this trained checkpoint (default steps, rate and "
                             "curriculum: train_tiny.FINE_TUNE)")
-    train.add_argument("--mix", choices=("needles", "choice-camera"), default="needles",
-                       help="the step schedule: the free-form needle kinds (default), or with "
-                            "multiple-choice and static-camera videos (apbv.synthetic.mix)")
+    train.add_argument("--mix", choices=("needles", "choice-camera", "letters"),
+                       default="needles",
+                       help="the step schedule: the free-form needle kinds (default), with "
+                            "multiple-choice and static-camera videos, or with the needle "
+                            "fixtures' multiple-choice letters (apbv.synthetic.mix)")
+    train.add_argument("--grow", type=int, help="with --init: append this many decoder "
+                       "layers, zero-output at first (apbv.synthetic.grow)")
+    train.add_argument("--old-lr-scale", type=float, help="with --grow: the rate of the "
+                       "other weights, times the grown layers' (0: frozen)")
+    train.add_argument("--probe-every", type=int, default=0, metavar="STEPS",
+                       help="print a held-out letter accuracy every STEPS steps")
     train.add_argument("--overwrite", action="store_true")
     train.set_defaults(run=run)
 
@@ -72,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         overrides: dict[str, Any] = dict(FINE_TUNE, **FINE_TUNE_OVERRIDES[args.mix],
                                          init=args.init) if args.init else {}
         overrides["mix"] = args.mix
-        if args.steps is not None:
-            overrides["steps"] = args.steps
+        for name in ("steps", "grow", "old_lr_scale"):
+            if getattr(args, name) is not None:
+                overrides[name] = getattr(args, name)
+        overrides["probe_every"] = args.probe_every
         cfg = TrainConfig(seed=args.seed, threads=args.threads, **overrides)
         command = "python -m apbv " + " ".join(a for a in args.argv)
         print(train(cfg, args.out, overwrite=args.overwrite, command=command))

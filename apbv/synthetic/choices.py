@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from apbv.eval.data import BENCHMARKS, choice_prompt
+from apbv.eval.data import BENCHMARKS, INSTRUCTION, choice_prompt
 from apbv.eval.parse import option_letters
 from apbv.synthetic.needles import (
     KINDS,
@@ -81,3 +81,16 @@ def choice_sample(bench: str, kind: str, *, patches: int, seed: int, index: int,
     letter = option_letters(len(options))[options.index(sample.answer)]
     return dataclasses.replace(sample, question=choice_prompt(bench, QUESTIONS[kind], options),
                                answer=letter)
+
+
+def options_sample(bench: str, kind: str, *, patches: int, seed: int, index: int,
+                   depth: float | None = None) -> NeedleSample:
+    """:func:`choice_sample`'s video, question and lettered options without the benchmark's
+    instruction line, answered with the right option's text (the free-form word). Trained
+    beside the letters, it teaches the model to read the video under a list of options (the
+    first step of a letter answer: the flash's colour, then its option's letter)."""
+    sample = choice_sample(bench, kind, patches=patches, seed=seed, index=index, depth=depth)
+    lead, found, _ = sample.question.rpartition("\n" + INSTRUCTION)
+    assert found, sample.question
+    word = next(line[3:] for line in lead.split("\n") if line.startswith(sample.answer + ". "))
+    return dataclasses.replace(sample, question=lead, answer=word)

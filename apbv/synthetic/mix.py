@@ -4,13 +4,17 @@ The trainer (:mod:`apbv.synthetic.train_tiny`) takes its step's task from the sc
 ``mix`` (:data:`MIXES`), in turn: ``needles`` (the default: the five free-form kinds, the recipe
 of the shipped checkpoint) or ``choice-camera`` (:data:`SCHEDULE`, with multiple-choice and
 static-camera entries; its continuation of the shipped checkpoint regressed and was not
-shipped: docs/tiny_model.md). An entry is one of:
+shipped: docs/tiny_model.md) or ``letters`` (:data:`LETTERS`: free-form, option texts and
+the needle fixtures' letters, for a grown checkpoint). An entry is one of:
 
 - ``free/KIND``: a :mod:`apbv.synthetic.needles` question answered with a word (the
   original five kinds);
 - ``choice/BENCH/KIND``: the same video asked as a multiple-choice question in the
   benchmark's prompt format (:mod:`apbv.synthetic.choices`: exactly the harness's text),
   answered with the option letter;
+- ``options/BENCH/KIND``: the same question and options without the benchmark's
+  instruction line, answered with the right option's text
+  (:func:`apbv.synthetic.choices.options_sample`);
 - ``camera/EVENT`` and ``camera/EVENT/pruned``: a static-camera video
   (:mod:`apbv.synthetic.camera`) asked the event's colour, the second with its temporal
   patches pruned as the engine prunes them at ``video.static_threshold`` (a threshold drawn
@@ -32,7 +36,7 @@ import numpy as np
 
 from apbv.eval.data import BENCHMARKS
 from apbv.synthetic.camera import CAMERA_KINDS, camera_sample
-from apbv.synthetic.choices import CHOICE_KINDS, choice_sample
+from apbv.synthetic.choices import CHOICE_KINDS, choice_sample, options_sample
 from apbv.synthetic.needles import KINDS, NeedleSample, make_sample
 
 SCHEDULE = (
@@ -51,14 +55,27 @@ NEEDLES = ("free/retrieval", "free/presence", "free/recent", "free/retrieval", "
            "free/retrieval", "free/presence", "free/recent", "free/retrieval", "free/ordering")
 """The free-form kinds in turn (10): retrieval 4, presence and recent 2 each, counting and
 ordering 1 each."""
-MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE}
+_LETTER_CHOICES = ("choice/vnbench/retrieval", "choice/longvideobench/presence",
+                   "choice/vnbench/counting", "choice/longvideobench/retrieval",
+                   "choice/vnbench/retrieval", "choice/longvideobench/counting",
+                   "choice/vnbench/counting", "choice/longvideobench/presence",
+                   "choice/vnbench/retrieval", "choice/longvideobench/retrieval")
+LETTERS = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
+                for e in (free, "options/" + choice.split("/", 1)[1], choice))
+"""Free-form (:data:`NEEDLES`), the same option lists answered with the option's text
+(``options/``, no instruction line) and the letters the needle fixtures ask, in turn (30; one
+step each, so that no run of steps teaches one format alone). Letters and option texts:
+VNBench retrieval 3, counting 2; LongVideoBench retrieval 2, counting 1, presence 2."""
+MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE, "letters": LETTERS}
 FINE_TUNE_OVERRIDES: dict[str, dict[str, object]] = {
     "needles": {},
     "choice-camera": {"steps": 1400,
                       "curriculum": ((0.0, 64), (0.2, 256), (0.5, 1024), (0.8, 2048))},
+    "letters": {"steps": 2400, "lr": 2e-3, "grow": 3, "old_lr_scale": 0.5,
+                "curriculum": ((0.0, 32), (0.5, 128), (0.85, 512))},
 }
 """Per mix, what ``--init`` changes of :data:`apbv.synthetic.train_tiny.FINE_TUNE`."""
-LENGTH_CAPS = {"choice": 512, "camera": 256}
+LENGTH_CAPS = {"choice": 512, "options": 512, "camera": 256}
 """Longest video (temporal patches) of the non-free entries."""
 TRAIN_THRESHOLDS = (2.0, 4.0, 8.0, 16.0)
 """``video.static_threshold`` values (levels) a pruned training sample is pruned at."""
@@ -75,12 +92,13 @@ def check_entry(entry: str) -> None:
     """ValueError naming the allowed forms unless ``entry`` is a valid schedule entry."""
     parts = entry.split("/")
     ok = (parts[0] == "free" and len(parts) == 2 and parts[1] in KINDS) or \
-        (parts[0] == "choice" and len(parts) == 3 and parts[1] in BENCHMARKS
+        (parts[0] in ("choice", "options") and len(parts) == 3 and parts[1] in BENCHMARKS
          and parts[2] in CHOICE_KINDS[parts[1]]) or \
         (parts[0] == "camera" and len(parts) in (2, 3) and parts[1] in CAMERA_KINDS
          and parts[2:] in ([], ["pruned"]))
     if not ok:
-        raise ValueError(f"schedule entry {entry!r} must be free/KIND, choice/BENCH/KIND or "
+        raise ValueError(f"schedule entry {entry!r} must be free/KIND, choice/BENCH/KIND, "
+                         f"options/BENCH/KIND or "
                          f"camera/EVENT[/pruned] (KIND: {', '.join(KINDS)}; BENCH: "
                          f"{', '.join(BENCHMARKS)}; EVENT: {', '.join(CAMERA_KINDS)})")
 
@@ -105,9 +123,10 @@ def make_task(entry: str, *, patches: int, seed: int, index: int,
     if parts[0] == "free":
         return Task(make_sample(parts[1], patches=patches, seed=seed, index=index,
                                 depth=depth), None)
-    if parts[0] == "choice":
-        return Task(choice_sample(parts[1], parts[2], patches=patches, seed=seed, index=index,
-                                  depth=depth), None)
+    if parts[0] in ("choice", "options"):
+        make = choice_sample if parts[0] == "choice" else options_sample
+        return Task(make(parts[1], parts[2], patches=patches, seed=seed, index=index,
+                         depth=depth), None)
     sample = camera_sample(parts[1], patches=patches, seed=seed, index=index)
     if parts[2:] != ["pruned"]:
         return Task(sample, None)

@@ -14,11 +14,12 @@ SHA-256). Prompts are built exactly as the engine builds them (the checkpoint's 
 context and query tokenized apart, apbv's M-RoPE positions), so what the model learns is what
 the engine asks.
 
-The result is a checkpoint directory that loads through the same ``from_pretrained`` path as a
-released one, weights in bfloat16, plus ``training.json``: the command, seed, steps, wall time,
-loss curve and held-out accuracy (greedy answer tokens, single-process exact attention) per
-task kind and length, and per answer. Training is seeded and deterministic on a given torch
-build and thread count. This is tooling, not part of the request path.
+``--grow N`` appends N decoder layers (:mod:`apbv.synthetic.grow`; ``--old-lr-scale``).
+The result loads through the same ``from_pretrained`` path as a released checkpoint, weights
+in bfloat16, plus ``training.json``: the command, seed, steps, wall time, loss curve and
+held-out accuracy (greedy, single-process exact attention) per kind, length and answer.
+Training is seeded and deterministic on a given torch build and thread count (tooling, not
+part of the request path).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from apbv.model.qwen2_5_vl.tiny import (
     write_json,
 )
 from apbv.synthetic import byte_tokenizer as bt
-from apbv.synthetic import mix
+from apbv.synthetic import grow, mix
+from apbv.synthetic.batch import Encoded, collate
 from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
@@ -78,8 +80,11 @@ class TrainConfig:
     """Short videos are batched (same kind and length) up to about this many video tokens."""
     max_batch: int = 8
     init: str | None = None
-    mix: str = "needles"  # the step schedule (apbv.synthetic.mix.MIXES)
     """Checkpoint directory whose weights training starts from (None: seeded random init)."""
+    mix: str = "needles"  # the step schedule (apbv.synthetic.mix.MIXES)
+    grow: int = 0  # decoder layers appended to init's (apbv.synthetic.grow; 0: none)
+    old_lr_scale: float = 1.0  # the rate of every weight but the grown layers' (0: frozen)
+    probe_every: int = 0  # print grow.probe's held-out letter accuracy every this many steps
 
     def __post_init__(self) -> None:
         mix.schedule(self.mix)
@@ -91,6 +96,11 @@ class TrainConfig:
             raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
         if self.min_patches > self.max_patches:
             raise ValueError("min_patches must not exceed max_patches")
+        if self.grow and (self.init is None or self.grow < 0):
+            raise ValueError(f"grow must be a layer count >= 0 with init, got {self.grow!r}")
+        if not 0 <= self.old_lr_scale <= 1 or (self.old_lr_scale < 1 and not self.grow):
+            raise ValueError("old_lr_scale must be in [0, 1] (below 1 only with grow), got "
+                             f"{self.old_lr_scale!r}")
 
     def longest(self, step: int) -> int:
         """Longest video (patches) at ``step``."""
@@ -127,8 +137,9 @@ def trained_config():
     )
 
 
-def build_model(seed: int, init: str | None = None):
-    """The model to train (fp32): small normal init, seeded, or ``init``'s weights."""
+def build_model(seed: int, init: str | None = None, extra: int = 0):
+    """The model to train (fp32): small normal init, seeded, or ``init``'s weights (with
+    ``extra`` decoder layers appended: :func:`apbv.synthetic.grow.grown`)."""
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
@@ -136,7 +147,10 @@ def build_model(seed: int, init: str | None = None):
     if init is not None:  # the same config (strict: the same shapes), the init's weights
         start = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             init, local_files_only=True, dtype=torch.float32)
-        model.load_state_dict(start.state_dict())
+        if extra:
+            model = grow.grown(type(model), start, extra, seed)
+        else:
+            model.load_state_dict(start.state_dict())
     ids = bt.SPECIAL_IDS
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
@@ -150,19 +164,6 @@ def write_support_files(directory: Path) -> None:
     write_json(directory / "tokenizer_config.json", tokenizer_config(bt.SPECIAL_IDS))
     write_json(directory / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     write_json(directory / "preprocessor_config.json", PREPROCESSOR_CONFIG)
-
-
-@dataclass
-class Encoded:
-    input_ids: torch.Tensor
-    """(1, T) prompt + answer + <|im_end|>."""
-    labels: torch.Tensor
-    """(1, T) -100 except the answer tokens and <|im_end|>."""
-    positions: torch.Tensor
-    """(3, 1, T) apbv's M-RoPE positions (answer tokens continue at max + 1)."""
-    pixels: torch.Tensor
-    grid: torch.Tensor
-    prompt_len: int
 
 
 class Encoder:
@@ -210,31 +211,6 @@ class Encoder:
             labels[len(prompt):] = ids[len(prompt):]
         return Encoded(ids.unsqueeze(0), labels.unsqueeze(0), positions,
                        out["pixel_values_videos"], grid, len(prompt))
-
-
-def collate(encs: list[Encoded]) -> Encoded:
-    """One batch; shorter sequences are padded with <|endoftext|> after their <|im_end|>
-    (causal: padding changes no earlier logit). ``prompt_len`` is -1 unless every sample's
-    prompt has the same length (the labels mark each one's answer)."""
-    if len(encs) == 1:
-        return encs[0]
-    width = max(e.input_ids.shape[1] for e in encs)
-    pad = bt.SPECIAL_IDS["<|endoftext|>"]
-
-    def widen(t: torch.Tensor, value: int) -> torch.Tensor:
-        extra = width - t.shape[-1]
-        return torch.nn.functional.pad(t, (0, extra), value=value) if extra else t
-
-    ids = torch.cat([widen(e.input_ids, pad) for e in encs])
-    labels = torch.cat([widen(e.labels, -100) for e in encs])
-    positions = []
-    for e in encs:
-        extra = width - e.positions.shape[-1]
-        more = torch.arange(extra) + int(e.positions.max()) + 1
-        positions.append(torch.cat([e.positions, more.view(1, 1, -1).expand(3, 1, -1)], dim=2))
-    return Encoded(ids, labels, torch.cat(positions, dim=1),
-                   torch.cat([e.pixels for e in encs]), torch.cat([e.grid for e in encs]),
-                   encs[0].prompt_len if len({e.prompt_len for e in encs}) == 1 else -1)
 
 
 def forward(model, enc: Encoded):
@@ -326,10 +302,12 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
             init_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
             if (Path(cfg.init) / "training.json").is_file():  # its figures, beside the new
                 init_record = json.loads((Path(cfg.init) / "training.json").read_text())
-        model = build_model(cfg.seed, cfg.init)
+        model = build_model(cfg.seed, cfg.init, cfg.grow)
         set_vision_attention(model, "grouped")
         encoder = Encoder(processor, model.config)
-        optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+        groups = grow.param_groups(model, cfg.grow, cfg.old_lr_scale)
+        params = [p for g in groups for p in g["params"]]
+        optim = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(0.9, 0.98))
         gen = torch.Generator().manual_seed(cfg.seed)
         losses: list[tuple[int, int, float]] = []
@@ -348,12 +326,12 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
             tasks = [mix.make_task(entry, patches=patches, index=step * cfg.max_batch + j,
                                    seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch)]
             for group in optim.param_groups:
-                group["lr"] = _lr_at(cfg, step)
+                group["lr"] = _lr_at(cfg, step) * group["scale"]
             batch_enc = collate([encoder(t.sample, threshold=t.threshold) for t in tasks])
             loss = answer_loss(forward(model, batch_enc).logits, batch_enc.labels)
             optim.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             optim.step()
             window.append(float(loss.detach()))
             if (step + 1) % 25 == 0 or step + 1 == cfg.steps:
@@ -364,6 +342,9 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                     elapsed = time.perf_counter() - start
                     print(f"step {step + 1}/{cfg.steps}  loss {mean:.4f}  longest {longest} "
                           f"patches  {elapsed:.0f}s", file=progress, flush=True)
+            if progress and cfg.probe_every and (step + 1) % cfg.probe_every == 0:
+                grow.print_probe(step + 1, grow.probe(lambda t: answers_greedily(
+                    model, encoder(t.sample)), cfg.seed + SEED_OFFSETS["heldout"]), progress)
         train_s = time.perf_counter() - start
         model.eval()
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped

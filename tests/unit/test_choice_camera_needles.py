@@ -83,7 +83,7 @@ def test_the_training_mix_names_valid_tasks() -> None:
     assert all(e.startswith("free/") for e in schedule("needles"))  # the shipped recipe
     from apbv.synthetic.train_tiny import TrainConfig
 
-    assert TrainConfig().mix == "needles" and set(MIXES) == {"needles", "choice-camera"}
+    assert TrainConfig().mix == "needles" and set(MIXES) == {"needles", "choice-camera", "letters"}
     with pytest.raises(ValueError, match="unknown training mix 'cats'; allowed: needles"):
         TrainConfig(mix="cats")
 
