@@ -1,5 +1,5 @@
-"""``apbv serve``'s settings: the command line, ``APBV_SERVE_*`` environment variables and a
-TOML file (``--config-file``), merged by pydantic-settings.
+"""The server command's settings: the command line, ``APBV_SERVE_*`` environment variables and
+a TOML file (``--config-file``), merged by pydantic-settings.
 
 Every flag of the ``serve`` parser is a setting, read from the parser itself (a flag added
 later is one at once): its key is the flag's destination (``--max-queue``: ``max_queue``), its
@@ -184,7 +184,7 @@ def resolve(parser: argparse.ArgumentParser, argv: list[str], args: argparse.Nam
     from apbv import import_extra
 
     import_extra("pydantic_settings", package="pydantic-settings", extra="serve",
-                 purpose="apbv serve's settings")
+                 purpose="the server's settings")
     from pydantic import ValidationError
 
     environ = os.environ if environ is None else environ
@@ -256,7 +256,7 @@ def _toml_value(value: Any) -> str:
 def render_toml(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str:
     """The resolved settings of ``ns`` as a ``--config-file`` (each key with where its value
     came from; an unset key and a secret's value as a comment only)."""
-    lines = [f"# apbv serve settings ({PRECEDENCE})"]
+    lines = [f"# the server's settings ({PRECEDENCE})"]
     for s in settings_of(parser):
         value, source = getattr(ns, s.key), ns.setting_sources[s.key]
         if s.key in SECRET_KEYS and value:
