@@ -300,12 +300,12 @@ class Engine:
         self.streams[stream_id] = stream
         return stream.describe()
 
-    def append(self, stream_id: str, frames: torch.Tensor,
-               timestamps: Sequence[float]) -> Appended:
-        """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
-        (seconds, increasing) to stream ``stream_id``
+    def append(self, stream_id: str, frames: torch.Tensor, timestamps: Sequence[float],
+               held: Sequence[tuple[torch.Tensor, Sequence[float]]] = ()) -> Appended:
+        """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps (seconds,
+        increasing), after the pushes the server ``held``, to stream ``stream_id``
         (:meth:`apbv.engine.stream.Stream.append`)."""
-        return self._stream(stream_id).append(frames, timestamps)
+        return self._stream(stream_id).append(frames, timestamps, held)
 
     def describe_stream(self, stream_id: str) -> StreamInfo:
         """Stream ``stream_id``'s state (no collective)."""

@@ -81,7 +81,7 @@ from apbv.engine.stream_plan import (
     row_start,
     unit_times,
 )
-from apbv.engine.stream_prune import ChunkPruner
+from apbv.engine.stream_prune import ChunkPruner, whole_units
 from apbv.model.adapter import VideoFeatures, VideoModel
 from apbv.model.stream_prompt import ChunkPlace
 from apbv.plan import QUERY_RANK
@@ -157,7 +157,8 @@ class Stream:
             seconds_held=seconds_held, video_tokens_per_rank=held,
             tokens_per_rank=list(self.tokens), rebases=self.stats.rebases,
             position_shift=self.stats.shift, seconds=dict(self.stats.seconds),
-            patches_pruned=self.stats.patches_pruned)
+            patches_pruned=self.stats.patches_pruned, static_threshold=self.pruner.threshold,
+            pruning_grid=(self.unit, *self.pruner.cells))
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -213,11 +214,19 @@ class Stream:
         """(Q,) the family's query ids for ``question`` (the one-shot prompt's)."""
         return self.model.prompt(question, (1, *self.grid_hw), sampling=self._sampling(1))[1]
 
-    def append(self, frames: torch.Tensor, timestamps: Sequence[float]) -> Appended:
+    def append(self, frames: torch.Tensor, timestamps: Sequence[float],
+               held: Sequence[tuple[torch.Tensor, Sequence[float]]] = ()) -> Appended:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
         (seconds, increasing, bounded as :func:`check_timestamps` says). Whole temporal
         patches become one chunk now; an odd last frame waits for the next append. Returns
-        what happened (its chunk None when no whole patch was complete)."""
+        what happened (its chunk None when no whole patch was complete). ``held``: earlier
+        pushes the server held (:mod:`apbv.serve.streams.hold`), appended first, each alone, in
+        order; the server judged they keep no patch (checked); one the stream has already (a
+        resend: its last timestamp not past the stream's newest) is skipped."""
+        for past, stamps in held:
+            if self._last_ts is None or stamps[-1] > self._last_ts:
+                done = self.append(past, stamps)
+                assert done.chunk is None, f"a push the server held keeps a patch: {done}"
         with agreement(self.info.group):
             frames, stamps = self._check_frames(frames, timestamps)
         digest = hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()
@@ -227,13 +236,7 @@ class Stream:
             self._last_ts = stamps[-1]
             if self._t0 is None:
                 self._t0 = stamps[0]
-        if self._pending is not None:
-            frames = torch.cat([self._pending[0].unsqueeze(0), frames])
-            stamps = [self._pending[1]] + stamps
-            self._pending = None
-        if len(stamps) % self.unit:
-            self._pending = (frames[-1].clone(), stamps[-1])
-            frames, stamps = frames[:-1], stamps[:-1]
+        frames, stamps, self._pending = whole_units(self._pending, frames, stamps, self.unit)
         if not stamps:
             return Appended(chunk=None, owner=None, tokens=0, evicted=0)
         return self._append_chunk(frames, stamps)

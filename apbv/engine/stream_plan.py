@@ -173,6 +173,12 @@ class StreamInfo:
     """Per stage, summed over appends (slowest rank per append)."""
     patches_pruned: int = 0
     """Temporal patches dropped as unchanged since the stream opened (temporal pruning)."""
+    static_threshold: float = 0.0
+    """The temporal pruning threshold in effect (levels; 0: off): the spec's, else the
+    config's."""
+    pruning_grid: tuple[int, int, int] = (1, 1, 1)
+    """(frames per temporal patch, gh, gw): the units and merged-patch cells a patch's
+    signature is taken over (:class:`apbv.engine.stream_prune.ChunkPruner`)."""
 
 
 def pick_owner(tokens: Sequence[int]) -> int:

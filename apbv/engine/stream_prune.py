@@ -20,6 +20,25 @@ import torch
 
 from apbv.video.prune import keep_mask, signatures
 
+Pending = tuple[torch.Tensor, float] | None
+"""A stream's odd last frame (3, H, W) and its timestamp, waiting for the next append to
+complete its temporal patch (None: none)."""
+
+
+def whole_units(pending: Pending, frames: torch.Tensor, stamps: list[float],
+                unit: int) -> tuple[torch.Tensor, list[float], Pending]:
+    """(the whole temporal patches of ``unit`` frames that ``pending`` and an append's
+    ``frames`` (uint8 (F, 3, H, W) at ``stamps``) complete, their stamps, the odd frame left
+    to wait for the next append): how a stream groups its frames, whatever its pushes."""
+    if pending is not None:
+        frames = torch.cat([pending[0].unsqueeze(0), frames])
+        stamps = [pending[1]] + stamps
+        pending = None
+    if len(stamps) % unit:
+        pending = (frames[-1].clone(), stamps[-1])
+        frames, stamps = frames[:-1], stamps[:-1]
+    return frames, stamps, pending
+
 
 @dataclass(frozen=True)
 class ChunkKeep:

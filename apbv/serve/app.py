@@ -295,7 +295,8 @@ class Server:
         return StreamLoad(len(registry.live), sum(len(sw.watches)
                                                   for sw in self.watches.of.values()),
                           registry.opt.budget_bytes,
-                          tuple(registry.held(replica) for replica in self.replicas))
+                          tuple(registry.held(replica) for replica in self.replicas),
+                          registry.pushes_held)
 
 
 def live_streams(front: Front, replicas: list[Replica],

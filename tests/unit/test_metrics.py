@@ -1,10 +1,12 @@
 """The server's metrics without a server: vLLM's bucket lists kept (finer bounds only added
 below them), the prefix rule, which endpoint and finished reason a replica job counts under,
 one job's times and tokens observed from its own clock readings, the scrape-time gauges (KV
-reserved against the stream budget, streams, watches), and every name under one prefix."""
+reserved against the stream budget, streams, watches) and count of held pushes, and every
+name under one prefix."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -177,6 +179,9 @@ def test_scrape_gauges_and_one_naming_style():
     assert _value(m, "vllm:num_requests_waiting", model_name="tiny") == 2
     assert _value(m, "vllm:streams_open", model_name="tiny") == 2
     assert _value(m, "vllm:watches", model_name="tiny") == 3
+    for held in (5, 7):  # the registry's running count, counted at each scrape
+        m.count_load(replicas, dataclasses.replace(streams, pushes_held=held))  # type: ignore
+    assert _value(m, "vllm:stream_pushes_held_total", model_name="tiny") == 7
     m.count_load(replicas)  # type: ignore[arg-type]  # streams not served
     assert _value(m, "vllm:kv_cache_usage_perc", model_name="tiny", engine="0") == 0
     names = [f.name for f in text_string_to_metric_families(generate_latest(m.registry).decode())]

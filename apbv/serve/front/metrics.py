@@ -132,6 +132,10 @@ class Metrics:
                                     "(the stream gained no tokens)", model).labels(model_name)
         self.events_dropped = counter("events_dropped", "Events a full subscriber or webhook "
                                       "queue dropped", model).labels(model_name)
+        self.pushes_held = counter("stream_pushes_held", "Pushes of pruned streams the server "
+                                   "held (they keep no patch: no job on the ranks)",
+                                   model).labels(model_name)
+        self._held_counted = 0
         self._zero_series()
 
     def _zero_series(self) -> None:
@@ -200,6 +204,8 @@ class Metrics:
         if streams is not None:
             self.streams_open.labels(name).set(streams.open)
             self.watches.labels(name).set(streams.watches)
+            self.pushes_held.inc(max(0, streams.pushes_held - self._held_counted))
+            self._held_counted = max(self._held_counted, streams.pushes_held)
 
 
 @dataclass(frozen=True)
@@ -214,3 +220,5 @@ class StreamLoad:
     """The stream budget of each replica (bytes of KV)."""
     held: tuple[int, ...]
     """Bytes of KV each replica's streams reserve, in the order of the replicas."""
+    pushes_held: int = 0
+    """Pushes the server held since it started (:mod:`apbv.serve.streams.hold`)."""

@@ -65,11 +65,15 @@ class OpenStream(Op["StreamInfo"]):
 
 @dataclass(frozen=True)
 class Append(Op["Appended"]):
-    """Frames (uint8 (F, 3, H, W) at the stream's size) and their timestamps (seconds)."""
+    """Frames (uint8 (F, 3, H, W) at the stream's size) and their timestamps (seconds);
+    ``held``: earlier pushes the server held (:mod:`apbv.serve.streams.hold`: it judged they
+    keep no patch), appended first, each alone and in order, as they would have been
+    (:meth:`apbv.engine.stream.Stream.append`)."""
 
     stream_id: str
     frames: torch.Tensor
     timestamps: tuple[float, ...]
+    held: tuple[tuple[torch.Tensor, tuple[float, ...]], ...] = ()
     what: ClassVar[str] = "append"
 
 
@@ -96,8 +100,8 @@ def apply(op: Op[object], engine: Engine, on_token: Callable[[int], None] | None
             return engine.generate(request, on_token=on_token, stop=stop)
         case OpenStream(stream_id, spec):
             return engine.open_stream(stream_id, spec)
-        case Append(stream_id, frames, timestamps):
-            return engine.append(stream_id, frames, timestamps)
+        case Append(stream_id, frames, timestamps, held):
+            return engine.append(stream_id, frames, timestamps, held)
         case CloseStream(stream_id):
             engine.close_stream(stream_id)
             return None

@@ -11,7 +11,7 @@ requests. A stream ends when its replica's ranks are found lost (the group is re
 no client having touched it for ``--stream-idle-s``, is closed (:meth:`StreamRegistry.sweep`;
 its idle clock counts only while none of its operations is queued or running); how it ended is
 told and remembered (:mod:`apbv.serve.streams.end`). A stream with a ``source`` is fed by a
-task that takes frames from its :class:`apbv.capture.Capture` (:meth:`StreamRegistry.feed`).
+task that takes frames from its :class:`apbv.capture.Capture` (:mod:`apbv.serve.streams.feeder`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ from apbv.capture import Capture, Source
 from apbv.cost.stream import StreamCost
 from apbv.engine.stream_plan import Appended, StreamSpec
 from apbv.openai.policy import ClientError, Limits
-from apbv.serve.ranks.ops import Append, CloseStream, Op, OpenStream
+from apbv.serve.ranks.ops import CloseStream, Op, OpenStream
 from apbv.serve.ranks.placement import ReplicaLoad, place_stream
 from apbv.serve.scheduler.admission import Job
 from apbv.serve.scheduler.replicas import Replica
 from apbv.serve.streams import budget as stream_budget
 from apbv.serve.streams import pricing as stream_time
 from apbv.serve.streams.end import EndedStreams, ending, lost_detail
+from apbv.serve.streams.hold import PushHold
+from apbv.serve.streams.hold import append as held_append
 from apbv.serve.streams.listener import NoListener, StreamListener
 from apbv.serve.streams.options import StreamOptions
 
@@ -83,6 +85,8 @@ class LiveStream:
     closing: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a push from its parse to its append, so pushes keep their order."""
+    hold: PushHold | None = None
+    """Its pushes' judge and backlog (:mod:`apbv.serve.streams.hold`; None: no pruning)."""
 
 
 class StreamRegistry:
@@ -100,6 +104,8 @@ class StreamRegistry:
             replica.on_lost.append(self.lost)
         self.listener: StreamListener[LiveStream] = \
             NoListener() if listener is None else listener(self)
+        self.pushes_held = 0
+        """Pushes held on the server (:mod:`apbv.serve.streams.hold`) since it started."""
 
     def held(self, replica: Replica) -> int:
         return sum(s.reserved for s in self.live.values() if s.replica is replica)
@@ -263,14 +269,16 @@ class StreamRegistry:
 
     async def append(self, live: LiveStream, frames: torch.Tensor,
                      stamps: list[float]) -> Appended:
-        """Append ``frames`` (at ``stamps``) to ``live`` on its ranks: what the engine did."""
+        """Append ``frames`` (at ``stamps``) to ``live`` on its ranks, or hold them here
+        (:mod:`apbv.serve.streams.hold`): what the engine did (or, held, will do)."""
         arrived = time.monotonic()
         if not live.opened_on_ranks:
-            await self.run(live, OpenStream(live.id, live.spec))
-            live.opened_on_ranks = True
+            await self.open_on_ranks(live)
         queued = time.monotonic()
-        result, wait = await self.run(live, Append(live.id, frames, tuple(stamps)))
-        live.append_s = (wait, time.monotonic() - queued - wait)
+        result, wait = await held_append(live.hold, lambda op: self.admit(live, op), live.id,
+                                         frames, stamps)
+        self.pushes_held += wait is None  # held: no job, no time on the ranks
+        live.append_s = (0.0, 0.0) if wait is None else (wait, time.monotonic() - queued - wait)
         live.append_load = live.recent.add(result, live.append_s[1], len(stamps) / live.spec.fps)
         if live.predicted is not None and result.patches:  # priced at its keep rate
             live.predicted = self.price(live.spec, True, None, keep_rate=live.recent.priced)
@@ -281,32 +289,12 @@ class StreamRegistry:
         self.listener.appended(live, stamps[-1], arrived, len(stamps) / live.spec.fps)
         return result
 
-    async def feed(self, live: LiveStream) -> None:
-        """Move frames from the stream's capture to its ranks until the capture ends."""
-        cap, limit = live.capture, self.limits.max_frames_per_push
-        assert cap is not None, "only a stream with a source is fed"
-        try:
-            while True:
-                frames = await asyncio.to_thread(cap.take, limit, timeout=0.5)
-                if frames:
-                    if not live.sized:
-                        height, width = frames[0].image.shape[1:]
-                        self.fix_size(live, (height, width))
-                    batch = torch.stack([f.image for f in frames])
-                    while True:
-                        try:
-                            await self.append(live, batch, [f.timestamp for f in frames])
-                            break
-                        except ClientError as exc:
-                            if exc.status != 429:  # the queue is full: try again shortly
-                                raise
-                            await asyncio.sleep(0.25)
-                elif cap.stats()["ended"]:
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # kept for GET; the stream stays open for asks
-            live.error = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+    async def open_on_ranks(self, live: LiveStream) -> None:
+        """Open ``live`` on its replica's ranks (its spec fixed): with temporal pruning, its
+        pushes are judged here first, as the ranks opened it (:mod:`apbv.serve.streams.hold`)."""
+        info, _ = await self.run(live, OpenStream(live.id, live.spec))
+        live.opened_on_ranks = True
+        live.hold = PushHold.of(info, self.limits.max_frames_per_push)
 
     def lost(self, replica: Replica) -> None:
         """``replica``'s ranks were lost: its streams end (``lost``)."""
@@ -345,6 +333,7 @@ class StreamRegistry:
             {"height": live.native[0], "width": live.native[1]},
             "source": live.source, "open_s": now - live.opened,
             "frames_pushed": live.frames_pushed, "pushes": live.pushes, "asks": live.asks,
+            "pushes_held": 0 if live.hold is None else live.hold.pushes_held,
             "last_timestamp": live.last_ts,
             "since_last_frame_s": None if live.last_push_wall is None
             else now - live.last_push_wall,

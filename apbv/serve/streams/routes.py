@@ -35,7 +35,8 @@ from apbv.openai.bodies import check_url
 from apbv.openai.frames import parse_push, resize_to
 from apbv.openai.policy import ClientError, resolve_media
 from apbv.serve.front.front import Front
-from apbv.serve.ranks.ops import DescribeStream, Generate, OpenStream
+from apbv.serve.ranks.ops import DescribeStream, Generate
+from apbv.serve.streams.feeder import feed
 from apbv.serve.streams.registry import (
     LiveStream,
     StreamOptions,
@@ -106,13 +107,12 @@ class Streams:
         self.registry.live[live.id] = live
         try:
             if sized:
-                await self.registry.run(live, OpenStream(live.id, spec))
-                live.opened_on_ranks = True
+                await self.registry.open_on_ranks(live)
             if source is not None:
                 live.source = path
                 live.capture = start_capture(source, spec, sized, pixels,
                                              self.opt.family.patch_size)
-                live.feeder = asyncio.ensure_future(self.registry.feed(live))
+                live.feeder = asyncio.ensure_future(feed(self.registry, live))
         except BaseException:
             self.registry.forget(live)
             raise
@@ -202,7 +202,8 @@ class Streams:
         out["watches"] = self.registry.listener.stats(live)
         if live.opened_on_ranks:
             info, _ = await self.registry.run(live, DescribeStream(live.id))
-            out["engine"] = dataclasses.asdict(info)
+            held = live.hold  # its held pushes counted as the ranks will count them
+            out["engine"] = dataclasses.asdict(info if held is None else held.counted(info))
         return JSONResponse(out)
 
     async def close(self, stream_id: str, request: Request) -> JSONResponse:

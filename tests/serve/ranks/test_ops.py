@@ -24,8 +24,8 @@ class _Engine:
         self.calls.append(("open_stream", stream_id, spec))
         return "opened"
 
-    def append(self, stream_id, frames, timestamps):
-        self.calls.append(("append", stream_id, frames, timestamps))
+    def append(self, stream_id, frames, timestamps, held=()):
+        self.calls.append(("append", stream_id, frames, timestamps, held))
         return "appended"
 
     def close_stream(self, stream_id):
@@ -46,7 +46,7 @@ def test_each_op_reaches_its_engine_method() -> None:
     assert [apply(op, engine, on_token, stop) for op in ops] == [
         "result", "opened", "appended", "described", None]
     assert engine.calls == [("generate", request, on_token, stop), ("open_stream", "s", spec),
-                            ("append", "s", frames, (0.0, 0.5)), ("describe_stream", "s"),
+                            ("append", "s", frames, (0.0, 0.5), ()), ("describe_stream", "s"),
                             ("close_stream", "s")]
     assert [op.answers for op in ops] == [True, False, False, False, False]
     assert [op.max_tokens for op in ops] == [5, 0, 0, 0, 0]

@@ -4,7 +4,8 @@ one chunk of a flash (server-sent events and the webhook), none on flash-free fr
 minimum hold of a threshold rule, the colour question's answer on the flash's chunk,
 coalescing under load, a watch on a closed stream, bad watches refused (a webhook to a
 disallowed host among them); on a stream with temporal pruning, a push that keeps no patch
-adds no tokens and a watch reuses its last answer, its hold still counting."""
+adds no tokens (held on the server: no job on the ranks, its patches still counted) and a
+watch reuses its last answer, its hold still counting."""
 
 from __future__ import annotations
 
@@ -242,6 +243,12 @@ def _pushed(url: str, frames: list[str]) -> tuple[dict, float]:
     return pushed.json(), _call("GET", url).json()["last_timestamp"]
 
 
+def _stream_jobs(base: str) -> float:
+    """Stream operations the replicas ran so far (``apbv:requests_total``, outcome stream)."""
+    return sum(float(line.split()[-1]) for line in httpx.get(base + "/metrics").text.splitlines()
+               if line.startswith('apbv:requests_total{outcome="stream"}'))
+
+
 def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_counts(base):
     refused(_call("POST", base + "/v1/streams", json={**OPEN, "static_threshold": -1}), 400,
              "static_threshold must be in [0, 255] levels")
@@ -261,8 +268,13 @@ def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_count
     watch = _settled(url, ts)[held["id"]]  # asked: "yes" once, the hold of 2 not yet met
     assert (watch["reused"], watch["events"], watch["answer"]) == (1, 0, "below"), watch
     assert watch["probs"]["yes"] >= 0.6, watch
-    still, ts = _pushed(url, _chunk(1, flash="red")[2:] * 2)  # the flash goes on unchanged
-    assert still["patches_kept"] == 0, still
+    jobs = _stream_jobs(base)
+    still = _call("POST", url + "/frames", json={"frames": _chunk(1, flash="red")[2:] * 2})
+    assert still.status_code == 200 and still.json()["patches_kept"] == 0, still.text
+    assert _stream_jobs(base) == jobs, "the flash went on unchanged: held, no job on the ranks"
+    stats = _call("GET", url).json()
+    assert stats["pushes_held"] == 2, stats  # this one and the first unchanged one
+    ts = stats["last_timestamp"]
     watch = _settled(url, ts)[held["id"]]  # reused, and the rule saw it: the event
     assert (watch["reused"], watch["events"], watch["answer"]) == (2, 1, "above"), watch
     engine = _call("GET", url).json()["engine"]
@@ -270,6 +282,6 @@ def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_count
     refused(_call("POST", url + "/ask", json={"question": PRESENCE, "fresh": True}), 400,
              "temporal pruning")
     reused = [line for line in httpx.get(base + "/metrics").text.splitlines()
-              if line.startswith("apbv:watch_reused_total{")]
-    assert reused and float(reused[0].split()[-1]) >= 2, reused
+              if line.startswith(("apbv:watch_reused_total{", "apbv:stream_pushes_held_total{"))]
+    assert len(reused) == 2 and all(float(r.split()[-1]) >= 2 for r in reused), reused
     assert _call("DELETE", url).status_code == 200
