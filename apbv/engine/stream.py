@@ -36,11 +36,10 @@ embeddings and are added at its video tokens as in the one-shot prefill. So whil
 evicted, an ask returns the tokens of one-shot ``exact`` mode on the same frames
 (``Request(video=DecodedVideo(frames, fps))``).
 
-With a static threshold (``StreamSpec.static_threshold``, else the config's
-``video.static_threshold``) a chunk's temporal patches that did not change since the stream's
-last kept patch are dropped before the tower (:mod:`apbv.engine.stream_prune`): a chunk keeping
-none adds no tokens, and the kept patches keep the positions and text of their own capture time,
-so an ask equals one-shot exact with the same threshold on the same frames.
+With a static threshold (the spec's, else ``video.static_threshold``) a chunk's temporal
+patches unchanged since the last kept patch are dropped before the tower
+(:mod:`apbv.engine.stream_prune`): a chunk keeping none adds no tokens, the kept patches keep
+the positions and text of their capture time (an ask equals one-shot exact, same threshold).
 
 A window (``window_s``, or ``window_tokens`` per rank) evicts the oldest whole chunks and frees
 their rows on the rank that held them. The survivors keep their KV and positions: they were
@@ -175,8 +174,8 @@ class Stream:
 
     # -- append ------------------------------------------------------------------------------
 
-    def _check_frames(self, frames: torch.Tensor,
-                      timestamps: Sequence[float]) -> tuple[torch.Tensor, list[float]]:
+    def _check_frames(self, frames: torch.Tensor, timestamps: Sequence[float],
+                      last: float | None) -> tuple[torch.Tensor, list[float]]:
         spec = self.spec
         if not isinstance(frames, torch.Tensor) or frames.dtype != torch.uint8 or \
                 frames.dim() != 4 or frames.shape[1] != 3:
@@ -186,7 +185,7 @@ class Stream:
         if tuple(frames.shape[2:]) != (spec.height, spec.width):
             raise ValueError(f"frames are {frames.shape[3]}x{frames.shape[2]}; the stream was "
                              f"opened for {spec.width}x{spec.height}")
-        stamps = check_timestamps(list(timestamps), self._last_ts)
+        stamps = check_timestamps(list(timestamps), last)
         if len(stamps) != frames.shape[0]:
             raise ValueError(f"{frames.shape[0]} frames but {len(stamps)} timestamps")
         return frames, stamps
@@ -219,18 +218,25 @@ class Stream:
         """Add frames (uint8 (F, 3, H, W) at the stream's size) with their timestamps
         (seconds, increasing, bounded as :func:`check_timestamps` says). Whole temporal
         patches become one chunk now; an odd last frame waits for the next append. Returns
-        what happened (its chunk None when no whole patch was complete). ``held``: earlier
-        pushes the server held (:mod:`apbv.serve.streams.hold`), appended first, each alone, in
-        order; the server judged they keep no patch (checked); one the stream has already (a
-        resend: its last timestamp not past the stream's newest) is skipped."""
-        for past, stamps in held:
-            if self._last_ts is None or stamps[-1] > self._last_ts:
-                done = self.append(past, stamps)
-                assert done.chunk is None, f"a push the server held keeps a patch: {done}"
+        what happened (its chunk None when no whole patch was complete). ``held``: pushes the
+        server held (:mod:`apbv.serve.streams.hold`: none keeps a patch, checked), checked with
+        the frames and appended first, each alone, in order; one the stream already has (a
+        resend: its last timestamp not past the newest) skipped."""
+        checked, last = [], self._last_ts
         with agreement(self.info.group):
-            frames, stamps = self._check_frames(frames, timestamps)
-        digest = hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()
-        check_same("frames", {"frames": digest, "timestamps": repr(stamps)}, self.info.group)
+            for past, stamps in [*[(f, t) for f, t in held if last is None or t[-1] > last],
+                                 (frames, timestamps)]:
+                checked.append(self._check_frames(past, stamps, last))
+                last = checked[-1][1][-1] if checked[-1][1] else last
+        digest = hashlib.sha256(b"".join(f.contiguous().numpy().tobytes() for f, _ in checked))
+        check_same("frames", {"frames": digest.hexdigest(),
+                              "timestamps": repr([t for _, t in checked])}, self.info.group)
+        for past, stamps in checked[:-1]:
+            done = self._take(past, stamps)
+            assert done.chunk is None, f"a push the server held keeps a patch: {done}"
+        return self._take(*checked[-1])
+
+    def _take(self, frames: torch.Tensor, stamps: list[float]) -> Appended:  # checked ones
         self.stats.frames += len(stamps)
         if stamps:
             self._last_ts = stamps[-1]

@@ -27,7 +27,7 @@ import torch
 
 from apbv.capture import Capture, Source
 from apbv.cost.stream import StreamCost
-from apbv.engine.stream_plan import Appended, StreamSpec
+from apbv.engine.stream_plan import Appended, StreamInfo, StreamSpec
 from apbv.openai.policy import ClientError, Limits
 from apbv.serve.ranks.ops import CloseStream, Op, OpenStream
 from apbv.serve.ranks.placement import ReplicaLoad, place_stream
@@ -87,6 +87,10 @@ class LiveStream:
     """Held by a push from its parse to its append, so pushes keep their order."""
     hold: PushHold | None = None
     """Its pushes' judge and backlog (:mod:`apbv.serve.streams.hold`; None: no pruning)."""
+    appends_done: int = 0
+    """Its appends that ended on the ranks (queued and run, or refused there)."""
+    described: tuple[int, StreamInfo] | None = None
+    """The ranks' last figures of it, with :attr:`appends_done` when they were asked."""
 
 
 class StreamRegistry:
@@ -169,6 +173,7 @@ class StreamRegistry:
 
         def ended(_: asyncio.Future) -> None:  # the idle clock starts again from here
             live.jobs.discard(job)
+            live.appends_done += op.what == "append"
             live.used = time.monotonic()
 
         live.jobs.add(job)  # queued or running: the stream is in use

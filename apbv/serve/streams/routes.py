@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from apbv.capture import Source, local_source
-from apbv.engine.stream_plan import StreamSpec
+from apbv.engine.stream_plan import StreamInfo, StreamSpec
 from apbv.openai import chat_body, responses
 from apbv.openai.ask import parse_ask
 from apbv.openai.bodies import check_url
@@ -201,10 +201,19 @@ class Streams:
         out = self.registry.summary(live)
         out["watches"] = self.registry.listener.stats(live)
         if live.opened_on_ranks:
-            info, _ = await self.registry.run(live, DescribeStream(live.id))
-            held = live.hold  # its held pushes counted as the ranks will count them
-            out["engine"] = dataclasses.asdict(info if held is None else held.counted(info))
+            out["engine"] = dataclasses.asdict(await self._engine(live))
         return JSONResponse(out)
+
+    async def _engine(self, live: LiveStream) -> StreamInfo:
+        """The ranks' figures of ``live`` (a job on them), or their last answer while no append
+        ended since (nothing else changes them: a static camera's GET costs the ranks nothing
+        either), its held pushes counted as the ranks will count them."""
+        done = live.appends_done
+        if live.described is None or live.described[0] != done:
+            info, _ = await self.registry.run(live, DescribeStream(live.id))
+            live.described = (done, info)
+        held, info = live.hold, live.described[1]
+        return info if held is None else held.counted(info)
 
     async def close(self, stream_id: str, request: Request) -> JSONResponse:
         self.front.authorize(request)

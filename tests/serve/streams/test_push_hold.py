@@ -54,7 +54,7 @@ def _footage(unit: int, side: int) -> torch.Tensor:
 class _Ranks:
     """``admit`` of one rank's ``engine``: each op is applied as the replica would, the ops
     recorded; ``refuse``/``fail``: the next op is refused by the queue / fails on the rank
-    once it ran its held pushes (its own frames the wrong size)."""
+    once it took its held pushes."""
 
     def __init__(self, engine: Engine):
         self.engine, self.ops = engine, []
@@ -65,14 +65,13 @@ class _Ranks:
             self.refuse = False
             raise ClientError(429, "the queue is full")
         future = asyncio.get_running_loop().create_future()
-        if self.fail:
+        if self.fail:  # the held pushes taken, then the push fails
             self.fail = False
-            op = dataclasses.replace(op, frames=op.frames[:, :, :-2])
-        try:
+            apply(Append(op.stream_id, *op.held[-1], held=op.held[:-1]), self.engine)
+            future.set_exception(ClientError(400, "the push failed on the ranks"))
+        else:
             future.set_result((apply(op, self.engine), 0.0))
             self.ops.append(op)
-        except ValueError as exc:
-            future.set_exception(ClientError(400, str(exc)))
         return SimpleNamespace(future=future, started=0.0)
 
 
@@ -166,15 +165,20 @@ def test_held_pushes_cost_the_ranks_nothing_and_change_nothing(engines, family) 
 async def _last(engine: Engine, hold: PushHold, ranks: _Ranks, frames: torch.Tensor,
                 stamps: list[float], side: int) -> None:
     """A last change sent after the backlog: first failing on the rank once its held pushes
-    were taken (the judging stops), then again (the backlog resent, skipped there)."""
+    were taken (the judging stops), then again (the backlog resent, skipped there); the
+    same push with a frame of the wrong size is refused whole (its held pushes too)."""
     unit = engine.model.temporal_patch_size
     black = torch.zeros(unit, 3, side, side, dtype=torch.uint8)
     times = [stamps[-1] + (i + 1) / FPS for i in range(unit)]
     want = engine.append("direct", black, times)
     backlog = len(hold.backlog)
     assert backlog >= 1
+    before = engine.describe_stream("judged")
+    with pytest.raises(ValueError, match="frames are"):  # checked with its held pushes
+        apply(Append("judged", black[:, :, :-2], tuple(times), tuple(hold.backlog)), engine)
+    assert engine.describe_stream("judged") == before
     ranks.fail = True
-    with pytest.raises(ClientError, match="frames are"):
+    with pytest.raises(ClientError, match="failed on the ranks"):
         await held_append(hold, ranks.admit, "judged", black, times)
     assert not hold.judging and len(hold.backlog) == backlog
     got, wait = await held_append(hold, ranks.admit, "judged", black, times)

@@ -271,8 +271,8 @@ def test_a_pruned_static_stream_reuses_the_watch_answer_and_its_hold_still_count
     jobs = _stream_jobs(base)
     still = _call("POST", url + "/frames", json={"frames": _chunk(1, flash="red")[2:] * 2})
     assert still.status_code == 200 and still.json()["patches_kept"] == 0, still.text
-    assert _stream_jobs(base) == jobs, "the flash went on unchanged: held, no job on the ranks"
-    stats = _call("GET", url).json()
+    stats = _call("GET", url).json()  # the ranks' figures asked after the flash's push
+    assert _stream_jobs(base) == jobs, "held, and GET answered without the ranks: no job"
     assert stats["pushes_held"] == 2, stats  # this one and the first unchanged one
     ts = stats["last_timestamp"]
     watch = _settled(url, ts)[held["id"]]  # reused, and the rule saw it: the event
