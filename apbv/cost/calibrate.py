@@ -1,5 +1,6 @@
 """The CPU rates as loaded now: a short measurement in as many processes as the run will have
-(:func:`calibrate_here`), and the hardware constants it implies (:func:`as_loaded`).
+(:func:`calibrate_here`), and the hardware constants it implies (:func:`as_loaded`,
+:func:`with_collectives`).
 
 The ``cpu`` preset holds an idle machine's constants (``benchmarks/calibrate_cpu.py``). On a
 machine shared with other work each process gets a share of a core, and every kind of work it
@@ -10,14 +11,26 @@ average the scheduler's slices and the other jobs' bursts), all processes at onc
 run's ranks will be (:func:`calibrate_here` forks them; a benchmark's own ranks call
 :func:`probe_rank`). The preset's rates are then divided, and its seconds multiplied, by the
 inverse of the mean share.
+
+A collective's fixed cost does not scale that way: on gloo it is a round trip through the
+kernel and a wake-up of every peer, which a loaded machine delays by whole scheduler slices and
+an idle one still charges (hundreds of microseconds on the 2-core development machine, and on a
+process group of one rank some tens). So the same processes then join one gloo group and time
+small control collectives (:func:`probe_collectives`: the flag all-reduces, barriers and small
+all-gathers the engine issues around every stage) on groups of each size H the run could use,
+all groups at once as the run's would be; :func:`with_collectives` puts the measured mean into
+the hardware of that H (``link_latency_s``, or ``solo_collective_s`` for one rank), which the
+cost model charges per collective as the engine issues them (:mod:`apbv.cost.control`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apbv.cost.hardware import Hardware
@@ -28,8 +41,12 @@ SECONDS_FIELDS = ("attention_pair_s", "link_latency_s", "decode_s_per_pixel",
                   "process_s_per_pixel", "preprocess_fixed_s", "tokenize_s_per_token",
                   "layer_overhead_s", "vision_layer_overhead_s", "call_overhead_s",
                   "coded_frame_s_per_pixel", "keyframe_s_per_pixel", "convert_s_per_pixel",
-                  "graph_layer_s", "graph_capture_s", "sample_overhead_s")
+                  "graph_layer_s", "graph_capture_s", "sample_overhead_s",
+                  "solo_collective_s")
 """Times: multiplied by the slowdown (the other float fields are ratios)."""
+COLLECTIVE_ROUNDS = 40
+"""Rounds of :func:`probe_collectives` (three collectives each): about 0.1 s on two idle CPU
+ranks, a second or two on a heavily shared machine."""
 
 
 def probe(seconds: float = 2.0) -> dict[str, float]:
@@ -68,24 +85,114 @@ def slowdown(loaded: Hardware, idle: Hardware) -> float:
     return idle.matmul_flops / loaded.matmul_flops
 
 
-def _probe_into(queue: Any, seconds: float) -> None:
-    queue.put(probe(seconds))
+def probe_collectives(group: Any = None, rounds: int = COLLECTIVE_ROUNDS) -> float:
+    """Mean seconds of a small control collective on ``group`` (this rank's process group;
+    None: the world), called on every rank of it at once: ``rounds`` rounds of a flag's
+    all-reduce, a barrier and an all-gather of 4 floats through :mod:`apbv.comm` (each wait
+    bounded by its timeout), after two untimed rounds. 0.0 without a process group (nothing
+    runs)."""
+    import torch
+
+    from apbv import comm
+
+    if not comm.is_distributed():
+        return 0.0
+    row = torch.zeros(4)
+    ops = (lambda: comm.any_rank(False, group), lambda: comm.barrier(group),
+           lambda: comm.all_gather(row, group))
+    for _ in range(2):
+        for op in ops:
+            op()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for op in ops:
+            op()
+    return (time.perf_counter() - start) / (rounds * len(ops))
 
 
-def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> Hardware:
-    """:func:`as_loaded` of ``processes`` probes run at once (the run's ranks), each in a
-    process forked from this one (no start-up to wait for)."""
+def with_collectives(hw: Hardware, ranks: int, seconds: float) -> Hardware:
+    """``hw`` with ``seconds`` (:func:`probe_collectives`) as the fixed cost of a collective
+    on a group of ``ranks`` ranks: ``link_latency_s``, or for one rank
+    ``solo_collective_s``; the name says so."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    if not 0 <= seconds < 60:
+        raise ValueError(f"a collective's measured seconds must be in [0, 60), got {seconds}")
+    changes: dict[str, Any] = {"solo_collective_s" if ranks == 1 else "link_latency_s": seconds,
+                               "name": f"{hw.name}; a collective {1e3 * seconds:.2f} ms on "
+                                       f"{ranks} rank(s)"}
+    return dataclasses.replace(hw, **changes)
+
+
+def loaded_groups(hw: Hardware, probes: Sequence[dict[str, float]],
+                  collective_s: Mapping[int, float]) -> dict[int, Hardware]:
+    """Per group size H of ``collective_s`` (measured seconds of a collective on groups of H
+    ranks): ``hw`` as the ``probes`` found the machine (:func:`as_loaded`) with that
+    collective cost (:func:`with_collectives`); the mapping
+    :func:`apbv.eval.forecast.forecast` takes."""
+    loaded = as_loaded(hw, probes)
+    return {h: with_collectives(loaded, h, s) for h, s in sorted(collective_s.items())}
+
+
+def _group_sizes(world_size: int) -> list[int]:
+    """The group sizes H of every split of ``world_size`` ranks into equal groups."""
+    return [h for h in range(world_size, 0, -1) if world_size % h == 0]
+
+
+def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: int) -> None:
+    """One forked rank: its share of a core, then (more than one rank) a gloo group of
+    ``world_size`` on ``port`` and :func:`probe_collectives` on groups of each size."""
+    import torch
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"probe": probe(seconds), "collective_s": {}}
+    try:
+        if world_size > 1:
+            from apbv.distributed import destroy_distributed, init_distributed
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                              WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+            init_distributed(backend="gloo", timeout_s=60.0, startup_timeout_s=60.0)
+            try:
+                from apbv import comm
+
+                for h in _group_sizes(world_size):
+                    blocks = [list(range(s, s + h)) for s in range(0, world_size, h)]
+                    group = None if h == world_size else comm.new_groups(blocks)
+                    out["collective_s"][h] = probe_collectives(group)
+            finally:
+                destroy_distributed()
+    except Exception as exc:  # reported to the parent, which raises it
+        out = {"error": f"rank {rank}: {type(exc).__name__}: {exc}"}
+    queue.put(out)
+
+
+def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> dict[int, Hardware]:
+    """:func:`loaded_groups` of ``processes`` probes run at once (the run's ranks), each in a
+    process forked from this one (no start-up to wait for): per group size H dividing
+    ``processes``, ``hw`` as loaded now with the collective cost measured on groups of H
+    (one rank alone has no process group: its collectives cost nothing)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    children = [ctx.Process(target=_probe_into, args=(queue, seconds), daemon=True)
-                for _ in range(processes)]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    children = [ctx.Process(target=_probe_into, args=(queue, seconds, r, processes, port),
+                            daemon=True) for r in range(processes)]
     for child in children:
         child.start()
     try:
-        probes = [queue.get(timeout=seconds + 60) for _ in children]
+        found = [queue.get(timeout=seconds + 120) for _ in children]
     finally:
         for child in children:
             child.join(timeout=5)
-    return as_loaded(hw, probes)
+    failed = [f["error"] for f in found if "error" in f]
+    if failed:
+        raise RuntimeError(f"measuring the collectives failed: {'; '.join(failed)}")
+    probes = [f["probe"] for f in found]
+    if processes == 1:
+        return {1: as_loaded(hw, probes)}
+    return loaded_groups(hw, probes, {h: statistics.fmean(f["collective_s"][h] for f in found)
+                                      for h in _group_sizes(processes)})

@@ -33,7 +33,7 @@ class Hardware:
     link_bw: float
     """Bytes/s one rank receives in a collective."""
     link_latency_s: float
-    """Fixed cost of one collective."""
+    """Fixed cost of one collective of two or more ranks (a round trip of a small one)."""
     decode_s_per_pixel: float
     """Host seconds to decode and resize a sampled frame, per source pixel."""
     process_s_per_pixel: float
@@ -94,6 +94,11 @@ class Hardware:
     """Seconds to capture a decode step besides dispatching it twice (the warm-up and the
     recording): the device sync and cache release that open a capture and
     ``cudaGraphInstantiate`` of its nodes. 0.0: no CUDA graphs here (decode is eager)."""
+    solo_collective_s: float = 0.0
+    """Fixed cost of one collective on a process group of one rank (``apbv eval --groups``
+    with groups of one rank: :mod:`apbv.comm` still runs it through the backend), measured
+    by :func:`apbv.cost.calibrate.probe_collectives`; 0.0 where a one-rank run has no process
+    group (a single process)."""
     sample_overhead_s: float = 0.0
     """Host seconds per evaluated sample outside the engine's stages (``apbv eval``'s
     harness: the request and its checks, the video's header probe for the ETA, the row, its
@@ -328,9 +333,14 @@ class Machine:
         return pairs * heads * per_pair / self.scale
 
     def collective(self, received_bytes: float, world_size: int) -> float:
-        if world_size == 1:  # apbv.comm completes at once without a process group
-            return 0.0
+        if world_size == 1:  # nothing moves; a one-rank process group still pays its call
+            return self.hw.solo_collective_s
         return self.hw.link_latency_s + received_bytes / self.hw.link_bw
+
+    def collectives(self, count: int, world_size: int) -> float:
+        """Seconds of ``count`` small control collectives (a flag's all-reduce, a barrier):
+        their fixed costs alone."""
+        return count * self.collective(0, world_size)
 
     def host(self, device_s: float, host_s: float) -> float:
         """Time of work that needs ``device_s`` of compute and ``host_s`` of dispatch."""

@@ -193,7 +193,7 @@ def vision_stage(spec: Mode, dims: ModelDims, work: Workload, lay: Layout,
         cells = SIGNATURE_CHANNELS * tokens_per_patch * 4
         for r, decoded in enumerate(lay.decoded):
             gathered = m.collective((lay.video_patches - decoded) * cells, ranks) \
-                if spec.vit_split else 0.0
+                if spec.vit_split and ranks > 1 else 0.0  # one rank: apbv.comm moves nothing
             preprocess[r] += m.mem(unit * decoded * SIGNATURE_CHANNELS * resized * 4) + gathered
     grouped = work.vision_attention == "grouped"
     vision = [vision_cost(dims, n, lay.grid, m, grouped) for n in lay.shares]
@@ -243,7 +243,8 @@ def transfer_stage(spec: Mode, dims: ModelDims, lay: Layout, m: Machine) -> Tran
     if not spec.vit_split:
         rows = [(0, 0, held) for _, _, held in rows]
     row_bytes = dims.embedding_width * m.dtype
-    seconds = [(m.collective(row_bytes * max(sent, got), lay.ranks) if spec.vit_split else 0.0)
+    moved = spec.vit_split and lay.ranks > 1  # one rank: apbv.comm copies, no collective
+    seconds = [(m.collective(row_bytes * max(sent, got), lay.ranks) if moved else 0.0)
                + m.mem(2 * row_bytes * held) for sent, got, held in rows]
     return TransferStage(rows, seconds, row_bytes)
 

@@ -64,18 +64,25 @@ def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
 def test_probe_measures_a_share_of_a_core() -> None:
     got = calibrate.probe(seconds=0.02)
     assert set(got) == {"host_share"} and 0 < got["host_share"] <= 1.05, got
-    loaded = calibrate.calibrate_here(CPU, 2, seconds=0.05)  # two forked probes at once
-    assert loaded.name.startswith("cpu as loaded now (") and loaded.layer_overhead_s == \
-        pytest.approx(calibrate.slowdown(loaded, CPU) * CPU.layer_overhead_s)
+    by_h = calibrate.calibrate_here(CPU, 2, seconds=0.05)  # two forked ranks at once
+    assert sorted(by_h) == [1, 2], by_h  # groups of 2 ranks, and of 1
+    for h, loaded in by_h.items():
+        assert loaded.name.startswith("cpu as loaded now (") and loaded.layer_overhead_s == \
+            pytest.approx(calibrate.slowdown(loaded, CPU) * CPU.layer_overhead_s)
+        assert f"ms on {h} rank(s)" in loaded.name, loaded.name
+    # measured on a gloo group of the two ranks, and on a process group of one
+    assert 0 < by_h[2].link_latency_s < 1.0 and 0 < by_h[1].solo_collective_s < 1.0, by_h
+    assert list(calibrate.calibrate_here(CPU, 1, seconds=0.05)) == [1]  # no process group
 
 
 def test_plan_eval_on_cpu_measures_the_machine_first(
         lvb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     asked = []
 
-    def calibrate_here(hw: cost.Hardware, processes: int) -> cost.Hardware:
+    def calibrate_here(hw: cost.Hardware, processes: int) -> dict[int, cost.Hardware]:
         asked.append(processes)
-        return calibrate.as_loaded(hw, _probes(2.0))
+        return calibrate.loaded_groups(hw, _probes(2.0), {2: 2 * hw.link_latency_s,
+                                                          1: 0.0})
 
     monkeypatch.setattr(calibrate, "calibrate_here", calibrate_here)
     args = ["plan", "--eval", "--bench", "longvideobench", "--data", str(lvb), "--world-size",
@@ -87,7 +94,8 @@ def test_plan_eval_on_cpu_measures_the_machine_first(
     assert main(args) == 0
     loaded = capsys.readouterr().out
     assert asked == [2], asked
-    assert "ranks of cpu as loaded now (2.00x its times)" in loaded, loaded
+    assert f"ranks of cpu as loaded now (2.00x its times); a collective " \
+           f"{2e3 * CPU.link_latency_s:.2f} ms on 2, 0.00 ms on 1 rank(s)" in loaded, loaded
     assert main([*args, "--idle"]) == 0
     idle = capsys.readouterr().out
     assert asked == [2] and "ranks of cpu (" in idle, idle
