@@ -200,6 +200,7 @@ def main() -> int:
                      f"{predicted_idle[g].wall_s / best[g]:.2f}",
                      f"{sum(ttft[g]) / len(ttft[g]):.3f}", f"{ttft_predicted[g]:.3f}",
                      f"{statistics.median(harness[g]):.4f}", f"{outside_predicted[g]:.4f}"))
+    sums = {g: [sum(r.values()) for r in stage_rows[g]] for g in SPLITS}
     stage_table: list[tuple[str, ...]] = []
     for stage in (k for k in stage_predicted[1] if k not in ("ttft", "bookkeeping")):
         measured = {g: statistics.fmean(r.get(stage, 0.0) for r in stage_rows[g]) for g in SPLITS}
@@ -236,6 +237,12 @@ def main() -> int:
              "stages: the request's check and the stage times' maxima, the harness, and the "
              "rounds' gathers):", "",
              *_table(stage_table, ("stage", *(f"G={g}, H={2 // g}" for g in SPLITS))),
+             "", "A sample's engine seconds (the stages' sum), mean and standard deviation "
+             "over the runs' samples: " + "; ".join(
+                 f"G={g}: {statistics.fmean(sums[g]):.4f} and {statistics.pstdev(sums[g]):.4f}"
+                 for g in SPLITS) + " (with two groups a round waits for the slower one: "
+             "for two independent normal times, 0.56 standard deviations over the mean; the "
+             "cost model prices the mean).",
              "", "Share of a core per rank, each probe (start, then after each round): "
              + "; ".join(", ".join(f"{p['host_share']:.3f}" for p in r["probes"])
                          for r in per_rank), "",

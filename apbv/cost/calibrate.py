@@ -13,14 +13,18 @@ run's ranks will be (:func:`calibrate_here` forks them; a benchmark's own ranks 
 inverse of the mean share.
 
 A collective's fixed cost does not scale that way: on gloo it is a round trip through the
-kernel and a wake-up of every peer, which a loaded machine delays by whole scheduler slices and
-an idle one still charges (hundreds of microseconds on the 2-core development machine, and on a
-process group of one rank some tens). So the same processes then join one gloo group and time
-small control collectives (:func:`probe_collectives`: the flag all-reduces, barriers and small
-all-gathers the engine issues around every stage) on groups of each size H the run could use,
-all groups at once as the run's would be; :func:`with_collectives` puts the measured mean into
-the hardware of that H (``link_latency_s``, or ``solo_collective_s`` for one rank), which the
-cost model charges per collective as the engine issues them (:mod:`apbv.cost.control`).
+kernel and a wake-up of every peer, and every rank waits there for the last to arrive; a
+loaded machine delays that by whole scheduler slices (a rank descheduled in the work before
+the collective holds up the others), and an idle one still charges hundreds of microseconds
+on the 2-core development machine (some tens on a process group of one rank). So the same
+processes then join one gloo group and measure, on groups of each size H the run could use
+(all groups at once, as the run's would be), what a small control collective (the flag
+all-reduces, barriers and small all-gathers the engine issues around every stage) adds to
+the work before it (:func:`probe_collectives`: about a millisecond of Python, the order of
+the engine's work between two collectives of a small model); :func:`with_collectives` puts
+the measured mean into the hardware of that H (``link_latency_s``, or ``solo_collective_s``
+for one rank), which the cost model charges per collective as the engine issues them
+(:mod:`apbv.cost.control`).
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ SECONDS_FIELDS = ("attention_pair_s", "link_latency_s", "decode_s_per_pixel",
                   "graph_layer_s", "graph_capture_s", "sample_overhead_s",
                   "solo_collective_s")
 """Times: multiplied by the slowdown (the other float fields are ratios)."""
-COLLECTIVE_ROUNDS = 40
-"""Rounds of :func:`probe_collectives` (three collectives each): about 0.1 s on two idle CPU
+COLLECTIVE_ROUNDS = 30
+"""Rounds of :func:`probe_collectives` (three collectives each): about 0.3 s on two idle CPU
 ranks, a second or two on a heavily shared machine."""
+SEGMENT_UNITS = 36
+"""Busy-loop units (``sum(range(2000))``, about 28 us each on the development machine's
+idle core) of the work before each probed collective: about 1 ms, the order of the engine's
+Python between two collectives of the tiny model (a decoder layer's dispatch, the
+``cpu`` preset's ``layer_overhead_s``: 1.6 ms)."""
 
 
 def probe(seconds: float = 2.0) -> dict[str, float]:
@@ -85,12 +94,20 @@ def slowdown(loaded: Hardware, idle: Hardware) -> float:
     return idle.matmul_flops / loaded.matmul_flops
 
 
+def _segment() -> None:
+    """The work before a probed collective (:data:`SEGMENT_UNITS`)."""
+    for _ in range(SEGMENT_UNITS):
+        sum(range(2000))
+
+
 def probe_collectives(group: Any = None, rounds: int = COLLECTIVE_ROUNDS) -> float:
-    """Mean seconds of a small control collective on ``group`` (this rank's process group;
-    None: the world), called on every rank of it at once: ``rounds`` rounds of a flag's
-    all-reduce, a barrier and an all-gather of 4 floats through :mod:`apbv.comm` (each wait
-    bounded by its timeout), after two untimed rounds. 0.0 without a process group (nothing
-    runs)."""
+    """Mean seconds a small control collective on ``group`` (this rank's process group; None:
+    the world) adds to the work before it, called on every rank of it at once: per round,
+    three segments of work alone (:func:`_segment`), an untimed barrier, then three segments
+    each followed by a collective through :mod:`apbv.comm` (a flag's all-reduce, a barrier,
+    an all-gather of 4 floats; each wait bounded by its timeout); the difference of the two
+    timed parts over the collectives, after one untimed round. 0.0 without a process group
+    (nothing runs)."""
     import torch
 
     from apbv import comm
@@ -100,14 +117,21 @@ def probe_collectives(group: Any = None, rounds: int = COLLECTIVE_ROUNDS) -> flo
     row = torch.zeros(4)
     ops = (lambda: comm.any_rank(False, group), lambda: comm.barrier(group),
            lambda: comm.all_gather(row, group))
-    for _ in range(2):
+    alone = together = 0.0
+    for r in range(rounds + 1):
+        start = time.perf_counter()
+        for _ in ops:
+            _segment()
+        middle = time.perf_counter()
+        comm.barrier(group)  # the ranks start the timed collectives together
+        restart = time.perf_counter()
         for op in ops:
+            _segment()
             op()
-    start = time.perf_counter()
-    for _ in range(rounds):
-        for op in ops:
-            op()
-    return (time.perf_counter() - start) / (rounds * len(ops))
+        if r:  # round 0 warms up
+            alone += middle - start
+            together += time.perf_counter() - restart
+    return max(0.0, together - alone) / (rounds * len(ops))
 
 
 def with_collectives(hw: Hardware, ranks: int, seconds: float) -> Hardware:
@@ -139,7 +163,8 @@ def _group_sizes(world_size: int) -> list[int]:
     return [h for h in range(world_size, 0, -1) if world_size % h == 0]
 
 
-def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: int) -> None:
+def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: int,
+                rounds: int) -> None:
     """One forked rank: its share of a core, then (more than one rank) a gloo group of
     ``world_size`` on ``port`` and :func:`probe_collectives` on groups of each size."""
     import torch
@@ -159,7 +184,7 @@ def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: in
                 for h in _group_sizes(world_size):
                     blocks = [list(range(s, s + h)) for s in range(0, world_size, h)]
                     group = None if h == world_size else comm.new_groups(blocks)
-                    out["collective_s"][h] = probe_collectives(group)
+                    out["collective_s"][h] = probe_collectives(group, rounds)
             finally:
                 destroy_distributed()
     except Exception as exc:  # reported to the parent, which raises it
@@ -167,11 +192,13 @@ def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: in
     queue.put(out)
 
 
-def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> dict[int, Hardware]:
+def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0,
+                   rounds: int = COLLECTIVE_ROUNDS) -> dict[int, Hardware]:
     """:func:`loaded_groups` of ``processes`` probes run at once (the run's ranks), each in a
     process forked from this one (no start-up to wait for): per group size H dividing
     ``processes``, ``hw`` as loaded now with the collective cost measured on groups of H
-    (one rank alone has no process group: its collectives cost nothing)."""
+    (one rank alone has no process group: its collectives cost nothing); ``seconds`` of the
+    share's probe, ``rounds`` of :func:`probe_collectives`."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -179,8 +206,9 @@ def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0) -> dict[i
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    children = [ctx.Process(target=_probe_into, args=(queue, seconds, r, processes, port),
-                            daemon=True) for r in range(processes)]
+    children = [ctx.Process(target=_probe_into, args=(queue, seconds, r, processes, port,
+                                                      rounds), daemon=True)
+                for r in range(processes)]
     for child in children:
         child.start()
     try:

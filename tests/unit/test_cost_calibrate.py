@@ -64,15 +64,18 @@ def test_a_machine_k_times_slower_is_predicted_k_times_slower() -> None:
 def test_probe_measures_a_share_of_a_core() -> None:
     got = calibrate.probe(seconds=0.02)
     assert set(got) == {"host_share"} and 0 < got["host_share"] <= 1.05, got
-    by_h = calibrate.calibrate_here(CPU, 2, seconds=0.05)  # two forked ranks at once
+    by_h = calibrate.calibrate_here(CPU, 2, seconds=0.05, rounds=3)  # two forked ranks
     assert sorted(by_h) == [1, 2], by_h  # groups of 2 ranks, and of 1
     for h, loaded in by_h.items():
         assert loaded.name.startswith("cpu as loaded now (") and loaded.layer_overhead_s == \
             pytest.approx(calibrate.slowdown(loaded, CPU) * CPU.layer_overhead_s)
         assert f"ms on {h} rank(s)" in loaded.name, loaded.name
-    # measured on a gloo group of the two ranks, and on a process group of one
-    assert 0 < by_h[2].link_latency_s < 1.0 and 0 < by_h[1].solo_collective_s < 1.0, by_h
-    assert list(calibrate.calibrate_here(CPU, 1, seconds=0.05)) == [1]  # no process group
+    # measured on a gloo group of the two ranks, and on a process group of one (what a
+    # collective adds to the work before it: 0 where the noise hides it)
+    assert 0 <= by_h[2].link_latency_s < 1.0 and 0 <= by_h[1].solo_collective_s < 1.0, by_h
+    assert by_h[2].solo_collective_s == 0.0 and by_h[1].link_latency_s == pytest.approx(
+        calibrate.slowdown(by_h[1], CPU) * CPU.link_latency_s), by_h  # the other H's field
+    assert list(calibrate.calibrate_here(CPU, 1, seconds=0.05, rounds=3)) == [1]  # no group
 
 
 def test_plan_eval_on_cpu_measures_the_machine_first(
