@@ -51,8 +51,8 @@ SPLITS = (1, 2)
 
 
 def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
-         tokens: int) -> dict[Any, Any]:
-    from apbv.cost.calibrate import probe_collectives, probe_rank
+         tokens: int, video: str) -> dict[Any, Any]:
+    from apbv.cost.calibrate import probe_collectives, probe_decoding, probe_rank
     from apbv.engine.engine import Engine
     from apbv.eval.harness import EvalSpec, run_eval
 
@@ -61,10 +61,12 @@ def _job(info: DistInfo, cfg: RuntimeConfig, data: str, out: str, repeats: int,
         _, infos[groups] = rank_groups(info, groups)
         engines[groups] = Engine(cfg, infos[groups])
     times: dict[Any, Any] = {g: [] for g in SPLITS}
-    times["probes"], times["collective_s"] = [], []
+    times["probes"], times["collective_s"], times["decoding"] = [], [], []
 
     def measure() -> None:  # the machine as loaded for the timed runs, every rank at once
         times["probes"].append(probe_rank(info))
+        times["decoding"].append({2 // g: probe_decoding(video, infos[g].rank, 2 // g)
+                                  for g in SPLITS})
         times["collective_s"].append({2 // g: probe_collectives(infos[g].group)
                                       for g in SPLITS})
 
@@ -120,10 +122,11 @@ def main() -> int:
     args = parser.parse_args()
 
     from apbv import cost
-    from apbv.cost.calibrate import loaded_groups, slowdown
+    from apbv.cost.calibrate import loaded_groups, mean_decoding, slowdown
     from apbv.eval.data import load_samples
     from apbv.eval.forecast import forecast, forecast_lines, sample_work
     from apbv.synthetic.eval_fixtures import make_eval_fixtures
+    from apbv.synthetic.videos import write_decode_probe
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
@@ -142,7 +145,7 @@ def main() -> int:
         harness: dict[int, list[float]] = {g: [] for g in SPLITS}
         stage_rows: dict[int, list[dict[str, float]]] = {g: [] for g in SPLITS}
         per_rank = spawn_local(_job, 2, (cfg, str(data), str(root / "out"), args.repeats,
-                                         args.max_new_tokens),
+                                         args.max_new_tokens, write_decode_probe(root)),
                                timeout_s=3000, collective_timeout_s=600)
         times = per_rank[0]
         idle = cost.hardware("cpu")
@@ -150,8 +153,12 @@ def main() -> int:
                  for h in (2, 1)}
         mean = {h: statistics.fmean(c[h] for r in per_rank for c in r["collective_s"])
                 for h in (2, 1)}
-        loaded = loaded_groups(idle, [r["probes"][0] for r in per_rank], first)
-        during = loaded_groups(idle, [p for r in per_rank for p in r["probes"]], mean)
+        decoding = {h: mean_decoding([r["decoding"][0][h] for r in per_rank]) for h in (2, 1)}
+        decoding_during = {h: mean_decoding([d[h] for r in per_rank for d in r["decoding"]])
+                           for h in (2, 1)}
+        loaded = loaded_groups(idle, [r["probes"][0] for r in per_rank], first, decoding)
+        during = loaded_groups(idle, [p for r in per_rank for p in r["probes"]], mean,
+                               decoding_during)
         predicted = {f.groups: f for f in forecast(
             work, dims, loaded, world_size=2, mode=cfg.attention.mode,
             answer_tokens=args.max_new_tokens, groups=SPLITS)}
@@ -221,9 +228,19 @@ def main() -> int:
              f"round of runs: {factors(during[2])}), and a collective "
              f"{1e3 * first[2]:.2f} ms on the two ranks' group and {1e3 * first[1]:.3f} ms on "
              f"a group of one (over the run: {1e3 * mean[2]:.2f} and {1e3 * mean[1]:.3f} ms; "
-             f"the idle preset's {1e3 * idle.link_latency_s:.2f} ms and none); the harness's "
+             f"the idle preset's {1e3 * idle.link_latency_s:.2f} ms and none); a video's "
+             f"open and a frame's decoding beyond its pixels "
+             + ", ".join(f"{1e3 * loaded[h].video_open_s:.2f} and "
+                         f"{1e3 * loaded[h].decode_frame_s:.3f} ms on a rank of {h}"
+                         for h in (2, 1))
+             + " (over the run: " + ", ".join(f"{1e3 * during[h].video_open_s:.2f} and "
+                                               f"{1e3 * during[h].decode_frame_s:.3f} ms"
+                                               for h in (2, 1))
+             + f"; the idle preset's {1e3 * idle.video_open_s:.2f} and "
+             f"{1e3 * idle.decode_frame_s:.3f} ms); the harness's "
              f"seconds per sample in the prediction: {loaded[2].sample_overhead_s:.4f} "
-             f"({idle.sample_overhead_s:.4f} idle).", "",
+             f"({idle.sample_overhead_s:.4f} idle) and the row's fsync "
+             f"{loaded[2].sample_sync_s:.4f} (not scaled).", "",
              *_table(rows, ("G", "H", "wall s (median)", "runs s", "samples/h",
                             "predicted wall s", "predicted samples/h",
                             "predicted / measured",

@@ -96,12 +96,19 @@ def run_eval_plan(args: argparse.Namespace) -> int:
     hw: Any = cost.hardware(args.hardware or "h200")
     name = hw.name
     if args.hardware == "cpu" and not args.idle:
-        from apbv.cost.calibrate import calibrate_here
+        import tempfile
 
-        hw = calibrate_here(hw, args.world_size)  # one per group size H
+        from apbv.cost.calibrate import calibrate_here
+        from apbv.synthetic.videos import write_decode_probe
+
+        with tempfile.TemporaryDirectory(prefix="apbv-decode-probe-") as tmp:
+            hw = calibrate_here(hw, args.world_size,  # one per group size H
+                                video=write_decode_probe(tmp))
         name = hw[args.world_size].name.split(";")[0] + "; a collective " + ", ".join(
             f"{1e3 * (h.link_latency_s if r > 1 else h.solo_collective_s):.2f} ms on {r}"
-            for r, h in sorted(hw.items(), reverse=True)) + " rank(s)"
+            for r, h in sorted(hw.items(), reverse=True)) + " rank(s); a video open " + \
+            ", ".join(f"{1e3 * h.video_open_s:.2f} ms and a frame {1e3 * h.decode_frame_s:.2f}"
+                      f" ms on {r}" for r, h in sorted(hw.items(), reverse=True))
     samples = load_samples(args.bench, args.data, args.annotation)[:args.limit]
     video = {k: v for k, v in (("nframes", args.frames), ("max_pixels", args.max_pixels),
                                ("min_pixels", args.min_pixels)) if v is not None}

@@ -3,9 +3,10 @@
 A benchmark's wall time is what its user pays for: with G groups of H = world/G ranks, each
 sample runs on H ranks (its time from the cost model, :func:`apbv.cost.estimate`: TTFT and the
 answer's decode, the slowest rank, the request's collectives outside its stages, plus the
-harness's own work per sample, ``Hardware.sample_overhead_s``), and the samples are dealt as
-the run deals them (:func:`apbv.eval.groups.deal`, by predicted seconds here), a round
-lasting as long as its slowest group and, with more than one group, the gather of the
+harness's own work per sample, ``Hardware.sample_overhead_s``, and its row's fsync,
+``sample_sync_s``), and the samples are dealt as the run deals them
+(:func:`apbv.eval.groups.deal`, by predicted seconds here), a round lasting as long as its
+slowest group and, with more than one group, the gather of the
 round's rows over the world (:data:`ROUND_GATHER_COLLECTIVES`). Each sample's video is probed
 for its frame count, rate and size (the file's headers, no frame decoded); its frames and
 tokens follow the runtime's sampling rules (:func:`apbv.video.plan_sampling`). The
@@ -210,7 +211,8 @@ def predict_one(work: SampleWork, dims: Any, hw: Any, ranks: int, mode: str,
                 answer_tokens: int) -> float:
     """One sample's predicted seconds on ``ranks`` ranks: to its last token with the
     request's collectives outside its stages (:attr:`apbv.cost.Prediction.request_s`), and
-    the harness's work around it (``hw.sample_overhead_s``)."""
+    the harness's work around it (``hw.sample_overhead_s``) and its row's fsync
+    (``hw.sample_sync_s``)."""
     from apbv.cost.predict import estimate
     from apbv.cost.workload import Workload
     from apbv.modes import get_mode
@@ -218,4 +220,5 @@ def predict_one(work: SampleWork, dims: Any, hw: Any, ranks: int, mode: str,
     load = Workload.of(dims, context_len=work.context_len, query_len=work.query_len,
                        world_size=ranks, frames=work.frames, grid=work.grid,
                        answer_tokens=answer_tokens)
-    return estimate(get_mode(mode), dims, load, hw).request_s + hw.sample_overhead_s
+    return (estimate(get_mode(mode), dims, load, hw).request_s + hw.sample_overhead_s
+            + hw.sample_sync_s)
