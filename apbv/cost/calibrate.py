@@ -194,6 +194,19 @@ def probe_decoding(path: str, rank: int = 0, ranks: int = 1,
             "frames": float(frames), "pixels": float(pixels)}
 
 
+def warm_decoding() -> None:
+    """Import what :func:`probe_decoding` needs (the sampling rules' qwen-vl-utils take
+    seconds to import) by planning :data:`DECODE_PROBE`'s sampling, no file opened: called
+    before forking the probes, so they time the decoding and not the imports."""
+    from apbv.video import VideoMeta, VideoSpec, plan_sampling
+
+    side, fps, seconds = DECODE_PROBE
+    pixels = side * side
+    plan_sampling(VideoSpec("decode_probe.mp4", fps=DECODE_PROBE_FPS, min_pixels=pixels,
+                            max_pixels=pixels),
+                  VideoMeta(round(fps * seconds), fps, side, side))
+
+
 def with_decoding(hw: Hardware, measured: Mapping[str, float]) -> Hardware:
     """``hw`` with the decoding :func:`probe_decoding` ``measured``: ``video_open_s`` its
     open, ``decode_frame_s`` its seconds a frame less ``hw``'s ``decode_s_per_pixel`` of the
@@ -289,6 +302,8 @@ def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0,
     :func:`probe_collectives`."""
     import multiprocessing
 
+    if video is not None:
+        warm_decoding()  # the forked probes inherit the imports
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
