@@ -93,11 +93,23 @@ def run_eval_plan(args: argparse.Namespace) -> int:
         dims = cost.checkpoint_dims(args.model)
     else:
         dims = cost.preset_dims(args.preset or "qwen2.5-vl-7b")
-    hw = cost.hardware(args.hardware or "h200")
+    hw: Any = cost.hardware(args.hardware or "h200")
+    name = hw.name
     if args.hardware == "cpu" and not args.idle:
-        from apbv.cost.calibrate import calibrate_here
+        import tempfile
 
-        hw = calibrate_here(hw, args.world_size)
+        from apbv.cost.calibrate import calibrate_here
+        from apbv.synthetic.videos import write_decode_probe
+
+        with tempfile.TemporaryDirectory(prefix="apbv-decode-probe-") as tmp:
+            hw = calibrate_here(hw, args.world_size,  # one per group size H
+                                video=write_decode_probe(tmp))
+        name = hw[args.world_size].name.split(";")[0] + "; a collective " + ", ".join(
+            f"{1e3 * (h.link_latency_s if r > 1 else h.solo_collective_s):.2f} ms on {r}"
+            for r, h in sorted(hw.items(), reverse=True)) + " rank(s); a video's open and a " \
+            "frame beyond its pixels " + ", ".join(
+                f"{1e3 * h.video_open_s:.2f} and {1e3 * h.decode_frame_s:.2f} ms on {r}"
+                for r, h in sorted(hw.items(), reverse=True))
     samples = load_samples(args.bench, args.data, args.annotation)[:args.limit]
     video = {k: v for k, v in (("nframes", args.frames), ("max_pixels", args.max_pixels),
                                ("min_pixels", args.min_pixels)) if v is not None}
@@ -107,10 +119,10 @@ def run_eval_plan(args: argparse.Namespace) -> int:
     frames = sorted(w.frames for w in work)
     print(f"{args.bench}: {len(work)} samples, {frames[0]}-{frames[-1]} frames, context "
           f"{min(w.context_len for w in work)}-{max(w.context_len for w in work)} tokens; "
-          f"mode {args.mode} on {args.world_size} ranks of {hw.name} "
+          f"mode {args.mode} on {args.world_size} ranks of {name} "
           f"({args.preset or args.model or 'qwen2.5-vl-7b'}; {args.answer_tokens}-token "
           f"answers; model load not counted)")
-    print("\n".join(forecast_lines(forecasts, hw.name)))
+    print("\n".join(forecast_lines(forecasts, name.split(";")[0])))
     return 0
 
 

@@ -11,12 +11,14 @@ Layers, each usable on its own (docs/cost_model.md has the formulas and their li
 2. What runs where (:mod:`apbv.cost.hardware`): :class:`Hardware`, a dozen throughput, bandwidth
    and host-overhead constants; presets in :data:`HARDWARE_PRESETS`, or a calibration JSON
    written by ``benchmarks/calibrate_cpu.py``; :func:`apbv.cost.calibrate.calibrate_here`
-   scales the ``cpu`` preset to the load of the moment.
+   scales the ``cpu`` preset to the load of the moment and measures a collective's fixed cost
+   per group size.
 3. :func:`estimate` of a resolved mode and a :class:`Workload` (:mod:`apbv.cost.predict`, by
    stage in :mod:`apbv.cost.stages`, on the schedule of :mod:`apbv.cost.schedule`;
    :func:`predict` takes the mode's name and the workload's fields): for one mode, per rank
    and per stage of the engine, the FLOPs, bytes moved and KV memory, and from the hardware
-   constants the seconds; a keep rate prices pruned video.
+   constants the seconds; a keep rate prices pruned video; the engine's control collectives
+   are counted in :mod:`apbv.cost.control`.
 4. :func:`request_memory` (:mod:`apbv.cost.memory`): the bytes one rank holds at its peak for
    one request, by part, checked before any work.
 """

@@ -59,7 +59,7 @@ def footage_lines(path: str, world_size: int, hw: Hardware | None = None,
             line = (f"  rank {rank}: {sampled} sampled frames, {walk.frames} coded "
                     f"frames walked in {walk.intervals} keyframe intervals")
             if hw is not None:
-                seconds = (hw.preprocess_fixed_s
+                seconds = (hw.preprocess_fixed_s + hw.video_open_s
                            + footage_frame_s(hw, walk.frames, sampled, pixels, walk.intervals)
                            + sampled * hw.process_s_per_pixel * resized)
                 line += f", predicted frame work {seconds:.2f} s on {hw.name}"

@@ -33,13 +33,15 @@ class Hardware:
     link_bw: float
     """Bytes/s one rank receives in a collective."""
     link_latency_s: float
-    """Fixed cost of one collective."""
+    """Fixed cost of one collective of two or more ranks (a round trip of a small one)."""
     decode_s_per_pixel: float
-    """Host seconds to decode and resize a sampled frame, per source pixel."""
+    """Host seconds to decode and resize a sampled frame, per source pixel (besides
+    ``decode_frame_s``)."""
     process_s_per_pixel: float
     """Host seconds of the video processor (normalise, patchify), per resized pixel."""
     preprocess_fixed_s: float
-    """Host seconds per request besides the frames and the tokens (open and probe the file)."""
+    """Host seconds per request besides the frames, the tokens and the video's open
+    (``video_open_s``)."""
     tokenize_s_per_token: float
     """Host seconds per prompt token to tokenize the prompt with its video placeholders."""
     layer_overhead_s: float
@@ -94,11 +96,33 @@ class Hardware:
     """Seconds to capture a decode step besides dispatching it twice (the warm-up and the
     recording): the device sync and cache release that open a capture and
     ``cudaGraphInstantiate`` of its nodes. 0.0: no CUDA graphs here (decode is eager)."""
+    solo_collective_s: float = 0.0
+    """Fixed cost of one collective on a process group of one rank (``apbv eval --groups``
+    with groups of one rank: :mod:`apbv.comm` still runs it through the backend), measured
+    by :func:`apbv.cost.calibrate.probe_collectives`; 0.0 where a one-rank run has no process
+    group (a single process)."""
     sample_overhead_s: float = 0.0
     """Host seconds per evaluated sample outside the engine's stages (``apbv eval``'s
-    harness: the request and its checks, the video's header probe for the ETA, the row, its
-    fsync and the round's gather), which :mod:`apbv.eval.forecast` adds per sample; measured
-    by ``benchmarks/bench_eval.py`` (0.0: not measured, as on the GPU presets)."""
+    harness: the request and its checks, the video's header probe for the ETA, the row and
+    the round's gather; the row's fsync is ``sample_sync_s``), which
+    :mod:`apbv.eval.forecast` adds per sample; measured by ``benchmarks/bench_eval.py``
+    (0.0: not measured, as on the GPU presets)."""
+    sample_sync_s: float = 0.0
+    """Seconds per evaluated sample of the row's ``fsync`` (I/O: a loaded CPU does not make
+    it longer, so :mod:`apbv.cost.calibrate` does not scale it); 0.0: not measured."""
+    decode_frame_s: float = 0.0
+    """Host seconds per sampled frame the decoder returns, besides its pixels'
+    ``decode_s_per_pixel``: the reader's call, its seek and the frames decoded on the way
+    (decord seeks to each frame of a strided batch), the frame's copy out; it dominates at
+    small frames (about 0.6 ms a frame against 0.09 ms for the pixels at 112 x 112).
+    :func:`apbv.cost.calibrate.probe_decoding` measures it on a small synthetic video of
+    twice the sampling rate. Wherever a sampled frame is priced at ``decode_s_per_pixel``;
+    not with a measured ``convert_s_per_pixel`` (:func:`apbv.cost.stages.footage_frame_s`,
+    whose per-pixel rates were measured on 1080p footage, a frame's own cost in them)."""
+    video_open_s: float = 0.0
+    """Host seconds to open a request's video on one rank (the decoder, the header and the
+    check that the last frame decodes), once per rank and request; measured with
+    ``decode_frame_s``."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,9 +160,9 @@ CPU = Hardware(
     memory_bw=2.212e+10,
     link_bw=7.267e+08,
     link_latency_s=0.0002438,
-    decode_s_per_pixel=7.598e-09,
+    decode_s_per_pixel=7.013e-09,
     process_s_per_pixel=2.923e-09,
-    preprocess_fixed_s=0.006049,
+    preprocess_fixed_s=0.003949,
     tokenize_s_per_token=6.098e-08,
     layer_overhead_s=0.001626,
     vision_layer_overhead_s=0.0005868,
@@ -150,12 +174,28 @@ CPU = Hardware(
     coded_frame_s_per_pixel=4.099e-10,
     keyframe_s_per_pixel=3.752e-09,
     convert_s_per_pixel=1.888e-09,
-    sample_overhead_s=0.005,
+    sample_overhead_s=0.001,
+    sample_sync_s=0.004,
+    decode_frame_s=3.9e-04,
+    video_open_s=2.1e-03,
 )
 """The 2-core development machine, one thread per rank: the values of
-benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``;
-``sample_overhead_s`` from ``benchmarks/bench_eval.py``: 0.021-0.023 s of harness per sample
-measured at 3.5-5.8x an idle core's host times, about 4-7 ms idle)."""
+benchmarks/results/cpu_calibration.json (``python benchmarks/calibrate_cpu.py``), but for the
+decoding and the harness. That calibration fits a rank's frames at one frame size (448 x 448,
+every frame of a 2 fps file), so its ``decode_s_per_pixel`` (7.598e-09) and its fixed part
+(``preprocess_fixed_s`` 0.006049) held a frame's own cost and the video's open; they are
+split by the reader's own time (CPU seconds, best of 27, ``apbv.video.load_rank_frames`` with
+one decoder thread, 8 and 64 frames) at 112 x 112 and 448 x 448: a frame costs 0.14 ms plus
+8.6e-09 s a pixel, so 7.7% of a 448 x 448 frame's time is per frame and the per-pixel rate
+keeps 92.3% (7.013e-09); the open (``apbv.video.probe``) of the 448 x 448 videos took 2.1 ms,
+moved from the fixed part (0.006049 - 0.0021). ``decode_frame_s`` is what
+:func:`apbv.cost.calibrate.probe_decoding` measures in the same way: 0.48 ms a frame of its
+112 x 112 video sampled at every other frame (decord seeks to each) less its pixels, 0.39
+ms (a 2 fps file read frame after frame pays about 0.14 ms of it). The harness:
+``benchmarks/bench_eval.py`` measured 0.021-0.023 s per sample at 3.5-5.8x an idle core's host
+times, about 5 ms idle; timed apart (``run_eval`` with an engine that answers at once) 5.5 ms,
+4 ms of it the row's fsync: ``sample_sync_s`` 4 ms (I/O, not scaled with the load) and
+``sample_overhead_s`` 1 ms."""
 
 H200_MEASURED: dict[str, float] = {
     "matmul_flops": 7.59e14,
@@ -209,7 +249,8 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
     the measured one (None; PyTorch's SDPA reached 0.42 at 16k tokens; flash-attn 2's forward
     about 0.5 at long sequences, flash-attn 3 about 0.7). The link and the host's frame work
     are not measured: NVLink 4 (or ``link_bw``), and the :data:`CPU` calibration on a core
-    :data:`HOST_SPEEDUP` times faster, frame work spread over :data:`HOST_CORES_PER_GPU`."""
+    :data:`HOST_SPEEDUP` times faster, frame work (per pixel and ``decode_frame_s``) spread
+    over :data:`HOST_CORES_PER_GPU`, the video's open and the fixed part on one core."""
     if attention_efficiency is not None and not 0 < attention_efficiency <= 1:
         raise ValueError(f"attention_efficiency must be in (0, 1], got {attention_efficiency}")
     measured: dict[str, Any] = dict(H200_MEASURED)  # Hardware's measured fields by name
@@ -227,6 +268,8 @@ def h200(*, attention_efficiency: float | None = None, link_bw: float = NVLINK4_
         link_bw=link_bw,
         link_latency_s=20e-6,
         decode_s_per_pixel=CPU.decode_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
+        decode_frame_s=CPU.decode_frame_s / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
+        video_open_s=CPU.video_open_s / HOST_SPEEDUP,
         coded_frame_s_per_pixel=CPU.coded_frame_s_per_pixel / (HOST_SPEEDUP
                                                                * HOST_CORES_PER_GPU),
         keyframe_s_per_pixel=CPU.keyframe_s_per_pixel / (HOST_SPEEDUP * HOST_CORES_PER_GPU),
@@ -328,9 +371,14 @@ class Machine:
         return pairs * heads * per_pair / self.scale
 
     def collective(self, received_bytes: float, world_size: int) -> float:
-        if world_size == 1:  # apbv.comm completes at once without a process group
-            return 0.0
+        if world_size == 1:  # nothing moves; a one-rank process group still pays its call
+            return self.hw.solo_collective_s
         return self.hw.link_latency_s + received_bytes / self.hw.link_bw
+
+    def collectives(self, count: int, world_size: int) -> float:
+        """Seconds of ``count`` small control collectives (a flag's all-reduce, a barrier):
+        their fixed costs alone."""
+        return count * self.collective(0, world_size)
 
     def host(self, device_s: float, host_s: float) -> float:
         """Time of work that needs ``device_s`` of compute and ``host_s`` of dispatch."""

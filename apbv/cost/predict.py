@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from apbv.cost.control import PREPROCESS_CHECKS, VISION_CHECKS, bookkeeping_s
 from apbv.cost.decode import GraphDecode
 from apbv.cost.hardware import Hardware, Machine
 from apbv.cost.stages import (
@@ -85,6 +86,10 @@ class Prediction:
     stage seconds with the closing barrier); None where the hardware has no CUDA graphs."""
     keep_rate: float = 1.0
     """Fraction of the video's tokens in the prompt (:class:`Workload`; 1: unpruned)."""
+    bookkeeping_s: float = 0.0
+    """Seconds of the request's collectives outside its timed stages (the request check
+    before them, the stage times' and KV bytes' maxima after them:
+    :func:`apbv.cost.control.bookkeeping_s`), in its wall time but not in its stages."""
 
     @property
     def ttft_s(self) -> float:
@@ -94,6 +99,12 @@ class Prediction:
     def last_token_s(self) -> float:
         """Seconds to the answer's last token: TTFT and the decode stage."""
         return self.ttft_s + self.seconds["decode"]
+
+    @property
+    def request_s(self) -> float:
+        """The request's wall time on its ranks: :attr:`last_token_s` and
+        :attr:`bookkeeping_s`."""
+        return self.last_token_s + self.bookkeeping_s
 
     @property
     def last_token_graphs_s(self) -> float | None:
@@ -114,6 +125,7 @@ class Prediction:
             "keep_rate": self.keep_rate, "answer_tokens": self.answer_tokens,
             "decode_token_s": self.decode_token_s,
             "last_token_s": self.last_token_s,
+            "bookkeeping_s": self.bookkeeping_s,
             "graphs": None if self.graphs is None else dataclasses.asdict(self.graphs),
             "last_token_graphs_s": self.last_token_graphs_s,
             "ranks": [dataclasses.asdict(r) for r in self.ranks],
@@ -203,11 +215,13 @@ def estimate(spec: Mode, dims: ModelDims, work: Workload, hw: Hardware) -> Predi
     barrier = m.collective(0, ranks)
     decode = decode_stage(dims, m, [c.cached_tokens for c in costs], work.answer_tokens, ranks,
                           barrier)
-    seconds = {"preprocess": max(vision.preprocess) + barrier,
-               "vision": max(vision.seconds) + barrier,
+    checks = m.collectives(PREPROCESS_CHECKS, ranks), m.collectives(VISION_CHECKS, ranks)
+    seconds = {"preprocess": max(vision.preprocess) + barrier + checks[0],
+               "vision": max(vision.seconds) + barrier + checks[1],
                "transfer": max(transfer.seconds) + barrier, "prefill": prefill.stage_s + barrier,
                "first_token": prefill.first_token_s + barrier, "decode": decode.seconds}
     return Prediction(mode=spec.name, hardware=hw.name, world_size=work.world_size, plan=plan,
                       seconds=seconds, ranks=tuple(costs), answer_tokens=work.answer_tokens,
                       decode_token_s=decode.per_token_s, graphs=decode.graphs,
-                      keep_rate=work.keep_rate if work.frames else 1.0)
+                      keep_rate=work.keep_rate if work.frames else 1.0,
+                      bookkeeping_s=bookkeeping_s(m, ranks, len(seconds)))

@@ -142,10 +142,11 @@ def footage_frame_s(hw: Hardware, walked: int, sampled: int, pixels: int,
     interval's seek and keyframe), plus each sampled frame's conversion,
     ``hw.convert_s_per_pixel``, per source pixel. Without a measured conversion rate
     (``convert_s_per_pixel`` 0.0) the earlier rule: the sampled frames at
-    ``decode_s_per_pixel`` and the frames walked past them at :func:`walk_s`. The video
-    processor's work per resized pixel is not included."""
+    ``decode_s_per_pixel`` and ``decode_frame_s`` each and the frames walked past them at
+    :func:`walk_s`. The video processor's work per resized pixel is not included."""
     if not hw.convert_s_per_pixel:
-        return sampled * hw.decode_s_per_pixel * pixels + walk_s(hw, walked, sampled, pixels)
+        return (sampled * (hw.decode_s_per_pixel * pixels + hw.decode_frame_s)
+                + walk_s(hw, walked, sampled, pixels))
     return (max(walked, sampled) * hw.coded_frame_s_per_pixel
             + intervals * hw.keyframe_s_per_pixel
             + sampled * hw.convert_s_per_pixel) * pixels
@@ -162,8 +163,9 @@ class VisionStage:
 
 def vision_stage(spec: Mode, dims: ModelDims, work: Workload, lay: Layout,
                  m: Machine) -> VisionStage:
-    """Preprocessing (decode every frame of the rank's share, process its encoded ones,
-    tokenize the prompt; with whole-patch pruning, the signatures and their all-gather) and
+    """Preprocessing (open the video, decode every frame of the rank's share at
+    ``decode_s_per_pixel`` and ``decode_frame_s`` each, process its encoded ones, tokenize
+    the prompt; with whole-patch pruning, the signatures and their all-gather) and
     the vision tower on the encoded patches; with ``work.pipeline`` (not used with pruning)
     the frame work moves into the vision stage, overlapped where the host runs ahead."""
     hw, unit, ranks = m.hw, lay.unit, lay.ranks
@@ -183,17 +185,19 @@ def vision_stage(spec: Mode, dims: ModelDims, work: Workload, lay: Layout,
     for r, (n, decoded) in enumerate(zip(lay.shares, lay.decoded)):
         if work.walked_frames is None:  # frames decoded and not encoded: decode only
             frame_work.append(unit * n * per_frame / m.scale + unit * (decoded - n)
-                              * hw.decode_s_per_pixel * pixels / m.scale)
+                              * hw.decode_s_per_pixel * pixels / m.scale
+                              + unit * decoded * hw.decode_frame_s / m.scale)
         else:
             frame_work.append((footage_frame_s(hw, work.walked_frames[r], unit * decoded,
                                                pixels, intervals[r])
                                + unit * n * hw.process_s_per_pixel * resized) / m.scale)
-    preprocess = [hw.preprocess_fixed_s + tokenize + w for w in frame_work]
+    opened = hw.video_open_s if lay.video_patches else 0.0  # every rank opens the video
+    preprocess = [hw.preprocess_fixed_s + opened + tokenize + w for w in frame_work]
     if work.pruned and work.keep_by == "patch":  # each rank's signatures, then all of them
         cells = SIGNATURE_CHANNELS * tokens_per_patch * 4
         for r, decoded in enumerate(lay.decoded):
             gathered = m.collective((lay.video_patches - decoded) * cells, ranks) \
-                if spec.vit_split else 0.0
+                if spec.vit_split and ranks > 1 else 0.0  # one rank: apbv.comm moves nothing
             preprocess[r] += m.mem(unit * decoded * SIGNATURE_CHANNELS * resized * 4) + gathered
     grouped = work.vision_attention == "grouped"
     vision = [vision_cost(dims, n, lay.grid, m, grouped) for n in lay.shares]
@@ -243,7 +247,8 @@ def transfer_stage(spec: Mode, dims: ModelDims, lay: Layout, m: Machine) -> Tran
     if not spec.vit_split:
         rows = [(0, 0, held) for _, _, held in rows]
     row_bytes = dims.embedding_width * m.dtype
-    seconds = [(m.collective(row_bytes * max(sent, got), lay.ranks) if spec.vit_split else 0.0)
+    moved = spec.vit_split and lay.ranks > 1  # one rank: apbv.comm copies, no collective
+    seconds = [(m.collective(row_bytes * max(sent, got), lay.ranks) if moved else 0.0)
                + m.mem(2 * row_bytes * held) for sent, got, held in rows]
     return TransferStage(rows, seconds, row_bytes)
 

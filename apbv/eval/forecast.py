@@ -2,20 +2,24 @@
 
 A benchmark's wall time is what its user pays for: with G groups of H = world/G ranks, each
 sample runs on H ranks (its time from the cost model, :func:`apbv.cost.estimate`: TTFT and the
-answer's decode, the slowest rank, plus the harness's own work per sample,
-``Hardware.sample_overhead_s``), and the samples are dealt as the run deals them
+answer's decode, the slowest rank, the request's collectives outside its stages, plus the
+harness's own work per sample, ``Hardware.sample_overhead_s``, and its row's fsync,
+``sample_sync_s``), and the samples are dealt as the run deals them
 (:func:`apbv.eval.groups.deal`, by predicted seconds here), a round lasting as long as its
-slowest group. Each sample's video is probed for its frame count, rate and size (the file's
-headers, no frame decoded); its frames and tokens follow the runtime's sampling rules
-(:func:`apbv.video.plan_sampling`). The question's tokens are estimated from its text (about
-4 characters a token); the model load and the process start are not counted. On a CPU
-machine shared with other work, the ``cpu`` constants are an idle machine's:
-:func:`apbv.cost.calibrate.calibrate_here` scales them to the load of the moment.
+slowest group and, with more than one group, the gather of the
+round's rows over the world (:data:`ROUND_GATHER_COLLECTIVES`). Each sample's video is probed
+for its frame count, rate and size (the file's headers, no frame decoded); its frames and
+tokens follow the runtime's sampling rules (:func:`apbv.video.plan_sampling`). The
+question's tokens are estimated from its text (about 4 characters a token); the model load
+and the process start are not counted. On a CPU machine shared with other work, the ``cpu``
+constants are an idle machine's: :func:`apbv.cost.calibrate.calibrate_here` scales them to
+the load of the moment and measures the fixed cost of a collective on groups of each size H,
+giving one hardware per H (the ``hw`` mapping of :func:`forecast`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,10 @@ from apbv.eval.groups import deal
 
 CHARS_PER_TOKEN = 4
 """The question's tokens: its characters over this (English text in Qwen's tokenizer)."""
+ROUND_GATHER_COLLECTIVES = 2
+"""Collectives over the world per round with more than one group: the rows' gather
+(:func:`apbv.comm.all_gather_object`: torch all-gathers the pickled sizes, then the padded
+payloads)."""
 
 
 @dataclass(frozen=True)
@@ -97,21 +105,38 @@ def divisors(world_size: int) -> list[int]:
     return [g for g in range(1, world_size + 1) if world_size % g == 0]
 
 
+def hardware_for(hw: Any, ranks: int) -> Any:
+    """The hardware of a group of ``ranks`` ranks: ``hw`` itself, or from a mapping by group
+    size (:func:`apbv.cost.calibrate.calibrate_here`) its entry (ValueError naming the sizes
+    it has when it lacks one)."""
+    if not isinstance(hw, Mapping):
+        return hw
+    if ranks not in hw:
+        raise ValueError(f"no hardware measured for groups of {ranks} rank(s); measured: "
+                         f"{', '.join(str(h) for h in sorted(hw))}")
+    return hw[ranks]
+
+
 def forecast(work: Sequence[SampleWork], dims: Any, hw: Any, *, world_size: int, mode: str,
              answer_tokens: int, groups: Sequence[int] | None = None) -> list[GroupForecast]:
     """The predicted wall time of running ``work`` for each G of ``groups`` (default every
-    divisor of ``world_size``)."""
+    divisor of ``world_size``). ``hw``: a :class:`~apbv.cost.hardware.Hardware`, or a mapping
+    from the group size H to one (:func:`hardware_for`; with G > 1 the rounds' gathers are
+    priced on the world's, H = ``world_size``)."""
     out = []
     for g in groups or divisors(world_size):
         ranks = world_size // g
+        group_hw = hardware_for(hw, ranks)  # ValueError: not measured (not a split's limit)
         try:
-            seconds = [predict_one(w, dims, hw, ranks, mode, answer_tokens) for w in work]
+            seconds = [predict_one(w, dims, group_hw, ranks, mode, answer_tokens) for w in work]
         except ValueError as exc:  # a sample this H cannot split
             out.append(GroupForecast(g, ranks, float("inf"), float("inf"), len(work), str(exc)))
             continue
         dealt = deal(seconds, g)
         rounds = max((len(d) for d in dealt), default=0)
-        wall = sum(max(seconds[d[r]] for d in dealt if r < len(d)) for r in range(rounds))
+        gather = round_gather_s(hardware_for(hw, world_size), world_size) if g > 1 else 0.0
+        wall = sum(max(seconds[d[r]] for d in dealt if r < len(d)) + gather
+                   for r in range(rounds))
         out.append(GroupForecast(g, ranks, wall, sum(seconds) / max(1, len(seconds)),
                                  len(seconds)))
     return out
@@ -174,10 +199,20 @@ def predicted_seconds(samples: Sequence[Sample], cfg: Any, ranks: int,
         return None
 
 
+def round_gather_s(hw: Any, world_size: int) -> float:
+    """Seconds of one round's gather of the groups' rows over ``world_size`` ranks: the fixed
+    costs of :data:`ROUND_GATHER_COLLECTIVES` collectives (the rows are a few kB)."""
+    from apbv.cost.hardware import Machine
+
+    return Machine(hw, hw.dtype_bytes).collectives(ROUND_GATHER_COLLECTIVES, world_size)
+
+
 def predict_one(work: SampleWork, dims: Any, hw: Any, ranks: int, mode: str,
                 answer_tokens: int) -> float:
-    """One sample's predicted seconds on ``ranks`` ranks: to its last token, and the
-    harness's work around it (``hw.sample_overhead_s``)."""
+    """One sample's predicted seconds on ``ranks`` ranks: to its last token with the
+    request's collectives outside its stages (:attr:`apbv.cost.Prediction.request_s`), and
+    the harness's work around it (``hw.sample_overhead_s``) and its row's fsync
+    (``hw.sample_sync_s``)."""
     from apbv.cost.predict import estimate
     from apbv.cost.workload import Workload
     from apbv.modes import get_mode
@@ -185,4 +220,5 @@ def predict_one(work: SampleWork, dims: Any, hw: Any, ranks: int, mode: str,
     load = Workload.of(dims, context_len=work.context_len, query_len=work.query_len,
                        world_size=ranks, frames=work.frames, grid=work.grid,
                        answer_tokens=answer_tokens)
-    return estimate(get_mode(mode), dims, load, hw).last_token_s + hw.sample_overhead_s
+    return (estimate(get_mode(mode), dims, load, hw).request_s + hw.sample_overhead_s
+            + hw.sample_sync_s)

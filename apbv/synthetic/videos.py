@@ -161,3 +161,17 @@ def write_test_video(
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def write_decode_probe(directory: str | os.PathLike[str]) -> str:
+    """Write the small video :func:`apbv.cost.calibrate.probe_decoding` reads
+    (:data:`apbv.cost.calibrate.DECODE_PROBE`: side, frame rate, seconds) into ``directory``
+    as ``decode_probe.mp4``; its path."""
+    from pathlib import Path
+
+    from apbv.cost.calibrate import DECODE_PROBE
+
+    side, fps, seconds = DECODE_PROBE
+    return str(write_test_video(Path(directory) / "decode_probe.mp4",
+                                num_frames=round(fps * seconds), fps=fps, width=side,
+                                height=side, seed=0))

@@ -10,6 +10,10 @@ once) while decode runs:
   answer's first tokens and ``cancelled``;
 - ranks that feed different tokens (rank 1's first token shifted) fail on every rank at the
   first step instead of decoding on.
+
+The plain request's collectives, counted per stage and outside the stages, are the ones the
+cost model prices (:mod:`apbv.cost.control` and the stages' data collectives), so a new
+collective in the engine shows here until the model counts it too.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from typing import Any
 import pytest
 import torch
 
-from apbv import comm
+from apbv import comm, timing
 from apbv.config import RuntimeConfig
+from apbv.cost import control
 from apbv.distributed import DistInfo, spawn_local
 from apbv.engine import decode, runner
 from apbv.engine.engine import Engine
+from apbv.modes import get_mode
 
 QUESTION = "Which colour comes after the blue one?"
 NEW_TOKENS = 6
@@ -36,8 +42,10 @@ COLLECTIVES = ("start_all_gather", "all_gather", "all_to_all_rows", "broadcast",
 
 def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     engine = Engine(cfg, info)
-    state = {"decode": False, "step": False, "depth": 0, "steps": 0}
+    state: dict[str, Any] = {"decode": False, "step": False, "depth": 0, "steps": 0,
+                             "stage": "outside"}
     counts: Counter = Counter()
+    by_stage: Counter = Counter()
     saved: list[tuple[Any, str, Any]] = []
 
     def patch(owner: Any, name: str, wrap: Any) -> None:
@@ -49,6 +57,8 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
             def call(*args: Any, **kwargs: Any) -> Any:
                 if state["decode"] and state["depth"] == 0:
                     counts["in step" if state["step"] else "between steps", name] += 1
+                if state["depth"] == 0:
+                    by_stage[state["stage"], name] += 1
                 state["depth"] += 1
                 try:
                     return original(*args, **kwargs)
@@ -69,8 +79,26 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
             return call
         return wrap
 
+    def staged(original: Any) -> Any:
+        def stage(timer: Any, name: str) -> Any:
+            inner = original(timer, name)
+
+            class Staged:
+                def __enter__(self) -> None:
+                    state["stage"] = name
+                    inner.__enter__()
+
+                def __exit__(self, *exc: Any) -> Any:
+                    try:
+                        return inner.__exit__(*exc)  # the stage's barrier is the stage's
+                    finally:
+                        state["stage"] = "outside"
+            return Staged()
+        return stage
+
     for name in COLLECTIVES:
         patch(comm, name, counted(name))
+    patch(timing.StageTimer, "stage", staged)
     patch(runner, "greedy_continue", flag("decode"))
     patch(decode, "decode_step", flag("step", count=True))
     seen: list[int] = []
@@ -78,6 +106,7 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
     try:
         for kind in ("plain", "cancelled"):
             counts.clear()
+            by_stage.clear()
             state["steps"] = 0
             seen.clear()
             stop = (lambda: len(seen) >= 3) if kind == "cancelled" and info.rank == 0 else None
@@ -85,7 +114,9 @@ def _counting_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> dict:
                                                     max_new_tokens=NEW_TOKENS),
                                      on_token=seen.append, stop=stop)
             results[kind] = {"tokens": result.token_ids, "finish": result.finish_reason,
-                             "steps": state["steps"], "counts": dict(counts)}
+                             "steps": state["steps"], "counts": dict(counts),
+                             "by_stage": dict(by_stage), "stages": len(result.seconds),
+                             "plan": (result.context_len, result.query_len)}
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
@@ -111,6 +142,26 @@ def test_a_decode_step_has_one_collective_per_layer(tiny_config: RuntimeConfig,
         assert (cancelled["tokens"], cancelled["finish"]) == (plain["tokens"][:3],
                                                                "cancelled"), (rank, cancelled)
         assert cancelled["steps"] == 3, cancelled  # the third step's token is not used
+        # every collective of the plain request, where the cost model prices it
+        plan = get_mode("exact").plan(*plain["plan"], 2)
+        layers = r["layers"]
+        expected = Counter({("outside", "all_gather_ints"): control.REQUEST_CHECKS,
+                            ("outside", "all_reduce_max"): plain["stages"]
+                            + control.RESULT_REDUCES,
+                            ("preprocess", "first_failure"): control.PREPROCESS_CHECKS,
+                            ("vision", "first_failure"): 1, ("vision", "any_rank"): 1,
+                            ("transfer", "all_to_all_rows"): 1,
+                            ("prefill", "start_all_gather"): layers
+                            * (plan.blocks_per_rank + 1),
+                            ("first_token", "broadcast"): 1,
+                            ("decode", "all_gather"): layers * plain["steps"]})
+        assert control.VISION_CHECKS == 2 and plain["stages"] == 6, plain["stages"]
+        assert control.bookkeeping_collectives(plain["stages"]) == 8
+        expected.update({(stage, "barrier"): 1 for stage in timing.STAGES})
+        got = Counter({tuple(k): n for k, n in plain["by_stage"].items()})
+        assert got == expected, (f"rank {rank}: the request's collectives differ from the "
+                                 f"cost model's: got {got - expected}, "
+                                 f"missing {expected - got}")
 
 
 def _diverging_job(info: DistInfo, cfg: RuntimeConfig, video: str) -> str:

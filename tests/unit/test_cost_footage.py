@@ -50,8 +50,8 @@ def test_plan_video_predicts_from_the_walk(tmp_path, capsys) -> None:
     hw, pixels = cost.CPU, 640 * 360
     resized = sampling.resized_width * sampling.resized_height
     for rank, walk in enumerate(walks):
-        want = (hw.preprocess_fixed_s + footage_frame_s(hw, walk.frames, 4, pixels,
-                                                        walk.intervals)
+        want = (hw.preprocess_fixed_s + hw.video_open_s
+                + footage_frame_s(hw, walk.frames, 4, pixels, walk.intervals)
                 + 4 * hw.process_s_per_pixel * resized)
         got = re.search(rf"rank {rank}: 4 sampled frames, {walk.frames} coded frames walked "
                         rf"in {walk.intervals} keyframe intervals, "

@@ -143,6 +143,23 @@ def test_pipeline_moves_the_frames_into_vision_and_overlaps_them_on_gpus() -> No
     assert piped.ttft_s < plain.ttft_s  # on H200 the shorter of the two is mostly hidden
 
 
+def test_each_frame_and_each_rank_s_open_of_the_video_by_hand() -> None:
+    """``decode_frame_s`` per frame a rank decodes, ``video_open_s`` once per rank with
+    video, both in preprocess; a prompt without video pays neither."""
+    priced = dataclasses.replace(UNIT, decode_frame_s=1e-3, video_open_s=5e-3)
+    tokens = 64
+    for world in (1, 2):
+        plain, more = (_video_prediction("spava", 8, tokens, world_size=world, dims=SMALL,
+                                         hw=hw) for hw in (UNIT, priced))
+        for a, b in zip(plain.ranks, more.ranks):
+            frames = 2 * a.temporal_patches  # 16 frames over the ranks
+            assert b.seconds["preprocess"] - a.seconds["preprocess"] == pytest.approx(
+                5e-3 + frames * 1e-3), (world, a.seconds, b.seconds)
+    text = [predict("spava", SMALL, context_len=512, query_len=64, world_size=2, frames=0,
+                    hw=hw).seconds["preprocess"] for hw in (UNIT, priced)]
+    assert text[0] == text[1], text
+
+
 @pytest.mark.parametrize("mode", MODE_NAMES)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_attention_work_is_the_counted_pairs(mode: str, world_size: int) -> None:

@@ -95,4 +95,4 @@ def test_footage_frame_s_prices_the_walk_and_each_resize() -> None:
         (100 * 1e-9 + 3 * 5e-9 + 4 * 1e-8) * 1000)
     earlier = dataclasses.replace(hw, convert_s_per_pixel=0.0)
     assert footage_frame_s(earlier, 100, 4, 1000) == pytest.approx(
-        4 * hw.decode_s_per_pixel * 1000 + walk_s(earlier, 100, 4, 1000))
+        4 * (hw.decode_s_per_pixel * 1000 + hw.decode_frame_s) + walk_s(earlier, 100, 4, 1000))
