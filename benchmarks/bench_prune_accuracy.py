@@ -20,7 +20,9 @@ Two held-out needle sets (seeds no training set uses), answered by ``apbv/assets
 A video is right when the greedy answer is exactly the colour. Printed and written to
 ``--out``.md/.json: accuracy per class, mode and setting; the video tokens kept (of the
 unpruned prompt's) and how often the event's first patch was kept; and the threshold the
-target picks: every class >= 0.9 and within 0.05 of unpruned in both modes, the fewest tokens.
+target picks, the fewest tokens where in both modes every class of the event is >= 0.9 and the
+event's accuracy (all its videos) is within 0.05 of unpruned. (A class of 10 videos moves in
+steps of 0.1, so its own drop is printed beside it, not held to 0.05.)
 """
 
 from __future__ import annotations
@@ -149,27 +151,36 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[str, dict[str
     lines += _table(res["camera"], cameras, "threshold")
     summary: dict[str, Any] = {"kept": {}, "event_kept": {}, "passes": {}}
     lines += ["", "| threshold | video tokens kept (of unpruned) | event's first patch kept | "
-                  "target met per event (each of its classes >= 0.9 and within 0.05 of off, "
-                  "both modes) |",
-              "|---:|---:|---:|---|"]
+                  "target met per event (each class >= 0.9, the event within 0.05 of off, "
+                  "both modes) | largest drop of a class from off |",
+              "|---:|---:|---:|---|---|"]
     for threshold in [0.0, *args.thresholds]:
         rows = res["camera"][f"exact/{threshold:g}"]
         kept = sum(video_tokens - (b - r["context_len"]) for r, b in zip(rows, base)) / (
             video_tokens * len(rows))
-        events = sum(threshold == 0 or keep_mask(signatures(s.frames, 2, (2, 2)), threshold)[
+        firsts = sum(threshold == 0 or keep_mask(signatures(s.frames, 2, (2, 2)), threshold)[
             s.needles[0][0]] for s in cameras) / len(cameras)
+        def acc(mode: str, keep: Any, at: float = threshold) -> float:
+            value = _accuracy(res["camera"][f"{mode}/{at:g}"], cameras, keep)
+            assert value is not None, "every class and event has videos"
+            return value
+
+        classes = [(name, keep) for name, keep in _classes(cameras)
+                   if name.split()[0] in CAMERA_KINDS]
+        events = dict((name.split()[1], keep) for name, keep in _classes(cameras)
+                      if name.startswith("all ") and name.split()[1] in CAMERA_KINDS)
         ok = {kind: threshold > 0 and all(
-            (acc := _accuracy(res["camera"][f"{m}/{threshold:g}"], cameras, keep)) is not None
-            and acc >= 0.9
-            and acc >= (_accuracy(res["camera"][f"{m}/0"], cameras, keep) or 0) - 0.05
-            for m in MODES for name, keep in _classes(cameras) if name.startswith(kind + " "))
-            for kind in CAMERA_KINDS}
+            acc(m, events[kind]) >= acc(m, events[kind], 0.0) - 0.05
+            and all(acc(m, keep) >= 0.9 for name, keep in classes
+                    if name.startswith(kind + " "))
+            for m in MODES) for kind in CAMERA_KINDS}
+        drop = max(acc(m, keep, 0.0) - acc(m, keep) for m in MODES for _, keep in classes)
         summary["kept"][f"{threshold:g}"] = kept
-        summary["event_kept"][f"{threshold:g}"] = events
+        summary["event_kept"][f"{threshold:g}"] = firsts
         summary["passes"][f"{threshold:g}"] = ok
         met = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in ok.items())
-        lines.append(f"| {threshold:g} | {kept:.3f} | {events:.2f} | "
-                     f"{'-' if threshold == 0 else met} |")
+        lines.append(f"| {threshold:g} | {kept:.3f} | {firsts:.2f} | "
+                     f"{'-' if threshold == 0 else met} | {drop:+.2f} |")
     for kind in CAMERA_KINDS:
         passing = [t for t in args.thresholds if summary["passes"][f"{t:g}"][kind]]
         best = min(passing, key=lambda t: (summary["kept"][f"{t:g}"], t)) if passing else None

@@ -5,6 +5,11 @@
 steps, wall time and held-out accuracy). It loads like a released checkpoint::
 
     Qwen2_5_VLForConditionalGeneration.from_pretrained(NEEDLE_TINY, local_files_only=True)
+
+``camera-tiny/``: ``needle-tiny`` continued on static-camera videos beside its free-form needle
+questions (``train-tiny --mix camera``; its ``training.json`` names the starting weights), the
+checkpoint of the static-camera figures (docs/pruning.md). ``needle-tiny`` stays the default:
+the continuation answers some free-form kinds less well (docs/tiny_model.md).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 
 NEEDLE_TINY = Path(__file__).resolve().parent / "needle-tiny"
 """The trained tiny checkpoint directory."""
+CAMERA_TINY = Path(__file__).resolve().parent / "camera-tiny"
+"""Its continuation on static-camera videos."""
 
 
 def needle_tiny() -> Path:

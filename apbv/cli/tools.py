@@ -30,11 +30,13 @@ def register(sub: Any) -> None:
     train.add_argument("--init", metavar="DIR",
                        help="continue from this trained checkpoint (default steps, rate and "
                             "curriculum: train_tiny.FINE_TUNE)")
-    train.add_argument("--mix", choices=("needles", "choice-camera", "letters"),
-                       default="needles",
+    train.add_argument("--mix", default="needles", choices=(
+                           "needles", "choice-camera", "letters", "camera", "camera-settle"),
                        help="the step schedule: the free-form needle kinds (default), with "
-                            "multiple-choice and static-camera videos, or with the needle "
-                            "fixtures' multiple-choice letters (apbv.synthetic.mix)")
+                            "multiple-choice and static-camera videos, with the needle "
+                            "fixtures' multiple-choice letters, or with static-camera videos "
+                            "(camera; camera-settle: two free-form steps to one camera step, "
+                            "for a continuation of a camera checkpoint) (apbv.synthetic.mix)")
     train.add_argument("--grow", type=int, help="with --init: append this many decoder "
                        "layers, zero-output at first (apbv.synthetic.grow)")
     train.add_argument("--old-lr-scale", type=float, help="with --grow: the rate of the "

@@ -66,11 +66,27 @@ LETTERS = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
 (``options/``, no instruction line) and the letters the needle fixtures ask, in turn (30; one
 step each, so that no run of steps teaches one format alone). Letters and option texts:
 VNBench retrieval 3, counting 2; LongVideoBench retrieval 2, counting 1, presence 2."""
-MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE, "letters": LETTERS}
+_CAMERA = ("camera/object", "camera/flash/pruned", "camera/object/pruned", "camera/object",
+           "camera/flash", "camera/object/pruned", "camera/object", "camera/flash/pruned",
+           "camera/object/pruned", "camera/flash")
+CAMERA = tuple(e for pair in zip(NEEDLES, _CAMERA) for e in pair)
+"""Free-form (:data:`NEEDLES`) and static-camera videos in turn (20): moving objects 6 (3
+pruned), flashes 4 (2 pruned); no multiple-choice steps (they leaked letters into free-form
+answers)."""
+CAMERA_SETTLE = ("free/retrieval", "free/presence", "camera/object", "free/recent",
+                 "free/retrieval", "camera/flash/pruned", "free/counting", "free/retrieval",
+                 "camera/object/pruned", "free/presence", "free/recent", "camera/flash",
+                 "free/retrieval", "free/ordering", "camera/object")
+"""The same kinds, free-form and camera two to one (15), for a continuation of a ``camera``
+checkpoint at a lower rate (:data:`FINE_TUNE_OVERRIDES`)."""
+MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE, "letters": LETTERS, "camera": CAMERA,
+         "camera-settle": CAMERA_SETTLE}
 FINE_TUNE_OVERRIDES: dict[str, dict[str, object]] = {
     "needles": {},
     "choice-camera": {"steps": 1400,
                       "curriculum": ((0.0, 64), (0.2, 256), (0.5, 1024), (0.8, 2048))},
+    "camera": {"steps": 2400},
+    "camera-settle": {"steps": 1000, "lr": 3e-4},
     "letters": {"steps": 2400, "lr": 2e-3, "grow": 3, "old_lr_scale": 0.5,
                 "curriculum": ((0.0, 32), (0.5, 128), (0.85, 512))},
 }

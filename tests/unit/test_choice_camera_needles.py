@@ -83,7 +83,8 @@ def test_the_training_mix_names_valid_tasks() -> None:
     assert all(e.startswith("free/") for e in schedule("needles"))  # the shipped recipe
     from apbv.synthetic.train_tiny import TrainConfig
 
-    assert TrainConfig().mix == "needles" and set(MIXES) == {"needles", "choice-camera", "letters"}
+    assert TrainConfig().mix == "needles" and set(MIXES) == {
+        "needles", "choice-camera", "letters", "camera", "camera-settle"}
     with pytest.raises(ValueError, match="unknown training mix 'cats'; allowed: needles"):
         TrainConfig(mix="cats")
 
@@ -132,3 +133,23 @@ def test_needle_fixtures_read_back_with_the_training_prompts(tmp_path) -> None:
     assert error < 3, f"mean decoded error {error:.2f} levels"
     with pytest.raises(ValueError, match="unknown fixture videos 'cats'; allowed: squares"):
         make_eval_fixtures("vnbench", tmp_path / "x", videos="cats")
+
+
+def test_the_camera_checkpoint_records_the_two_steps_that_made_it() -> None:
+    """``camera-tiny``'s record names what ``train-tiny`` reruns: its mix's schedule as the
+    code defines it, its start (a ``--mix camera`` continuation of ``needle-tiny``) and
+    free-form and camera figures beside the starting weights'."""
+    import json
+
+    from apbv.assets import CAMERA_TINY, NEEDLE_TINY
+
+    record = json.loads((CAMERA_TINY / "training.json").read_text())
+    assert record["config"]["mix"] == "camera-settle"
+    assert tuple(record["mix"]["schedule"]) == schedule("camera-settle")
+    assert "--init apbv/assets/needle-tiny --mix camera " in record["init_command"]
+    assert set(record["heldout_accuracy"]) == set(record["init_heldout_accuracy"])
+    assert record["heldout_mix_accuracy"]["camera/object/pruned"]
+    shipped = json.loads((NEEDLE_TINY / "config.json").read_text())
+    assert json.loads((CAMERA_TINY / "config.json").read_text())["text_config"][
+        "num_hidden_layers"] == shipped["text_config"]["num_hidden_layers"]
+    assert {e.split("/")[0] for e in schedule("camera")} == {"free", "camera"}
