@@ -20,7 +20,10 @@ from apbv.video import VideoSpec, plan_sampling, probe
 
 QUESTION = "What moves across the scene?"
 SNAP_S = 0.5
-LOGIT_TOL = 1e-4  # fp32: the tower encodes other batches of the same patches
+LOGIT_RTOL = 1e-4
+"""Of the logits' largest magnitude (fp32: the tower encodes other batches of the same patches,
+so the matrix products block differently with the batch and, on a busy machine, the threads:
+bit-equal when run alone, 1.7e-5 of the scale measured under a loaded test run)."""
 
 
 @pytest.fixture(scope="module")
@@ -71,5 +74,7 @@ def test_keyframe_split_gives_the_balanced_answer(world_size: int, tiny_config: 
         assert r["aligned"][0] == aligned and r["balanced"][0] == balanced, (rank, r)
         assert r["aligned"][1] == tokens and r["balanced"][1] == tokens, (rank, r, tokens)
         err = (r["aligned"][2] - logits).abs().max().item()
-        assert err <= LOGIT_TOL, f"rank {rank}: keyframe split's first logits differ by {err:.2e}"
+        tol = LOGIT_RTOL * logits.abs().max().item()
+        assert err <= tol, (f"rank {rank}: keyframe split's first logits differ by {err:.2e} "
+                            f"(allowed {tol:.2e}: {LOGIT_RTOL:g} of their largest magnitude)")
         assert r["snapped"][3] == want, (rank, r["snapped"][3], want)

@@ -287,12 +287,14 @@ def test_a_client_gone_while_queued_is_dropped(server, media):
     url = (media / "clip.mp4").as_uri()
     client = _client(base)
     ok = _metric(base, "apbv:requests_total", '{outcome="ok"}')
+    # 400 tokens past any EOS: the first request outlasts the second's wait on a fast machine
     stream = client.chat.completions.create(model="tiny-qwen2.5-vl", messages=_messages(url),
-                                            max_tokens=150, stream=True)
+                                            max_tokens=400, stream=True,
+                                            extra_body={"ignore_eos": True})
     next(iter(stream))  # running now
     body = {"model": "tiny-qwen2.5-vl", "messages": _messages(url), "max_tokens": 6}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(base + "/v1/chat/completions", json=body, timeout=1.0,
+        httpx.post(base + "/v1/chat/completions", json=body, timeout=0.5,
                    headers={"Authorization": f"Bearer {KEY}"})
     for _ in range(20):
         if _metric(base, "apbv:requests_total", '{outcome="disconnected"}') == 1:
