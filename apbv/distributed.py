@@ -225,7 +225,8 @@ class RankFailure(RuntimeError):
         )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a rendezvous of local processes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -284,7 +285,7 @@ def spawn_local(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(
             target=_rank_main,

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -249,9 +248,10 @@ def loaded_groups(hw: Hardware, probes: Sequence[dict[str, float]],
     return out
 
 
-def _group_sizes(world_size: int) -> list[int]:
-    """The group sizes H of every split of ``world_size`` ranks into equal groups."""
-    return [h for h in range(world_size, 0, -1) if world_size % h == 0]
+def divisors(world_size: int) -> list[int]:
+    """The numbers that divide ``world_size``, ascending: the group counts G, and the group
+    sizes H, of every split of its ranks into equal groups."""
+    return [g for g in range(1, world_size + 1) if world_size % g == 0]
 
 
 def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: int,
@@ -266,7 +266,7 @@ def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: in
     out: dict[str, Any] = {"probe": probe(seconds), "collective_s": {}, "decoding": {}}
     try:
         try:
-            for h in _group_sizes(world_size) if video is not None else []:
+            for h in divisors(world_size) if video is not None else []:
                 out["decoding"][h] = probe_decoding(str(video), rank % h, h)
         except ImportError:  # no decoder here (the video extra): the preset's decoding
             out["decoding"] = {}
@@ -279,7 +279,7 @@ def _probe_into(queue: Any, seconds: float, rank: int, world_size: int, port: in
             try:
                 from apbv import comm
 
-                for h in _group_sizes(world_size):
+                for h in divisors(world_size):
                     blocks = [list(range(s, s + h)) for s in range(0, world_size, h)]
                     group = None if h == world_size else comm.new_groups(blocks)
                     out["collective_s"][h] = probe_collectives(group, rounds)
@@ -306,9 +306,9 @@ def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0,
         warm_decoding()  # the forked probes inherit the imports
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from apbv.distributed import free_port
+
+    port = free_port()
     children = [ctx.Process(target=_probe_into, args=(queue, seconds, r, processes, port,
                                                       rounds, video), daemon=True)
                 for r in range(processes)]
@@ -324,7 +324,7 @@ def calibrate_here(hw: Hardware, processes: int, seconds: float = 2.0,
         raise RuntimeError(f"measuring the collectives or the decoding failed: "
                            f"{'; '.join(failed)}")
     probes = [f["probe"] for f in found]
-    sizes = _group_sizes(processes)
+    sizes = divisors(processes)
     decoded = {h: mean_decoding([f["decoding"][h] for f in found]) for h in sizes} \
         if all(f["decoding"] for f in found) else {}
     if processes == 1:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from apbv.cost.calibrate import divisors
 from apbv.eval.data import Sample
 from apbv.eval.groups import deal
 
@@ -98,11 +99,6 @@ def sample_work(samples: Sequence[Sample], dims: Any, video: dict[str, Any], *,
         out.append(SampleWork(s.id, sampling.num_frames, grid,
                               video_context_len(dims, patches, grid), query))
     return out
-
-
-def divisors(world_size: int) -> list[int]:
-    """The group counts G that divide ``world_size``, ascending."""
-    return [g for g in range(1, world_size + 1) if world_size % g == 0]
 
 
 def hardware_for(hw: Any, ranks: int) -> Any:
