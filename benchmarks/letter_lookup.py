@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/letter_lookup.py                      # the shipped checkpoint
     PYTHONPATH=. python benchmarks/letter_lookup.py --grow 2             # two layers appended
+    PYTHONPATH=. python benchmarks/letter_lookup.py --copy-steps 5000    # random lists first
     PYTHONPATH=. python benchmarks/letter_lookup.py --fresh --hidden 128 --heads 4 \\
         --kv-heads 4 --rope-theta 1e4 --out benchmarks/results/letter_lookup_wide
 
@@ -15,6 +16,9 @@ then an assistant turn that names every option in a random order, each followed 
 needle kind (retrieval: colour words, 4-5 options; counting: digits, 4; presence: yes/no, 2),
 every ``--every`` steps. Chance is 1/4.5, 1/4 and 1/2. It trains the language model only, so a
 run answers "can this shape learn the lookup, and how soon", before an hour of video training.
+``--copy-steps`` first trains on the same lookup over random lists (:func:`copy_sample`: 2-8
+lines of random words, every word named with its letter), the held-out rows still asking the
+harness's format.
 """
 
 from __future__ import annotations
@@ -52,17 +56,39 @@ def lookup_sample(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[i
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": choice_prompt(bench, QUESTIONS[kind], options)}],
         add_generation_prompt=True, tokenize=False)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    labels = [-100] * len(ids)
     order = list(range(len(options)))
     rng.shuffle(order)
+    return (*_named(tokenizer, text, options, letters, order), kind)
+
+
+def _named(tokenizer: Any, text: str, words: list[str], letters: str, order: list[int]
+           ) -> tuple[list[int], list[int]]:
+    """(ids, labels) of ``text`` then ``word (L)`` for each word in ``order``, each line's
+    letter ``L`` labelled (logits at ``(`` predict it), every other token -100."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    labels = [-100] * len(ids)
+    close = tokenizer(")\n", add_special_tokens=False)["input_ids"]
     for i in order:
-        word = tokenizer(options[i] + " (", add_special_tokens=False)["input_ids"]
+        word = tokenizer(words[i] + " (", add_special_tokens=False)["input_ids"]
         (letter,) = tokenizer(letters[i], add_special_tokens=False)["input_ids"]
-        close = tokenizer(")\n", add_special_tokens=False)["input_ids"]
         ids += word + [letter] + close
         labels += [-100] * len(word) + [letter] + [-100] * len(close)
-    return ids, labels, kind
+    return ids, labels
+
+
+def copy_sample(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[int], str]:
+    """(ids, labels, "copy") of a dense warm-up sample: 2-8 lines ``L. word`` of random words
+    (1-6 lowercase letters or digits), then every word named with its letter as above."""
+    count = rng.randint(2, 8)
+    words: list[str] = []
+    while len(words) < count:
+        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789")
+                       for _ in range(rng.randint(1, 6)))
+        if word not in words:
+            words.append(word)
+    letters = "ABCDEFGH"[:count]
+    text = "".join(f"{c}. {w}\n" for c, w in zip(letters, words))
+    return (*_named(tokenizer, text, words, letters, rng.sample(range(count), count)), "copy")
 
 
 def _model(args: argparse.Namespace) -> Any:
@@ -106,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--rope-theta", type=float, default=1e6)
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--copy-steps", type=int, default=0,
+                   help="warm-up steps of random lists (copy_sample) before --steps")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--every", type=int, default=100)
@@ -118,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                  "kv_heads", "layers"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.copy_steps < 0:
+        raise ValueError(f"--copy-steps must be >= 0, got {args.copy_steps}")
     if args.grow < 0 or (args.grow and args.fresh):
         raise ValueError("--grow takes a layer count >= 0, and only without --fresh")
 
@@ -153,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     window: list[float] = []
     print(f"{sum(q.numel() for q in params)} parameters trained; chance 0.22 / 0.25 / 0.50",
           flush=True)
-    for step in range(args.steps):
+    total = args.copy_steps + args.steps
+    for step in range(total):
         rate = args.lr * min(1.0, (step + 1) / 30) * (
-            0.1 + 0.45 * (1 + math.cos(math.pi * step / args.steps)))
+            0.1 + 0.45 * (1 + math.cos(math.pi * step / total)))
         for group in optim.param_groups:
             group["lr"] = rate
         model.train()
-        ids, labels = batch([lookup_sample(tokenizer, rng) for _ in range(args.batch)])
+        make = copy_sample if step < args.copy_steps else lookup_sample
+        ids, labels = batch([make(tokenizer, rng) for _ in range(args.batch)])
         loss = torch.nn.functional.cross_entropy(logits(ids).transpose(1, 2), labels[:, 1:],
                                                  ignore_index=-100)
         optim.zero_grad(set_to_none=True)
@@ -167,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optim.step()
         window.append(float(loss.detach()))
-        if (step + 1) % args.every and step + 1 != args.steps:
+        if (step + 1) % args.every and step + 1 != total:
             continue
         model.eval()
         row: dict[str, Any] = {"step": step + 1, "loss": round(sum(window) / len(window), 4)}
