@@ -154,27 +154,29 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[str, dict[str
                   "target met per event (each class >= 0.9, the event within 0.05 of off, "
                   "both modes) | largest drop of a class from off |",
               "|---:|---:|---:|---|---|"]
+    named = _classes(cameras)
+    classes = [(name, keep) for name, keep in named if name.split()[0] in CAMERA_KINDS]
+    events = {name.split()[1]: keep for name, keep in named
+              if name.startswith("all ") and name.split()[1] in CAMERA_KINDS}
+
+    def acc(mode: str, keep: Any, at: float) -> float:
+        value = _accuracy(res["camera"][f"{mode}/{at:g}"], cameras, keep)
+        assert value is not None, "every class and event has videos"
+        return value
+
     for threshold in [0.0, *args.thresholds]:
         rows = res["camera"][f"exact/{threshold:g}"]
         kept = sum(video_tokens - (b - r["context_len"]) for r, b in zip(rows, base)) / (
             video_tokens * len(rows))
         firsts = sum(threshold == 0 or keep_mask(signatures(s.frames, 2, (2, 2)), threshold)[
             s.needles[0][0]] for s in cameras) / len(cameras)
-        def acc(mode: str, keep: Any, at: float = threshold) -> float:
-            value = _accuracy(res["camera"][f"{mode}/{at:g}"], cameras, keep)
-            assert value is not None, "every class and event has videos"
-            return value
-
-        classes = [(name, keep) for name, keep in _classes(cameras)
-                   if name.split()[0] in CAMERA_KINDS]
-        events = dict((name.split()[1], keep) for name, keep in _classes(cameras)
-                      if name.startswith("all ") and name.split()[1] in CAMERA_KINDS)
         ok = {kind: threshold > 0 and all(
-            acc(m, events[kind]) >= acc(m, events[kind], 0.0) - 0.05
-            and all(acc(m, keep) >= 0.9 for name, keep in classes
+            acc(m, events[kind], threshold) >= acc(m, events[kind], 0.0) - 0.05
+            and all(acc(m, keep, threshold) >= 0.9 for name, keep in classes
                     if name.startswith(kind + " "))
             for m in MODES) for kind in CAMERA_KINDS}
-        drop = max(acc(m, keep, 0.0) - acc(m, keep) for m in MODES for _, keep in classes)
+        drop = max(acc(m, keep, 0.0) - acc(m, keep, threshold)
+                   for m in MODES for _, keep in classes)
         summary["kept"][f"{threshold:g}"] = kept
         summary["event_kept"][f"{threshold:g}"] = firsts
         summary["passes"][f"{threshold:g}"] = ok
