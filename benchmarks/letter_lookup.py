@@ -6,17 +6,16 @@
     PYTHONPATH=. python benchmarks/letter_lookup.py --fresh --hidden 128 --heads 4 \\
         --kv-heads 4 --rope-theta 1e4 --out benchmarks/results/letter_lookup_wide
 
-To answer a needle question with a letter, the tiny model must find the option line that names
-what it saw and copy that line's letter. This isolates the second half, without video: the
-harness's own question text (:func:`apbv.eval.data.choice_prompt`, options drawn as
-:func:`apbv.synthetic.choices.choice_options` draws them) in the checkpoint's chat template,
-then an assistant turn that names every option in a random order, each followed by its letter
-(``green (B)``); the loss is on the letters only, so a sample teaches 2-5 lookups. It prints
-(and writes to ``--out``.md/.json) the held-out accuracy of the first lookup of each sample, per
-needle kind (retrieval: colour words, 4-5 options; counting: digits, 4; presence: yes/no, 2),
-every ``--every`` steps. Chance is 1/4.5, 1/4 and 1/2. It trains the language model only, so a
-run answers "can this shape learn the lookup, and how soon", before an hour of video training.
-``--copy-steps`` first trains on the same lookup over random lists (:func:`copy_sample`: 2-8
+To answer a needle question with ``green (B)``, the tiny model must find the option line that
+names what it saw and copy that line's letter. This isolates that second half, without video,
+on :mod:`apbv.synthetic.lookup`'s samples (the harness's question, then every option named
+with its letter; the loss on the letters only). It prints (and writes to ``--out``.md/.json)
+the held-out accuracy of the first lookup of each sample, per needle kind (retrieval: colour
+words, 4-5 options; counting: digits, 4; presence: yes/no, 2), every ``--every`` steps.
+Chance is 1/4.5, 1/4 and 1/2. It trains the language model only, so a run answers "can this
+shape learn the lookup, and how soon", before an hour of video training; ``--save DIR``
+keeps the trained checkpoint.
+``--copy-steps`` first trains on the same lookup over random lists (:func:`apbv.synthetic.lookup.copy_sample`: 2-8
 lines of random words, every word named with its letter), the held-out rows still asking the
 harness's format.
 """
@@ -34,61 +33,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-KINDS = ("retrieval", "counting", "presence")
-HELDOUT_SEED = 9_000_011
-"""Seed of the held-out samples (training draws from ``--seed``)."""
-
-
-def lookup_sample(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[int], str]:
-    """(ids, labels, kind) of one sample: -100 everywhere but the letter after each ``word (``."""
-    import numpy as np
-
-    from apbv.eval.data import choice_prompt
-    from apbv.eval.parse import option_letters
-    from apbv.synthetic.choices import CHOICE_KINDS, choice_options
-    from apbv.synthetic.needles import QUESTIONS, answer_choices
-
-    kind = rng.choice(KINDS)
-    bench = rng.choice([b for b, kinds in CHOICE_KINDS.items() if kind in kinds])
-    answer = rng.choice(answer_choices(kind))
-    options = choice_options(bench, kind, answer, np.random.default_rng(rng.randrange(2**32)))
-    letters = option_letters(len(options))
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": choice_prompt(bench, QUESTIONS[kind], options)}],
-        add_generation_prompt=True, tokenize=False)
-    order = list(range(len(options)))
-    rng.shuffle(order)
-    return (*_named(tokenizer, text, options, letters, order), kind)
-
-
-def _named(tokenizer: Any, text: str, words: list[str], letters: str, order: list[int]
-           ) -> tuple[list[int], list[int]]:
-    """(ids, labels) of ``text`` then ``word (L)`` for each word in ``order``, each line's
-    letter ``L`` labelled (logits at ``(`` predict it), every other token -100."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    labels = [-100] * len(ids)
-    close = tokenizer(")\n", add_special_tokens=False)["input_ids"]
-    for i in order:
-        word = tokenizer(words[i] + " (", add_special_tokens=False)["input_ids"]
-        (letter,) = tokenizer(letters[i], add_special_tokens=False)["input_ids"]
-        ids += word + [letter] + close
-        labels += [-100] * len(word) + [letter] + [-100] * len(close)
-    return ids, labels
-
-
-def copy_sample(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[int], str]:
-    """(ids, labels, "copy") of a dense warm-up sample: 2-8 lines ``L. word`` of random words
-    (1-6 lowercase letters or digits), then every word named with its letter as above."""
-    count = rng.randint(2, 8)
-    words: list[str] = []
-    while len(words) < count:
-        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789")
-                       for _ in range(rng.randint(1, 6)))
-        if word not in words:
-            words.append(word)
-    letters = "ABCDEFGH"[:count]
-    text = "".join(f"{c}. {w}\n" for c, w in zip(letters, words))
-    return (*_named(tokenizer, text, words, letters, rng.sample(range(count), count)), "copy")
+from apbv.synthetic.lookup import (  # noqa: E402
+    HELDOUT_SEED,
+    KINDS,
+    copy_sample,
+    lookup_sample,
+)
 
 
 def _model(args: argparse.Namespace) -> Any:
@@ -124,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="apbv/assets/needle-tiny",
                    help="checkpoint whose weights (and tokenizer) start the run")
     p.add_argument("--grow", type=int, default=0, help="decoder layers appended to --model's")
+    p.add_argument("--old-lr-scale", type=float, default=1.0,
+                   help="with --grow: the rate of the other weights, times the grown layers' "
+                        "(0: frozen)")
     p.add_argument("--fresh", action="store_true",
                    help="random weights of the shape below instead of --model's")
     p.add_argument("--hidden", type=int, default=64)
@@ -141,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", help="write OUT.md and OUT.json")
+    p.add_argument("--save", metavar="DIR",
+                   help="write the trained checkpoint (bf16, as train-tiny writes one) to DIR")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "every", "heldout", "threads", "hidden", "heads",
                  "kv_heads", "layers"):
@@ -158,8 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     model = _model(args)
     lm, head = model.model.language_model, model.lm_head
-    params = [q for q in list(lm.parameters()) + list(head.parameters()) if q.requires_grad]
-    optim = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98))
+    params = [q for q in {id(q): q for q in [*lm.parameters(), *head.parameters()]}.values()
+              if q.requires_grad]  # the head may be tied to the embeddings: each tensor once
+    groups = [{"params": params, "scale": 1.0}]
+    if args.grow:  # the grown layers at the full rate, the rest at --old-lr-scale times it
+        from apbv.synthetic.grow import param_groups
+
+        ids = {id(q) for q in params}
+        groups = [{**g, "params": [q for q in g["params"] if id(q) in ids]}
+                  for g in param_groups(model, args.grow, args.old_lr_scale)]
+        params = [q for g in groups for q in g["params"]]
+    optim = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98))
     rng = random.Random(args.seed)
     held_rng = random.Random(HELDOUT_SEED)
     heldout: dict[str, list[tuple[list[int], list[int], str]]] = {k: [] for k in KINDS}
@@ -188,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.lr * min(1.0, (step + 1) / 30) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * step / total)))
         for group in optim.param_groups:
-            group["lr"] = rate
+            group["lr"] = rate * group["scale"]
         model.train()
         make = copy_sample if step < args.copy_steps else lookup_sample
         ids, labels = batch([make(tokenizer, rng) for _ in range(args.batch)])
@@ -214,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         row["seconds"] = round(time.perf_counter() - start)
         rows.append(row)
         print("  ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    if args.save:
+        from apbv.synthetic.train_tiny import write_support_files
+
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+        write_support_files(Path(args.save))
+        model.to(torch.bfloat16).save_pretrained(args.save)
     if args.out:
         shape = ("--model " + args.model + (f" --grow {args.grow}" if args.grow else "")
                  if not args.fresh else

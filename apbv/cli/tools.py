@@ -31,12 +31,15 @@ def register(sub: Any) -> None:
                        help="continue from this trained checkpoint (default steps, rate and "
                             "curriculum: train_tiny.FINE_TUNE)")
     train.add_argument("--mix", default="needles", choices=(
-                           "needles", "choice-camera", "letters", "camera", "camera-settle"),
+                           "needles", "choice-camera", "letters", "camera", "camera-settle",
+                           "named", "joint"),
                        help="the step schedule: the free-form needle kinds (default), with "
                             "multiple-choice and static-camera videos, with the needle "
                             "fixtures' multiple-choice letters, or with static-camera videos "
                             "(camera; camera-settle: two free-form steps to one camera step, "
-                            "for a continuation of a camera checkpoint) (apbv.synthetic.mix)")
+                            "for a continuation of a camera checkpoint), or answered "
+                            "'green (B)' (named; joint: with text-only lookup steps) "
+                            "(apbv.synthetic.mix)")
     train.add_argument("--grow", type=int, help="with --init: append this many decoder "
                        "layers, zero-output at first (apbv.synthetic.grow)")
     train.add_argument("--old-lr-scale", type=float, help="with --grow: the rate of the "

@@ -21,8 +21,9 @@ class Encoded:
     """(1, T) -100 except the answer tokens and <|im_end|>."""
     positions: torch.Tensor
     """(3, 1, T) apbv's M-RoPE positions (answer tokens continue at max + 1)."""
-    pixels: torch.Tensor
-    grid: torch.Tensor
+    pixels: torch.Tensor | None
+    """The video's patches (None: a text-only sample, :mod:`apbv.synthetic.lookup`)."""
+    grid: torch.Tensor | None
     prompt_len: int
 
 
@@ -46,6 +47,8 @@ def collate(encs: list[Encoded]) -> Encoded:
         extra = width - e.positions.shape[-1]
         more = torch.arange(extra) + int(e.positions.max()) + 1
         positions.append(torch.cat([e.positions, more.view(1, 1, -1).expand(3, 1, -1)], dim=2))
+    pixels, grids = [e.pixels for e in encs], [e.grid for e in encs]
+    assert all(p is not None for p in pixels + grids), "collate batches video samples"
     return Encoded(ids, labels, torch.cat(positions, dim=1),
-                   torch.cat([e.pixels for e in encs]), torch.cat([e.grid for e in encs]),
+                   torch.cat(pixels), torch.cat(grids),  # type: ignore[arg-type]
                    encs[0].prompt_len if len({e.prompt_len for e in encs}) == 1 else -1)

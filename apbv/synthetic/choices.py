@@ -92,5 +92,20 @@ def options_sample(bench: str, kind: str, *, patches: int, seed: int, index: int
     sample = choice_sample(bench, kind, patches=patches, seed=seed, index=index, depth=depth)
     lead, found, _ = sample.question.rpartition("\n" + INSTRUCTION)
     assert found, sample.question
-    word = next(line[3:] for line in lead.split("\n") if line.startswith(sample.answer + ". "))
-    return dataclasses.replace(sample, question=lead, answer=word)
+    return dataclasses.replace(sample, question=lead, answer=_option_text(sample))
+
+
+def named_sample(bench: str, kind: str, *, patches: int, seed: int, index: int,
+                 depth: float | None = None) -> NeedleSample:
+    """:func:`choice_sample`'s video and whole question (the harness's text), answered with
+    the right option's text and then its letter, ``green (B)``: the word read from the video
+    first, then the letter looked up beside that word in the options; the harness's parser
+    (:func:`apbv.eval.parse.parse_choice`: the first standalone capital letter) reads B."""
+    sample = choice_sample(bench, kind, patches=patches, seed=seed, index=index, depth=depth)
+    return dataclasses.replace(sample, answer=f"{_option_text(sample)} ({sample.answer})")
+
+
+def _option_text(sample: NeedleSample) -> str:
+    """The text of the option whose letter is ``sample.answer`` (a :func:`choice_sample`)."""
+    return next(line[3:] for line in sample.question.split("\n")
+                if line.startswith(sample.answer + ". "))

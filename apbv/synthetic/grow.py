@@ -77,14 +77,15 @@ PROBE_SETS = ("choice/vnbench/retrieval", "choice/vnbench/counting",
 (which must keep their word answers)."""
 
 
-def probe(answers: Callable[[mix.Task], bool], seed: int, patches: int = 64, samples: int = 8
-          ) -> dict[str, float]:
-    """{set: accuracy} of ``samples`` held-out tasks of each :data:`PROBE_SETS` entry at
-    ``patches`` temporal patches; ``answers(task)`` tells whether the model is right."""
+def probe(answers: Callable[[mix.Task], bool], seed: int, patches: int = 64, samples: int = 8,
+          form: str = "choice") -> dict[str, float]:
+    """{set: accuracy} of ``samples`` held-out tasks of each :data:`PROBE_SETS` entry (asked
+    in answer ``form``: :func:`apbv.synthetic.mix.as_form`) at ``patches`` temporal patches;
+    ``answers(task)`` tells whether the model is right."""
     with torch.no_grad():
         return {entry: sum(answers(t) for t in mix.heldout_tasks(entry, patches, samples,
                                                                  seed, False)) / samples
-                for entry in PROBE_SETS}
+                for entry in (mix.as_form(e, form) for e in PROBE_SETS)}
 
 
 def print_probe(step: int, result: dict[str, float], out: TextIO) -> None:

@@ -5,7 +5,9 @@ The trainer (:mod:`apbv.synthetic.train_tiny`) takes its step's task from the sc
 of the shipped checkpoint) or ``choice-camera`` (:data:`SCHEDULE`, with multiple-choice and
 static-camera entries; its continuation of the shipped checkpoint regressed and was not
 shipped: docs/tiny_model.md) or ``letters`` (:data:`LETTERS`: free-form, option texts and
-the needle fixtures' letters, for a grown checkpoint). An entry is one of:
+the needle fixtures' letters, for a grown checkpoint) or ``named`` (:data:`NAMED`: free-form
+and the fixtures' questions answered ``green (B)``) or ``joint`` (:data:`JOINT`: those two
+and a text-only lookup step in turn). An entry is one of:
 
 - ``free/KIND``: a :mod:`apbv.synthetic.needles` question answered with a word (the
   original five kinds);
@@ -15,6 +17,10 @@ the needle fixtures' letters, for a grown checkpoint). An entry is one of:
 - ``options/BENCH/KIND``: the same question and options without the benchmark's
   instruction line, answered with the right option's text
   (:func:`apbv.synthetic.choices.options_sample`);
+- ``named/BENCH/KIND``: the ``choice/`` question answered with the right option's text and
+  then its letter, ``green (B)`` (:func:`apbv.synthetic.choices.named_sample`);
+- ``lookup``: no video, a batch of text-only letter lookups
+  (:func:`apbv.synthetic.lookup.lookup_batch`);
 - ``camera/EVENT`` and ``camera/EVENT/pruned``: a static-camera video
   (:mod:`apbv.synthetic.camera`) asked the event's colour, the second with its temporal
   patches pruned as the engine prunes them at ``video.static_threshold`` (a threshold drawn
@@ -36,7 +42,7 @@ import numpy as np
 
 from apbv.eval.data import BENCHMARKS
 from apbv.synthetic.camera import CAMERA_KINDS, camera_sample
-from apbv.synthetic.choices import CHOICE_KINDS, choice_sample, options_sample
+from apbv.synthetic.choices import CHOICE_KINDS, choice_sample, named_sample, options_sample
 from apbv.synthetic.needles import KINDS, NeedleSample, make_sample
 
 SCHEDULE = (
@@ -79,19 +85,37 @@ CAMERA_SETTLE = ("free/retrieval", "free/presence", "camera/object", "free/recen
                  "free/retrieval", "free/ordering", "camera/object")
 """The same kinds, free-form and camera two to one (15), for a continuation of a ``camera``
 checkpoint at a lower rate (:data:`FINE_TUNE_OVERRIDES`)."""
+LOOKUP = "lookup"
+"""A text-only step: :func:`apbv.synthetic.lookup.lookup_batch` (no video)."""
+NAMED = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
+              for e in (free, "named/" + choice.split("/", 1)[1]))
+"""Free-form (:data:`NEEDLES`) and the needle fixtures' questions answered ``green (B)``
+(``named/``: the word, then its option's letter) in turn (20), for a checkpoint that has
+learned the letter lookup on text (``benchmarks/letter_lookup.py --save``)."""
+JOINT = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
+              for e in (free, LOOKUP, "named/" + choice.split("/", 1)[1]))
+"""Free-form, a text-only lookup step and a ``named/`` question in turn (30): the lookup
+learned beside the video reading, not before it (text alone erases the video:
+docs/tiny_model.md)."""
 MIXES = {"needles": NEEDLES, "choice-camera": SCHEDULE, "letters": LETTERS, "camera": CAMERA,
-         "camera-settle": CAMERA_SETTLE}
+         "camera-settle": CAMERA_SETTLE, "named": NAMED, "joint": JOINT}
 FINE_TUNE_OVERRIDES: dict[str, dict[str, object]] = {
     "needles": {},
     "choice-camera": {"steps": 1400,
                       "curriculum": ((0.0, 64), (0.2, 256), (0.5, 1024), (0.8, 2048))},
     "camera": {"steps": 2400},
     "camera-settle": {"steps": 1000, "lr": 3e-4},
+    "named": {"steps": 1200, "lr": 5e-4,
+              "curriculum": ((0.0, 64), (0.3, 256), (0.6, 1024), (0.8, 2048))},
+    "joint": {"steps": 2100, "lr": 3e-3,
+              "curriculum": ((0.0, 256), (0.3, 1024), (0.6, 2048))},
     "letters": {"steps": 2400, "lr": 2e-3, "grow": 3, "old_lr_scale": 0.5,
                 "curriculum": ((0.0, 32), (0.5, 128), (0.85, 512))},
 }
 """Per mix, what ``--init`` changes of :data:`apbv.synthetic.train_tiny.FINE_TUNE`."""
-LENGTH_CAPS = {"choice": 512, "options": 512, "camera": 256}
+LENGTH_CAPS = {"choice": 512, "options": 512, "named": 512, "camera": 256}
+CHOICE_MAKERS = {"choice": choice_sample, "options": options_sample, "named": named_sample}
+"""The sample of each multiple-choice entry form, by its first part."""
 """Longest video (temporal patches) of the non-free entries."""
 TRAIN_THRESHOLDS = (2.0, 4.0, 8.0, 16.0)
 """``video.static_threshold`` values (levels) a pruned training sample is pruned at."""
@@ -107,14 +131,14 @@ class Task:
 def check_entry(entry: str) -> None:
     """ValueError naming the allowed forms unless ``entry`` is a valid schedule entry."""
     parts = entry.split("/")
-    ok = (parts[0] == "free" and len(parts) == 2 and parts[1] in KINDS) or \
-        (parts[0] in ("choice", "options") and len(parts) == 3 and parts[1] in BENCHMARKS
+    ok = entry == LOOKUP or (parts[0] == "free" and len(parts) == 2 and parts[1] in KINDS) or \
+        (parts[0] in CHOICE_MAKERS and len(parts) == 3 and parts[1] in BENCHMARKS
          and parts[2] in CHOICE_KINDS[parts[1]]) or \
         (parts[0] == "camera" and len(parts) in (2, 3) and parts[1] in CAMERA_KINDS
          and parts[2:] in ([], ["pruned"]))
     if not ok:
         raise ValueError(f"schedule entry {entry!r} must be free/KIND, choice/BENCH/KIND, "
-                         f"options/BENCH/KIND or "
+                         f"options/BENCH/KIND, named/BENCH/KIND, {LOOKUP} or "
                          f"camera/EVENT[/pruned] (KIND: {', '.join(KINDS)}; BENCH: "
                          f"{', '.join(BENCHMARKS)}; EVENT: {', '.join(CAMERA_KINDS)})")
 
@@ -135,14 +159,14 @@ def make_task(entry: str, *, patches: int, seed: int, index: int,
               depth: float | None = None) -> Task:
     """Sample ``index`` of schedule ``entry`` with ``patches`` temporal patches."""
     check_entry(entry)
+    assert entry != LOOKUP, "a lookup step has no video task (apbv.synthetic.lookup)"
     parts = entry.split("/")
     if parts[0] == "free":
         return Task(make_sample(parts[1], patches=patches, seed=seed, index=index,
                                 depth=depth), None)
-    if parts[0] in ("choice", "options"):
-        make = choice_sample if parts[0] == "choice" else options_sample
-        return Task(make(parts[1], parts[2], patches=patches, seed=seed, index=index,
-                         depth=depth), None)
+    if parts[0] in CHOICE_MAKERS:
+        return Task(CHOICE_MAKERS[parts[0]](parts[1], parts[2], patches=patches, seed=seed,
+                                            index=index, depth=depth), None)
     sample = camera_sample(parts[1], patches=patches, seed=seed, index=index)
     if parts[2:] != ["pruned"]:
         return Task(sample, None)
@@ -170,14 +194,26 @@ def heldout_tasks(entry: str, patches: int, samples: int, seed: int, pruned: boo
     return tasks
 
 
+def answer_form(name: str) -> str:
+    """How mix ``name`` answers the multiple-choice sets: ``named`` (``green (B)``) where it
+    trains ``named/`` entries, ``choice`` (the letter) otherwise."""
+    return "named" if any(e.startswith("named/") for e in schedule(name)) else "choice"
+
+
+def as_form(entry: str, form: str) -> str:
+    """``entry`` with a ``choice/`` prefix asked in answer ``form`` instead."""
+    return form + entry[len("choice"):] if entry.startswith("choice/") else entry
+
+
 def heldout_accuracy(answers: Callable[[Task], bool], samples: int, seed: int,
-                     longest: int, progress: TextIO | None = None
+                     longest: int, progress: TextIO | None = None, form: str = "choice"
                      ) -> dict[str, dict[str, float]]:
     """{set: {patches: accuracy}} over :data:`HELDOUT_SETS` (camera sets also pruned at
     :data:`HELDOUT_THRESHOLD`, named ``camera/EVENT/pruned``; lengths capped at ``longest``
-    patches), ``answers(task)`` telling whether the model answers a task right."""
+    patches; multiple-choice sets asked in answer ``form``), ``answers(task)`` telling
+    whether the model answers a task right."""
     result: dict[str, dict[str, float]] = {}
-    for entry, lengths in HELDOUT_SETS.items():
+    for entry, lengths in ((as_form(e, form), n) for e, n in HELDOUT_SETS.items()):
         for pruned in (False, True) if entry.startswith("camera/") else (False,):
             name = entry + "/pruned" * pruned
             result[name] = {}

@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -48,10 +49,13 @@ from apbv.model.qwen2_5_vl.tiny import (
 from apbv.synthetic import byte_tokenizer as bt
 from apbv.synthetic import grow, mix
 from apbv.synthetic.batch import Encoded, collate
+from apbv.synthetic.lookup import lookup_batch
 from apbv.synthetic.needles import KINDS, make_sample, patches_for_tokens
 
 FORMAT_VERSION = 1
 
+LOOKUP_BATCH = 32
+"""Text-only samples in a ``lookup`` step (4-5 letters each)."""
 SEED_OFFSETS = {"train": 0, "heldout": 1_000_003}
 """Sample seeds are ``seed + offset``: training and held-out sets never share a sample."""
 
@@ -142,11 +146,12 @@ def build_model(seed: int, init: str | None = None, extra: int = 0):
     ``extra`` decoder layers appended: :func:`apbv.synthetic.grow.grown`)."""
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(trained_config()).float()
-    if init is not None:  # the same config (strict: the same shapes), the init's weights
-        start = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            init, local_files_only=True, dtype=torch.float32)
+    start = None if init is None else Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        init, local_files_only=True, dtype=torch.float32)
+    torch.manual_seed(seed)  # the init's config (a grown checkpoint has more layers)
+    model = Qwen2_5_VLForConditionalGeneration(
+        trained_config() if start is None else start.config).float()
+    if start is not None:  # the init's shapes and weights
         if extra:
             model = grow.grown(type(model), start, extra, seed)
         else:
@@ -323,11 +328,15 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                                      + u * (math.log(longest) - math.log(cfg.min_patches))))
             patches = max(patches, cfg.min_patches)
             batch = max(1, min(cfg.max_batch, cfg.batch_tokens // (4 * patches)))
-            tasks = [mix.make_task(entry, patches=patches, index=step * cfg.max_batch + j,
-                                   seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch)]
             for group in optim.param_groups:
                 group["lr"] = _lr_at(cfg, step) * group["scale"]
-            batch_enc = collate([encoder(t.sample, threshold=t.threshold) for t in tasks])
+            if entry == mix.LOOKUP:  # text only; its own seeded draw per step
+                batch_enc = lookup_batch(processor.tokenizer, random.Random(
+                    cfg.seed * 1_000_003 + step), LOOKUP_BATCH, bt.SPECIAL_IDS["<|endoftext|>"])
+            else:
+                batch_enc = collate([encoder(t.sample, threshold=t.threshold) for t in (
+                    mix.make_task(entry, patches=patches, index=step * cfg.max_batch + j,
+                                  seed=cfg.seed + SEED_OFFSETS["train"]) for j in range(batch))])
             loss = answer_loss(forward(model, batch_enc).logits, batch_enc.labels)
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -344,14 +353,16 @@ def train(cfg: TrainConfig, out_dir: str | os.PathLike[str], *, overwrite: bool 
                           f"patches  {elapsed:.0f}s", file=progress, flush=True)
             if progress and cfg.probe_every and (step + 1) % cfg.probe_every == 0:
                 grow.print_probe(step + 1, grow.probe(lambda t: answers_greedily(
-                    model, encoder(t.sample)), cfg.seed + SEED_OFFSETS["heldout"]), progress)
+                    model, encoder(t.sample)), cfg.seed + SEED_OFFSETS["heldout"],
+                    form=mix.answer_form(cfg.mix)), progress)
         train_s = time.perf_counter() - start
         model.eval()
         model = model.to(torch.bfloat16).float()  # evaluate exactly the weights shipped
         accuracy, by_answer = heldout_accuracy(model, encoder, cfg, progress)
         mix_accuracy = {} if cfg.mix == "needles" else mix.heldout_accuracy(
             lambda t: answers_greedily(model, encoder(t.sample, threshold=t.threshold)),
-            cfg.eval_samples, cfg.seed + SEED_OFFSETS["heldout"], cfg.max_patches, progress)
+            cfg.eval_samples, cfg.seed + SEED_OFFSETS["heldout"], cfg.max_patches, progress,
+            mix.answer_form(cfg.mix))
         model.to(torch.bfloat16).save_pretrained(tmp)
         write_json(tmp / "training.json", {
             "generator": "apbv.synthetic.train_tiny", "format_version": FORMAT_VERSION,

@@ -12,7 +12,7 @@ import torch
 
 from apbv.eval.data import choice_prompt, load_samples
 from apbv.synthetic.camera import CAMERA_KINDS, QUESTIONS, camera_sample
-from apbv.synthetic.choices import CHOICE_KINDS, choice_sample
+from apbv.synthetic.choices import CHOICE_KINDS, choice_sample, named_sample
 from apbv.synthetic.eval_fixtures import make_eval_fixtures
 from apbv.synthetic.mix import (
     MIXES,
@@ -84,9 +84,39 @@ def test_the_training_mix_names_valid_tasks() -> None:
     from apbv.synthetic.train_tiny import TrainConfig
 
     assert TrainConfig().mix == "needles" and set(MIXES) == {
-        "needles", "choice-camera", "letters", "camera", "camera-settle"}
+        "needles", "choice-camera", "letters", "camera", "camera-settle", "named", "joint"}
+    check_entry("lookup")
+    with pytest.raises(AssertionError, match="a lookup step has no video task"):
+        make_task("lookup", patches=20, seed=0, index=1)
+    assert schedule("joint")[1::3] == ("lookup",) * 10
     with pytest.raises(ValueError, match="unknown training mix 'cats'; allowed: needles"):
         TrainConfig(mix="cats")
+
+
+def test_a_named_answer_is_the_option_text_then_the_letter_the_harness_reads() -> None:
+    from apbv.eval.parse import parse_choice
+    from apbv.synthetic.mix import as_form, heldout_tasks
+
+    for bench in sorted(CHOICE_KINDS):
+        for kind in CHOICE_KINDS[bench]:
+            for i in range(6):
+                named = named_sample(bench, kind, patches=16, seed=3, index=i)
+                letter = choice_sample(bench, kind, patches=16, seed=3, index=i)
+                word = make_sample(kind, patches=16, seed=3, index=i).answer
+                assert named.question == letter.question, (bench, kind, i)
+                assert named.answer == f"{word} ({letter.answer})", (bench, kind, i)
+                assert _options(named.question)[letter.answer] == word
+                assert parse_choice(named.answer, "ABCDE") == letter.answer, named.answer
+    assert schedule("named")[1::2] == tuple(as_form(e, "named") for e in schedule("named")[1::2])
+    assert {e.split("/")[0] for e in schedule("named")} == {"free", "named"}
+    from apbv.synthetic.mix import answer_form
+
+    assert [answer_form(m) for m in ("named", "joint", "letters", "needles")] == [
+        "named", "named", "choice", "choice"]
+    assert as_form("choice/vnbench/counting", "named") == "named/vnbench/counting"
+    assert as_form("free/retrieval", "named") == "free/retrieval"
+    (task,) = heldout_tasks("named/longvideobench/presence", 16, 1, 0, False)
+    assert task.sample.answer in ("yes (A)", "yes (B)", "no (A)", "no (B)")
 
 
 def test_a_pruned_training_sample_keeps_its_patches_positions() -> None:

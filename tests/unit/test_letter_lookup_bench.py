@@ -9,7 +9,7 @@ import re
 
 from transformers import AutoTokenizer
 
-from benchmarks.letter_lookup import KINDS, copy_sample, lookup_sample
+from apbv.synthetic.lookup import KINDS, copy_sample, lookup_batch, lookup_sample
 
 
 def test_each_label_is_the_letter_of_the_line_naming_the_word():
@@ -48,3 +48,20 @@ def test_the_warm_up_lists_name_each_random_word_with_its_line_letter():
         assert all(lines[word] == letter for word, letter in named), text
         labelled = [tokenizer.decode([i]) for i, lab in zip(ids, labels) if lab != -100]
         assert labelled == [letter for _, letter in named]
+
+
+def test_a_lookup_batch_is_text_only_and_pads_after_each_sample():
+    import torch
+
+    tokenizer = AutoTokenizer.from_pretrained("apbv/assets/needle-tiny", local_files_only=True)
+    batch = lookup_batch(tokenizer, random.Random(2), 5, pad=0)
+    again = [lookup_sample(tokenizer, r) for r in [random.Random(2)] for _ in range(5)]
+    assert batch.pixels is None and batch.grid is None and batch.prompt_len == -1
+    width = max(len(ids) for ids, _, _ in again)
+    assert batch.input_ids.shape == batch.labels.shape == (5, width)
+    assert batch.positions.shape == (3, 5, width)
+    assert torch.equal(batch.positions[1, 3], torch.arange(width))
+    for row, (ids, labels, _) in enumerate(again):
+        assert batch.input_ids[row, :len(ids)].tolist() == ids
+        assert batch.labels[row].tolist() == labels + [-100] * (width - len(ids))
+        assert set(batch.input_ids[row, len(ids):].tolist()) <= {0}
