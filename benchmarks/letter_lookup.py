@@ -14,10 +14,9 @@ the held-out accuracy of the first lookup of each sample, per needle kind (retri
 words, 4-5 options; counting: digits, 4; presence: yes/no, 2), every ``--every`` steps.
 Chance is 1/4.5, 1/4 and 1/2. It trains the language model only, so a run answers "can this
 shape learn the lookup, and how soon", before an hour of video training; ``--save DIR``
-keeps the trained checkpoint.
-``--copy-steps`` first trains on the same lookup over random lists (:func:`apbv.synthetic.lookup.copy_sample`: 2-8
-lines of random words, every word named with its letter), the held-out rows still asking the
-harness's format.
+keeps the trained checkpoint. ``--copy-steps`` first trains on the same lookup over random
+lists (:func:`apbv.synthetic.lookup.copy_sample`: 2-8 lines of random words, every word named
+with its letter), the held-out rows still asking the harness's format.
 """
 
 from __future__ import annotations
