@@ -37,6 +37,7 @@ from apbv.synthetic.lookup import (  # noqa: E402
     KINDS,
     copy_sample,
     lookup_sample,
+    pad_samples,
 )
 
 
@@ -132,12 +133,6 @@ def main(argv: list[str] | None = None) -> int:
             heldout[kind].append((ids, labels, kind))
     pad = tokenizer.pad_token_id or 0
 
-    def batch(samples: list[tuple[list[int], list[int], str]]) -> tuple[Any, Any]:
-        width = max(len(s[0]) for s in samples)
-        ids = torch.tensor([s[0] + [pad] * (width - len(s[0])) for s in samples])
-        labels = torch.tensor([s[1] + [-100] * (width - len(s[1])) for s in samples])
-        return ids, labels
-
     def logits(ids: Any) -> Any:
         return head(lm(input_ids=ids).last_hidden_state)[:, :-1]
 
@@ -154,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             group["lr"] = rate * group["scale"]
         model.train()
         make = copy_sample if step < args.copy_steps else lookup_sample
-        ids, labels = batch([make(tokenizer, rng) for _ in range(args.batch)])
+        ids, labels = pad_samples([make(tokenizer, rng) for _ in range(args.batch)], pad)
         loss = torch.nn.functional.cross_entropy(logits(ids).transpose(1, 2), labels[:, 1:],
                                                  ignore_index=-100)
         optim.zero_grad(set_to_none=True)
@@ -169,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         window = []
         with torch.no_grad():
             for kind, samples in heldout.items():
-                ids, labels = batch(samples)
+                ids, labels = pad_samples(samples, pad)
                 targets = labels[:, 1:]
                 first = ((targets != -100).cumsum(1) == 1) & (targets != -100)
                 right = (logits(ids).argmax(-1) == targets) & first

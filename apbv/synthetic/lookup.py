@@ -76,9 +76,15 @@ def copy_sample(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[int
 def lookup_batch(tokenizer: Any, rng: random.Random, count: int, pad: int) -> Encoded:
     """``count`` :func:`lookup_sample` samples padded with ``pad`` into one text-only batch
     (no video: ``pixels`` and ``grid`` None; positions 0..T-1 on every M-RoPE axis)."""
-    samples = [lookup_sample(tokenizer, rng) for _ in range(count)]
-    width = max(len(ids) for ids, _, _ in samples)
-    ids = torch.tensor([s[0] + [pad] * (width - len(s[0])) for s in samples])
-    labels = torch.tensor([s[1] + [-100] * (width - len(s[1])) for s in samples])
-    positions = torch.arange(width).view(1, 1, -1).expand(3, count, -1)
+    ids, labels = pad_samples([lookup_sample(tokenizer, rng) for _ in range(count)], pad)
+    positions = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, count, -1)
     return Encoded(ids, labels, positions, None, None, -1)
+
+
+def pad_samples(samples: list[tuple[list[int], list[int], str]], pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels), each (B, T): the samples' ids padded with ``pad`` and labels with -100
+    to the longest."""
+    width = max(len(ids) for ids, _, _ in samples)
+    return (torch.tensor([s[0] + [pad] * (width - len(s[0])) for s in samples]),
+            torch.tensor([s[1] + [-100] * (width - len(s[1])) for s in samples]))

@@ -87,13 +87,12 @@ CAMERA_SETTLE = ("free/retrieval", "free/presence", "camera/object", "free/recen
 checkpoint at a lower rate (:data:`FINE_TUNE_OVERRIDES`)."""
 LOOKUP = "lookup"
 """A text-only step: :func:`apbv.synthetic.lookup.lookup_batch` (no video)."""
-NAMED = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
-              for e in (free, "named/" + choice.split("/", 1)[1]))
+_NAMED_CHOICES = tuple("named" + e[len("choice"):] for e in _LETTER_CHOICES)
+NAMED = tuple(e for pair in zip(NEEDLES, _NAMED_CHOICES) for e in pair)
 """Free-form (:data:`NEEDLES`) and the needle fixtures' questions answered ``green (B)``
 (``named/``: the word, then its option's letter) in turn (20), for a checkpoint that has
 learned the letter lookup on text (``benchmarks/letter_lookup.py --save``)."""
-JOINT = tuple(e for free, choice in zip(NEEDLES, _LETTER_CHOICES)
-              for e in (free, LOOKUP, "named/" + choice.split("/", 1)[1]))
+JOINT = tuple(e for free, named in zip(NEEDLES, _NAMED_CHOICES) for e in (free, LOOKUP, named))
 """Free-form, a text-only lookup step and a ``named/`` question in turn (30): the lookup
 learned beside the video reading, not before it (text alone erases the video:
 docs/tiny_model.md)."""
